@@ -1,0 +1,222 @@
+"""What the sequence attention layers share: inputs, masks and validation."""
+
+import keras
+from keras import ops
+
+from keras_attention import ops as attention_ops
+
+
+def invalid(argument, expected, value):
+    """The ValueError keras raises for a bad argument, in keras's wording."""
+    return ValueError(
+        f"Received an invalid value for argument `{argument}`, expected "
+        f"{expected}. Received: {argument}={value!r}"
+    )
+
+
+def check_positive_int(argument, value, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise invalid(argument, "a positive integer", value)
+    return value
+
+
+def check_rate(argument, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        0.0 <= value < 1.0
+    ):
+        raise invalid(argument, "a float in [0, 1)", value)
+    return float(value)
+
+
+def is_shape(x):
+    return isinstance(x, (tuple, list)) and all(
+        d is None or isinstance(d, int) for d in x
+    )
+
+
+def split_shapes(query_shape, value_shape=None, key_shape=None):
+    """`build`'s shapes when the layer was called on one list of tensors."""
+    if value_shape is None and not is_shape(query_shape):
+        shapes = list(query_shape)
+        if not 1 <= len(shapes) <= 3:
+            raise ValueError(
+                "Expected the inputs to be one tensor, or a list of "
+                "[query, value] or [query, value, key]. Received "
+                f"{len(shapes)} input shapes: {shapes}"
+            )
+        query_shape = shapes[0]
+        value_shape = shapes[1] if len(shapes) > 1 else None
+        key_shape = shapes[2] if len(shapes) > 2 else None
+    query_shape = tuple(query_shape)
+    value_shape = query_shape if value_shape is None else tuple(value_shape)
+    key_shape = value_shape if key_shape is None else tuple(key_shape)
+    return query_shape, value_shape, key_shape
+
+
+def check_rank(argument, shape, rank=3):
+    if len(shape) != rank:
+        raise ValueError(
+            f"Received an invalid value for argument `{argument}`, expected "
+            f"a rank-{rank} tensor (B, T, features). Received: "
+            f"{argument}.shape={tuple(shape)}"
+        )
+
+
+def check_mask_shape(argument, mask, expected):
+    """Raise if a mask's static shape cannot be `expected` (None = any)."""
+    if mask is None:
+        return
+    shape = tuple(mask.shape)
+    if len(shape) != len(expected) or any(
+        e is not None and d is not None and e != d
+        for d, e in zip(shape, expected)
+    ):
+        raise ValueError(
+            f"Received an invalid value for argument `{argument}`, expected "
+            f"a boolean tensor of shape {expected}. Received: "
+            f"{argument}.shape={shape}"
+        )
+
+
+class SequenceAttention(keras.layers.Layer):
+    """Base of the sequence attention layers: input unpacking and masks.
+
+    Subclasses call `unpack_inputs` at the top of `call` to turn any of
+    `layer(x)`, `layer([query, value])`, `layer([query, value, key])` or
+    `layer(query, value, key)`, with Keras masks or explicit masks, into
+    `(query, value, key, attention_mask)` where `attention_mask` is a boolean
+    tensor broadcastable to `(B, T, S)`, or `None`.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def unpack_inputs(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        mask=None,
+    ):
+        if isinstance(query, (list, tuple)):
+            if value is not None or key is not None:
+                raise ValueError(
+                    "Pass either a list [query, value(, key)] or separate "
+                    "`query`, `value`, `key` arguments, not both."
+                )
+            tensors = list(query)
+            if not 1 <= len(tensors) <= 3:
+                raise ValueError(
+                    "Expected the inputs to be a list of [query, value] or "
+                    f"[query, value, key]. Received {len(tensors)} tensors."
+                )
+            query = tensors[0]
+            value = tensors[1] if len(tensors) > 1 else None
+            key = tensors[2] if len(tensors) > 2 else None
+            masks = list(mask) if isinstance(mask, (list, tuple)) else [mask]
+            masks += [None] * (3 - len(masks))
+            query_mask = query_mask if query_mask is not None else masks[0]
+            value_mask = value_mask if value_mask is not None else masks[1]
+            key_mask = key_mask if key_mask is not None else masks[2]
+        elif mask is not None and query_mask is None:
+            query_mask = mask
+        if value is None:  # self-attention
+            value = query
+            if value_mask is None:
+                value_mask = query_mask
+        if key is None:
+            key = value
+            if key_mask is None:
+                key_mask = value_mask
+        check_rank("query", query.shape)
+        check_rank("value", value.shape)
+        check_rank("key", key.shape)
+        if (
+            key.shape[1] is not None
+            and value.shape[1] is not None
+            and key.shape[1] != value.shape[1]
+        ):
+            raise ValueError(
+                "Expected `key` and `value` to have the same length. Received: "
+                f"key.shape={tuple(key.shape)}, value.shape={tuple(value.shape)}"
+            )
+        batch, t_len, s_len = query.shape[0], query.shape[1], value.shape[1]
+        check_mask_shape("query_mask", query_mask, (batch, t_len))
+        check_mask_shape("value_mask", value_mask, (batch, s_len))
+        check_mask_shape("key_mask", key_mask, (batch, s_len))
+        if attention_mask is not None:
+            rank = len(attention_mask.shape)
+            expected = (batch, t_len, s_len) if rank == 3 else (
+                batch, None, t_len, s_len
+            )
+            check_mask_shape("attention_mask", attention_mask, expected)
+        combined = self.combine_masks(
+            query,
+            value,
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            use_causal_mask,
+        )
+        return query, value, key, combined
+
+    @staticmethod
+    def combine_masks(
+        query,
+        value,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+        use_causal_mask,
+    ):
+        """All masks as one boolean mask broadcastable to `(B, T, S)`.
+
+        Rank 4 `(B, H, T, S)` when `attention_mask` has a head axis.
+        """
+        mask = None
+        if value_mask is not None:
+            mask = ops.cast(value_mask, "bool")[:, None, :]  # (B, 1, S)
+        if key_mask is not None:
+            k = ops.cast(key_mask, "bool")[:, None, :]
+            mask = k if mask is None else ops.logical_and(mask, k)
+        if query_mask is not None:
+            q = ops.cast(query_mask, "bool")[:, :, None]  # (B, T, 1)
+            mask = q if mask is None else ops.logical_and(mask, q)
+        if use_causal_mask:
+            t, s = ops.shape(query)[1], ops.shape(value)[1]
+            causal = attention_ops.causal_mask(t, s)[None, :, :]
+            mask = causal if mask is None else ops.logical_and(mask, causal)
+        if attention_mask is not None:
+            attention_mask = ops.cast(attention_mask, "bool")
+            if mask is not None and len(attention_mask.shape) == 4:
+                mask = mask[:, None, :, :]
+            mask = (
+                attention_mask
+                if mask is None
+                else ops.logical_and(mask, attention_mask)
+            )
+        # Left as (B, 1, S) / (B, T, 1) where possible: it broadcasts.
+        return mask
+
+    def compute_output_spec(self, *args, **kwargs):
+        # Trace `call` symbolically: the same checks and the same output
+        # structure (with or without scores) as an eager call.
+        return super(keras.layers.Layer, self).compute_output_spec(
+            *args, **kwargs
+        )
+
+    def compute_mask(self, inputs, mask=None):
+        # The output is aligned with the query, so it keeps the query's mask.
+        if isinstance(mask, (list, tuple)):
+            return mask[0] if mask else None
+        return mask

@@ -1,0 +1,431 @@
+"""The attention core shared by every layer, on `keras.ops` only.
+
+Shape letters, used everywhere in keras_attention: `B` batch, `T` query
+length, `S` key length, `H` query heads, `K` key/value heads (grouped-query
+attention, `H % K == 0`), `D` head size, `E` edges, `N` nodes.
+
+- `masked_softmax`: softmax in float32 whatever the input dtype; a row whose
+  entries are all masked gives zeros, never NaN.
+- `dot_product_attention`: scaled dot-product attention with padding masks,
+  an arbitrary boolean mask, a causal flag, an additive bias, dropout on the
+  weights and optionally the weights themselves. Long sequences take a
+  memory-efficient path (key blocks, online softmax, recomputation in the
+  backward pass) that never holds the `T x S` score matrix.
+- `segment_softmax`: softmax over groups of entries (a graph's incoming edges).
+"""
+
+import math
+
+import keras
+from keras import ops
+
+# A finite "minus infinity": large enough that exp() underflows to 0 in
+# float32, small enough that subtracting two of them never gives inf - inf.
+_MASK_VALUE = -1e30
+
+# The dense path is used below this many scores per (batch, head) pair.
+DENSE_THRESHOLD = 1024 * 1024
+DEFAULT_BLOCK_SIZE = 512
+
+
+def masked_softmax(scores, mask=None, axis=-1):
+    """Softmax of `scores` along `axis`, in float32, ignoring masked entries.
+
+    Args:
+        scores: a float tensor of any dtype.
+        mask: optional boolean tensor broadcastable to `scores`; `True`
+            keeps an entry, `False` removes it.
+        axis: the axis to normalise over.
+
+    Returns:
+        A tensor of `scores`' shape and dtype. Rows whose entries are all
+        masked are all zeros.
+
+    Example:
+
+    >>> w = masked_softmax(np.array([[1.0, 2.0, 3.0]]), np.array([[1, 1, 0]]))
+    >>> np.round(keras.ops.convert_to_numpy(w), 3)
+    array([[0.269, 0.731, 0.   ]], dtype=float32)
+    """
+    dtype = keras.backend.standardize_dtype(scores.dtype)
+    x = ops.cast(scores, "float32")
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+        x = ops.where(mask, x, _MASK_VALUE)
+    x_max = ops.stop_gradient(ops.max(x, axis=axis, keepdims=True))
+    e = ops.exp(x - x_max)
+    if mask is not None:
+        # A fully masked row has x == x_max == _MASK_VALUE, so e == 1 there;
+        # zero it explicitly.
+        e = ops.where(mask, e, 0.0)
+    total = ops.sum(e, axis=axis, keepdims=True)
+    weights = e / ops.maximum(total, 1e-30)
+    return ops.cast(weights, dtype)
+
+
+def segment_softmax(scores, segment_ids, num_segments, mask=None):
+    """Softmax of `scores` within each segment (e.g. a node's incoming edges).
+
+    Args:
+        scores: float tensor `(E, ...)`.
+        segment_ids: int tensor `(E,)`, the segment of each entry, in
+            `[0, num_segments)`.
+        num_segments: the static number of segments.
+        mask: optional boolean `(E,)` or `(E, ...)`; masked entries get 0.
+
+    Returns:
+        A tensor of `scores`' shape and dtype; the entries of each segment sum
+        to 1 (or are all 0 if the segment has no unmasked entry).
+    """
+    dtype = keras.backend.standardize_dtype(scores.dtype)
+    x = ops.cast(scores, "float32")
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+        while len(mask.shape) < len(x.shape):
+            mask = ops.expand_dims(mask, -1)
+        x = ops.where(mask, x, _MASK_VALUE)
+    seg_max = ops.segment_max(x, segment_ids, num_segments=num_segments)
+    # Empty segments get -inf from segment_max; they are never gathered.
+    seg_max = ops.stop_gradient(ops.where(ops.isfinite(seg_max), seg_max, 0.0))
+    e = ops.exp(x - ops.take(seg_max, segment_ids, axis=0))
+    if mask is not None:
+        e = ops.where(mask, e, 0.0)
+    total = ops.segment_sum(e, segment_ids, num_segments=num_segments)
+    total = ops.take(total, segment_ids, axis=0)
+    return ops.cast(e / ops.maximum(total, 1e-30), dtype)
+
+
+def _static_dim(x, axis):
+    dim = x.shape[axis]
+    return None if dim is None else int(dim)
+
+
+def causal_mask(query_length, key_length, offset=0):
+    """Boolean `(T, S)` mask, `True` where query `t + offset` may see key `s`.
+
+    The default `offset=0` aligns the first query with the first key, as
+    `keras.layers.MultiHeadAttention` does. With `offset = S - T` the last
+    query sees every key (queries that continue a cache of `S - T` earlier
+    positions).
+    """
+    rows = ops.expand_dims(ops.arange(query_length) + offset, -1)
+    cols = ops.expand_dims(ops.arange(key_length), 0)
+    return ops.greater_equal(rows, cols)
+
+
+def _expand_mask(mask):
+    """A mask of rank 2 `(B, S)` or 3 `(B, T, S)` as rank 4 `(B, 1|H, T, S)`."""
+    if mask is None:
+        return None
+    mask = ops.cast(mask, "bool")
+    rank = len(mask.shape)
+    if rank == 2:
+        return mask[:, None, None, :]
+    if rank == 3:
+        return mask[:, None, :, :]
+    if rank == 4:
+        return mask
+    raise ValueError(
+        "Received an invalid value for argument `attention_mask`, expected a "
+        "boolean tensor of rank 2 (B, S), 3 (B, T, S) or 4 (B, H, T, S). "
+        f"Received: attention_mask.shape={tuple(mask.shape)}"
+    )
+
+
+def _check_attention_inputs(query, key, value):
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if len(x.shape) != 4:
+            raise ValueError(
+                f"Received an invalid value for argument `{name}`, expected a "
+                f"rank-4 tensor (B, T, H, D). Received: {name}.shape="
+                f"{tuple(x.shape)}"
+            )
+    q_heads, k_heads, v_heads = query.shape[2], key.shape[2], value.shape[2]
+    if k_heads != v_heads:
+        raise ValueError(
+            "Expected `key` and `value` to have the same number of heads. "
+            f"Received: key.shape={tuple(key.shape)}, "
+            f"value.shape={tuple(value.shape)}"
+        )
+    if None not in (q_heads, k_heads) and q_heads % k_heads:
+        raise ValueError(
+            "Expected the number of query heads to be a multiple of the "
+            f"number of key heads. Received: query.shape={tuple(query.shape)}, "
+            f"key.shape={tuple(key.shape)}"
+        )
+    if None not in (query.shape[-1], key.shape[-1]) and (
+        query.shape[-1] != key.shape[-1]
+    ):
+        raise ValueError(
+            "Expected `query` and `key` to have the same head size. "
+            f"Received: query.shape={tuple(query.shape)}, "
+            f"key.shape={tuple(key.shape)}"
+        )
+
+
+def _repeat_heads(x, num_heads):
+    # (B, S, K, D) -> (B, S, H, D) for grouped-query attention.
+    k = x.shape[2]
+    if k == num_heads:
+        return x
+    return ops.repeat(x, num_heads // k, axis=2)
+
+
+def dot_product_attention(
+    query,
+    key,
+    value,
+    attention_mask=None,
+    bias=None,
+    is_causal=False,
+    scale=None,
+    dropout_rate=0.0,
+    seed=None,
+    training=False,
+    return_weights=False,
+    implementation="auto",
+    block_size=None,
+):
+    """Scaled dot-product attention (Vaswani et al., 2017).
+
+    `softmax(Q K^T * scale + bias, masked) V`, the softmax in float32 whatever
+    the inputs' dtype. A query whose keys are all masked outputs zeros.
+
+    Args:
+        query: `(B, T, H, D)`.
+        key: `(B, S, K, D)`; `K` divides `H` (grouped-query attention).
+        value: `(B, S, K, Dv)`.
+        attention_mask: optional boolean, `True` where a query may attend to
+            a key: `(B, S)` (key padding), `(B, T, S)` or anything
+            broadcastable to `(B, H, T, S)`.
+        bias: optional additive bias broadcastable to `(B, H, T, S)`.
+        is_causal: if `True`, query `t` only sees keys `s <= t`.
+        scale: the score scale; defaults to `1 / sqrt(D)`.
+        dropout_rate: dropout on the attention weights during training.
+        seed: a `keras.random.SeedGenerator` or an int, for the dropout.
+        training: whether dropout is active.
+        return_weights: also return the weights `(B, H, T, S)`.
+        implementation: `"auto"` (the memory-efficient path when the weights
+            are not requested, no bias or dropout applies, and `T * S` is
+            large), `"dense"` or `"blocked"`.
+        block_size: key block length of the memory-efficient path.
+
+    Returns:
+        `output` `(B, T, H, Dv)` in `value`'s dtype, and the weights
+        `(B, H, T, S)` if `return_weights`.
+    """
+    _check_attention_inputs(query, key, value)
+    if implementation not in ("auto", "dense", "blocked"):
+        raise ValueError(
+            "Received an invalid value for argument `implementation`, "
+            "expected one of 'auto', 'dense', 'blocked'. "
+            f"Received: implementation={implementation!r}"
+        )
+    num_heads = query.shape[2]
+    head_dim = query.shape[-1]
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    mask = _expand_mask(attention_mask)
+    dropout_active = bool(training) and dropout_rate > 0.0
+    t_len, s_len = _static_dim(query, 1), _static_dim(key, 1)
+    long_enough = (
+        t_len is not None
+        and s_len is not None
+        and t_len * s_len > DENSE_THRESHOLD
+    )
+    can_block = not return_weights and bias is None and not dropout_active
+    if implementation == "blocked" and not can_block:
+        raise ValueError(
+            "The blocked implementation returns no weights and supports no "
+            "bias or dropout. Received: "
+            f"return_weights={return_weights}, bias={bias is not None}, "
+            f"dropout_rate={dropout_rate}, training={training}"
+        )
+    if implementation == "blocked" or (
+        implementation == "auto" and can_block and long_enough
+    ):
+        return blocked_attention(
+            query,
+            key,
+            value,
+            attention_mask=mask,
+            is_causal=is_causal,
+            scale=scale,
+            block_size=block_size or DEFAULT_BLOCK_SIZE,
+        )
+
+    out_dtype = value.dtype
+    key = _repeat_heads(key, num_heads)
+    value = _repeat_heads(value, num_heads)
+    q = ops.transpose(query, (0, 2, 1, 3)) * ops.cast(scale, query.dtype)
+    k = ops.transpose(key, (0, 2, 3, 1))
+    scores = ops.matmul(q, k)  # (B, H, T, S)
+    if bias is not None:
+        scores = ops.cast(scores, "float32") + ops.cast(bias, "float32")
+    if is_causal:
+        t, s = ops.shape(scores)[2], ops.shape(scores)[3]
+        causal = causal_mask(t, s)
+        mask = causal if mask is None else ops.logical_and(mask, causal)
+    weights = masked_softmax(scores, mask)
+    if dropout_active:
+        weights = keras.random.dropout(weights, dropout_rate, seed=seed)
+    v = ops.transpose(value, (0, 2, 1, 3))
+    out = ops.matmul(ops.cast(weights, v.dtype), v)  # (B, H, T, Dv)
+    out = ops.cast(ops.transpose(out, (0, 2, 1, 3)), out_dtype)
+    if return_weights:
+        return out, weights
+    return out
+
+
+def _block_mask(mask, start, size, t_len, is_causal):
+    """The `(B|1, H|1, T, size)` mask of key block `[start, start + size)`."""
+    block = None
+    if mask is not None:
+        shape = list(mask.shape)
+        if shape[-1] == 1:
+            block = mask
+        else:
+            shape[-1] = size
+            block = ops.slice(mask, [0, 0, 0, start], shape)
+    if is_causal:
+        causal = causal_mask(t_len, size, offset=-start)
+        block = causal if block is None else ops.logical_and(block, causal)
+    return block
+
+
+def blocked_attention(
+    query,
+    key,
+    value,
+    attention_mask=None,
+    is_causal=False,
+    scale=None,
+    block_size=DEFAULT_BLOCK_SIZE,
+):
+    """Memory-efficient attention: key blocks with an online softmax.
+
+    The same result as the dense path, computed one key block at a time with
+    running maxima and sums (Milakov & Gimelshein 2018; Rabe & Staats 2021;
+    Dao et al. 2022). The backward pass recomputes each block's weights from
+    the saved log-sum-exp instead of storing them, so memory is
+    `O(T * block_size)` per head in both passes, never `O(T * S)`.
+
+    Args: as `dot_product_attention` (the mask already of rank 4, and no
+    bias, dropout or weights).
+    """
+    _check_attention_inputs(query, key, value)
+    num_heads = query.shape[2]
+    head_dim = query.shape[-1]
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    s_len = _static_dim(key, 1)
+    t_len = _static_dim(query, 1)
+    if s_len is None or t_len is None:
+        raise ValueError(
+            "The blocked attention path needs static sequence lengths. "
+            f"Received: query.shape={tuple(query.shape)}, "
+            f"key.shape={tuple(key.shape)}"
+        )
+    mask = _expand_mask(attention_mask)
+    block = max(1, min(int(block_size), s_len))
+    num_blocks = -(-s_len // block)
+    padded = num_blocks * block
+    out_dtype = value.dtype
+    key = _repeat_heads(key, num_heads)
+    value = _repeat_heads(value, num_heads)
+    # Work in float32 (B, H, T, D) layout; pad keys to whole blocks and mask
+    # the padding.
+    q = ops.transpose(ops.cast(query, "float32"), (0, 2, 1, 3)) * scale
+    k = ops.transpose(ops.cast(key, "float32"), (0, 2, 1, 3))
+    v = ops.transpose(ops.cast(value, "float32"), (0, 2, 1, 3))
+    if padded != s_len:
+        pad = [[0, 0], [0, 0], [0, padded - s_len], [0, 0]]
+        k = ops.pad(k, pad)
+        v = ops.pad(v, pad)
+        valid = ops.arange(padded) < s_len
+        valid = ops.reshape(valid, (1, 1, 1, padded))
+        if mask is None:
+            mask = valid
+        else:
+            if mask.shape[-1] != 1:
+                mask = ops.pad(
+                    mask,
+                    [[0, 0], [0, 0], [0, 0], [0, padded - s_len]],
+                    constant_values=False,
+                )
+            mask = ops.logical_and(mask, valid)
+    if mask is not None and mask.shape[2] not in (1, t_len):
+        raise ValueError(
+            "Received an invalid value for argument `attention_mask`, its "
+            f"query axis must be 1 or {t_len}. Received: "
+            f"attention_mask.shape={tuple(mask.shape)}"
+        )
+    d_v = v.shape[-1]
+
+    def block_kv(x, j):
+        shape = list(ops.shape(x))
+        shape[2] = block
+        return ops.slice(x, [0, 0, j * block, 0], shape)
+
+    def scores_of(qq, kk, j):
+        s = ops.matmul(qq, ops.transpose(kk, (0, 1, 3, 2)))  # (B, H, T, blk)
+        m = _block_mask(mask, j * block, block, t_len, is_causal)
+        return s, m
+
+    @ops.custom_gradient
+    def attend(qq, kk, vv):
+        def forward_step(j, carry):
+            acc, row_max, row_sum = carry
+            s, m = scores_of(qq, block_kv(kk, j), j)
+            if m is not None:
+                s = ops.where(m, s, _MASK_VALUE)
+            new_max = ops.maximum(row_max, ops.max(s, axis=-1, keepdims=True))
+            p = ops.exp(s - new_max)
+            if m is not None:
+                p = ops.where(m, p, 0.0)
+            correction = ops.exp(row_max - new_max)
+            row_sum = row_sum * correction + ops.sum(p, axis=-1, keepdims=True)
+            acc = acc * correction + ops.matmul(p, block_kv(vv, j))
+            return acc, new_max, row_sum
+
+        row_zeros = ops.zeros_like(qq[..., :1])  # (B, H, T, 1)
+        init = (
+            row_zeros + ops.zeros((d_v,), "float32"),
+            row_zeros + _MASK_VALUE,
+            row_zeros,
+        )
+        acc, row_max, row_sum = ops.fori_loop(0, num_blocks, forward_step, init)
+        has_keys = row_sum > 0.0
+        safe_sum = ops.where(has_keys, row_sum, 1.0)
+        out = ops.where(has_keys, acc / safe_sum, 0.0)
+        # log-sum-exp per row; rows without keys never contribute gradients.
+        lse = ops.where(has_keys, row_max + ops.log(safe_sum), 0.0)
+
+        def grad(*args, upstream=None):
+            d_out = upstream if upstream is not None else args[0]
+            d_out = ops.cast(d_out, "float32")
+            delta = ops.sum(d_out * out, axis=-1, keepdims=True)
+
+            def backward_step(j, carry):
+                d_q, d_k, d_v_all = carry
+                k_j, v_j = block_kv(kk, j), block_kv(vv, j)
+                s, m = scores_of(qq, k_j, j)
+                p = ops.exp(s - lse)
+                keep = has_keys if m is None else ops.logical_and(m, has_keys)
+                p = ops.where(keep, p, 0.0)
+                d_v_j = ops.matmul(ops.transpose(p, (0, 1, 3, 2)), d_out)
+                d_p = ops.matmul(d_out, ops.transpose(v_j, (0, 1, 3, 2)))
+                d_s = p * (d_p - delta)
+                d_q = d_q + ops.matmul(d_s, k_j)
+                d_k_j = ops.matmul(ops.transpose(d_s, (0, 1, 3, 2)), qq)
+                d_k = ops.slice_update(d_k, [0, 0, j * block, 0], d_k_j)
+                d_v_all = ops.slice_update(d_v_all, [0, 0, j * block, 0], d_v_j)
+                return d_q, d_k, d_v_all
+
+            init_grads = (ops.zeros_like(qq), ops.zeros_like(kk), ops.zeros_like(vv))
+            return ops.fori_loop(0, num_blocks, backward_step, init_grads)
+
+        return out, grad
+
+    out = attend(q, k, v)  # (B, H, T, Dv)
+    return ops.cast(ops.transpose(out, (0, 2, 1, 3)), out_dtype)
