@@ -1,4 +1,20 @@
-"""keras_attention: attention layers, applications and attention pictures for Keras 3."""
+"""keras_attention: attention layers, applications and attention pictures for Keras 3.
+
+```python
+import keras
+import keras_attention
+
+model = keras.Sequential([
+    keras.Input((16, 32)),
+    keras_attention.layers.MultiHeadAttention(num_heads=4, key_dim=8),
+])
+keras_attention.names()  # every registered layer name, plugins included
+layer = keras_attention.get("additive", units=16)
+```
+"""
 
 from keras_attention.version import __version__
-from keras_attention.registry import get, names, register
+from keras_attention.registry import discover_plugins, get, get_class, names, register
+from keras_attention import ops
+from keras_attention import layers
+from keras_attention.layers import *  # noqa: F401,F403  (the layer classes)

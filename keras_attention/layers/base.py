@@ -94,18 +94,17 @@ class SequenceAttention(keras.layers.Layer):
         super().__init__(**kwargs)
         self.supports_masking = True
 
-    def unpack_inputs(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        mask=None,
+    @staticmethod
+    def flatten_inputs(
+        query, value=None, key=None, query_mask=None, value_mask=None,
+        key_mask=None, mask=None,
     ):
+        """`(query, value, key, query_mask, value_mask, key_mask)` from a call.
+
+        Accepts a list `[query, value(, key)]` as the first argument, with its
+        Keras masks in `mask` (or, as Keras fills them in when `mask` is
+        passed too, as a list in `query_mask`).
+        """
         if isinstance(query, (list, tuple)):
             if value is not None or key is not None:
                 raise ValueError(
@@ -118,16 +117,37 @@ class SequenceAttention(keras.layers.Layer):
                     "Expected the inputs to be a list of [query, value] or "
                     f"[query, value, key]. Received {len(tensors)} tensors."
                 )
-            query = tensors[0]
-            value = tensors[1] if len(tensors) > 1 else None
-            key = tensors[2] if len(tensors) > 2 else None
-            masks = list(mask) if isinstance(mask, (list, tuple)) else [mask]
-            masks += [None] * (3 - len(masks))
-            query_mask = query_mask if query_mask is not None else masks[0]
-            value_mask = value_mask if value_mask is not None else masks[1]
-            key_mask = key_mask if key_mask is not None else masks[2]
+            query, value, key = (tensors + [None, None])[:3]
+            structured = [None, None, None]
+            for candidate in (query_mask, mask):
+                if isinstance(candidate, (list, tuple)):
+                    for i, m in enumerate(list(candidate)[:3]):
+                        if m is not None:
+                            structured[i] = m
+            if isinstance(query_mask, (list, tuple)):
+                query_mask = None
+            query_mask = query_mask if query_mask is not None else structured[0]
+            value_mask = value_mask if value_mask is not None else structured[1]
+            key_mask = key_mask if key_mask is not None else structured[2]
         elif mask is not None and query_mask is None:
             query_mask = mask
+        return query, value, key, query_mask, value_mask, key_mask
+
+    def unpack_inputs(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        mask=None,
+    ):
+        query, value, key, query_mask, value_mask, key_mask = self.flatten_inputs(
+            query, value, key, query_mask, value_mask, key_mask, mask
+        )
         if value is None:  # self-attention
             value = query
             if value_mask is None:

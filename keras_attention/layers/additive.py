@@ -1,0 +1,185 @@
+import keras
+from keras import ops
+
+from keras_attention import ops as attention_ops
+from keras_attention.layers import base
+from keras_attention.registry import register
+
+
+@register("additive")
+class AdditiveAttention(base.SequenceAttention):
+    """Additive attention (Bahdanau et al., 2015).
+
+    Each query `q_t` scores every key `k_s` with a small perceptron,
+    `e_ts = v^T tanh(W1 q_t + W2 k_s + b)`, the scores are normalised with a
+    softmax over `s`, and the output is the weighted sum of the values,
+    `c_t = sum_s a_ts v_s` (the decoder's context vector in the paper).
+    `W1`, `W2`, `v` (and `b`) are learned; unlike
+    `keras.layers.AdditiveAttention`, the inputs need no prior projection.
+
+    Args:
+        units: size of the perceptron's hidden layer.
+        dropout: dropout rate on the attention weights.
+        use_bias: whether the perceptron has the bias `b`.
+        kernel_initializer: initializer of `W1`, `W2` and `v`.
+        seed: seed of the dropout.
+
+    Call arguments:
+        query: `(B, T, Dq)` or one decoder step `(B, Dq)`; or a list
+            `[query, value]` / `[query, value, key]`.
+        value: `(B, S, Dv)`; defaults to `query` (self-attention).
+        key: `(B, S, Dk)`; defaults to `value`.
+        query_mask, value_mask, key_mask, attention_mask: as for
+            `MultiHeadAttention` (`(B, T)`, `(B, S)`, `(B, S)`, `(B, T, S)`);
+            Keras masks are used when not given.
+        return_attention_scores: also return the weights `(B, T, S)`
+            (`(B, S)` for a `(B, Dq)` query).
+        training: whether dropout is active.
+
+    Returns:
+        The context vectors `(B, T, Dv)` (`(B, Dv)` for a `(B, Dq)` query).
+
+    Example:
+
+    ```python
+    decoder_states = np.random.rand(2, 4, 16).astype("float32")
+    encoder_states = np.random.rand(2, 9, 32).astype("float32")
+    context, weights = AdditiveAttention(units=8)(
+        [decoder_states, encoder_states], return_attention_scores=True
+    )
+    context.shape, weights.shape  # (2, 4, 32), (2, 4, 9)
+    ```
+
+    References:
+        - Bahdanau, Cho & Bengio, Neural Machine Translation by Jointly
+          Learning to Align and Translate, 2015.
+          https://arxiv.org/abs/1409.0473
+    """
+
+    def __init__(
+        self,
+        units,
+        dropout=0.0,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.units = base.check_positive_int("units", units)
+        self.dropout = base.check_rate("dropout", dropout)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.seed = seed
+        self.seed_generator = (
+            keras.random.SeedGenerator(seed) if self.dropout > 0 else None
+        )
+
+    def _initializer(self):
+        return self.kernel_initializer.__class__.from_config(
+            self.kernel_initializer.get_config()
+        )
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        query_shape, value_shape, key_shape = base.split_shapes(
+            query_shape, value_shape, key_shape
+        )
+        if len(query_shape) not in (2, 3):
+            raise ValueError(
+                "Received an invalid value for argument `query`, expected a "
+                "tensor of rank 3 (B, T, Dq) or 2 (B, Dq). Received: "
+                f"query.shape={query_shape}"
+            )
+        if len(query_shape) == 2 and value_shape == query_shape:
+            raise ValueError(
+                "A (B, Dq) query needs a `value` to attend to. Received only "
+                f"query.shape={query_shape}"
+            )
+        base.check_rank("key", key_shape)
+        self.query_kernel = self.add_weight(
+            name="query_kernel",
+            shape=(query_shape[-1], self.units),
+            initializer=self._initializer(),
+        )
+        self.key_kernel = self.add_weight(
+            name="key_kernel",
+            shape=(key_shape[-1], self.units),
+            initializer=self._initializer(),
+        )
+        self.bias = (
+            self.add_weight(name="bias", shape=(self.units,), initializer="zeros")
+            if self.use_bias
+            else None
+        )
+        self.score_kernel = self.add_weight(
+            name="score_kernel", shape=(self.units,), initializer=self._initializer()
+        )
+        self.built = True
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        mask=None,
+    ):
+        query, value, key, query_mask, value_mask, key_mask = self.flatten_inputs(
+            query, value, key, query_mask, value_mask, key_mask, mask
+        )
+        one_step = False
+        if len(query.shape) == 2:  # one decoder step
+            one_step = True
+            query = query[:, None, :]
+        query, value, key, combined = self.unpack_inputs(
+            query,
+            value,
+            key,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+        )
+        q = ops.matmul(query, self.query_kernel)  # (B, T, U)
+        k = ops.matmul(key, self.key_kernel)  # (B, S, U)
+        hidden = q[:, :, None, :] + k[:, None, :, :]  # (B, T, S, U)
+        if self.bias is not None:
+            hidden = hidden + self.bias
+        scores = ops.tensordot(ops.tanh(hidden), self.score_kernel, axes=1)
+        weights = attention_ops.masked_softmax(scores, combined)  # (B, T, S)
+        if training and self.dropout > 0:
+            weights = keras.random.dropout(
+                weights, self.dropout, seed=self.seed_generator
+            )
+        output = ops.matmul(ops.cast(weights, value.dtype), value)
+        if one_step:
+            output, weights = output[:, 0], weights[:, 0]
+        if return_attention_scores:
+            return output, weights
+        return output
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        query_shape, value_shape, _ = base.split_shapes(
+            query_shape, value_shape, key_shape
+        )
+        return tuple(query_shape[:-1]) + (value_shape[-1],)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "units": self.units,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "seed": self.seed,
+            }
+        )
+        return config

@@ -1,0 +1,172 @@
+import math
+
+import keras
+
+from keras_attention import ops as attention_ops
+from keras_attention.layers import base
+from keras_attention.registry import register
+
+SCORE_MODES = ("scaled_dot", "dot", "general")
+
+
+@register("scaled_dot_product")
+class ScaledDotProductAttention(base.SequenceAttention):
+    """Single-head dot-product attention (Vaswani et al.; Luong et al.).
+
+    `softmax(score(Q, K)) V` with one of three scores:
+
+    - `"scaled_dot"` (default, Vaswani et al. 2017): `q . k / sqrt(D)`;
+    - `"dot"` (Luong et al. 2015): `q . k`;
+    - `"general"` (Luong et al. 2015): `q^T W k` with a learned `W`.
+
+    The first two have no weights. Long sequences use the memory-efficient
+    core when the scores are not requested.
+
+    Args:
+        score_mode: `"scaled_dot"`, `"dot"` or `"general"`.
+        dropout: dropout rate on the attention weights.
+        use_causal_mask: always apply a causal mask; also per call.
+        kernel_initializer: initializer of `W` (`"general"` only).
+        seed: seed of the dropout.
+
+    Call arguments:
+        query: `(B, T, D)`, or a list `[query, value]` / `[query, value, key]`.
+        value: `(B, S, Dv)`; defaults to `query` (self-attention).
+        key: `(B, S, D)` (`(B, S, Dk)` for `"general"`); defaults to `value`.
+        query_mask, value_mask, key_mask, attention_mask: as for
+            `MultiHeadAttention`; Keras masks are used when not given.
+        use_causal_mask: apply a causal mask in this call.
+        return_attention_scores: also return the weights `(B, T, S)`.
+        training: whether dropout is active.
+
+    Returns:
+        `(B, T, Dv)`, and the weights if `return_attention_scores=True`.
+
+    Example:
+
+    ```python
+    x = np.random.rand(2, 6, 8).astype("float32")
+    ScaledDotProductAttention(use_causal_mask=True)(x).shape  # (2, 6, 8)
+    luong = ScaledDotProductAttention(score_mode="general")
+    luong([np.random.rand(2, 3, 4), np.random.rand(2, 6, 8)]).shape  # (2, 3, 8)
+    ```
+
+    References:
+        - Vaswani et al., Attention Is All You Need, 2017.
+          https://arxiv.org/abs/1706.03762
+        - Luong, Pham & Manning, Effective Approaches to Attention-based
+          Neural Machine Translation, 2015. https://arxiv.org/abs/1508.04025
+    """
+
+    def __init__(
+        self,
+        score_mode="scaled_dot",
+        dropout=0.0,
+        use_causal_mask=False,
+        kernel_initializer="glorot_uniform",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if score_mode not in SCORE_MODES:
+            raise base.invalid("score_mode", f"one of {SCORE_MODES}", score_mode)
+        self.score_mode = score_mode
+        self.dropout = base.check_rate("dropout", dropout)
+        self.use_causal_mask = bool(use_causal_mask)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.seed = seed
+        self.seed_generator = (
+            keras.random.SeedGenerator(seed) if self.dropout > 0 else None
+        )
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        query_shape, value_shape, key_shape = base.split_shapes(
+            query_shape, value_shape, key_shape
+        )
+        base.check_rank("query", query_shape)
+        base.check_rank("key", key_shape)
+        base.check_rank("value", value_shape)
+        if self.score_mode == "general":
+            self.kernel = self.add_weight(
+                name="kernel",
+                shape=(query_shape[-1], key_shape[-1]),
+                initializer=self.kernel_initializer,
+            )
+        elif query_shape[-1] != key_shape[-1]:
+            raise ValueError(
+                f"score_mode={self.score_mode!r} needs `query` and `key` with "
+                "the same last dimension (use score_mode='general' otherwise). "
+                f"Received: query.shape={query_shape}, key.shape={key_shape}"
+            )
+        self.built = True
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=None,
+        return_attention_scores=False,
+        training=None,
+        mask=None,
+    ):
+        causal = self.use_causal_mask if use_causal_mask is None else use_causal_mask
+        query, value, key, combined = self.unpack_inputs(
+            query,
+            value,
+            key,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+            use_causal_mask=causal,
+            mask=mask,
+        )
+        if self.score_mode == "general":
+            query = keras.ops.matmul(query, self.kernel)  # (B, T, Dk)
+        scale = (
+            1.0 / math.sqrt(query.shape[-1])
+            if self.score_mode == "scaled_dot"
+            else 1.0
+        )
+        # One head: (B, T, D) -> (B, T, 1, D).
+        result = attention_ops.dot_product_attention(
+            query[:, :, None, :],
+            key[:, :, None, :],
+            value[:, :, None, :],
+            attention_mask=combined,
+            scale=scale,
+            dropout_rate=self.dropout,
+            seed=self.seed_generator,
+            training=training,
+            return_weights=return_attention_scores,
+        )
+        if return_attention_scores:
+            output, weights = result
+            return output[:, :, 0, :], weights[:, 0]
+        return result[:, :, 0, :]
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        query_shape, value_shape, _ = base.split_shapes(
+            query_shape, value_shape, key_shape
+        )
+        return tuple(query_shape[:-1]) + (value_shape[-1],)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "score_mode": self.score_mode,
+                "dropout": self.dropout,
+                "use_causal_mask": self.use_causal_mask,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "seed": self.seed,
+            }
+        )
+        return config

@@ -1,0 +1,138 @@
+"""The shared layer checks, parametrized over every registered layer name."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_attention
+from tests.harness import (
+    call,
+    first,
+    load_cases,
+    make_layer,
+    numpy,
+    symbolic_model,
+    to_list,
+    tolerance_close,
+)
+
+CASES = load_cases()
+NAMES = keras_attention.names()
+# Layers registered by keras_attention itself must have a case; plugins
+# registered by other packages are checked when they bring one.
+OWN = [n for n, o in keras_attention.registry.origins().items() if o == "keras_attention"]
+
+
+def case_for(name):
+    if name not in CASES:
+        pytest.skip(f"no harness case for the plugin layer {name!r}")
+    return CASES[name]
+
+
+def built(name, seed=0):
+    case = case_for(name)
+    inputs = case.make_inputs(np.random.default_rng(seed))
+    keras.utils.set_random_seed(seed)
+    layer = make_layer(name, case)
+    outputs = call(layer, inputs, case)
+    return case, layer, inputs, outputs
+
+
+@pytest.mark.parametrize("name", OWN)
+def test_every_own_layer_has_a_case(name):
+    assert name in CASES, f"add a LayerCase for {name!r} in tests/cases_*.py"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reference_values(name):
+    case, layer, inputs, outputs = built(name)
+    if case.reference is None:
+        pytest.skip("no NumPy reference for this layer")
+    expected = case.reference(layer, inputs)
+    tolerance_close(numpy(first(outputs)), expected, case.atol, "vs NumPy reference")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_config_round_trip(name):
+    case, layer, inputs, outputs = built(name)
+    config = layer.get_config()
+    clone = layer.__class__.from_config(config)
+    assert clone.get_config() == config
+    call(clone, inputs, case)
+    clone.set_weights(layer.get_weights())
+    tolerance_close(numpy(first(call(clone, inputs, case))), numpy(first(outputs)), 1e-6, "clone")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_symbolic_equals_eager_and_keras_file(name, tmp_path):
+    case, layer, inputs, outputs = built(name)
+    model = symbolic_model(layer, inputs, case)
+    expected = numpy(first(outputs))
+    tolerance_close(numpy(model(inputs)), expected, 1e-6, "functional model")
+    shapes = [tuple(x.shape) for x in to_list(inputs)]
+    shape_arg = shapes if isinstance(inputs, (list, tuple)) else shapes[0]
+    assert tuple(layer.compute_output_shape(shape_arg)) == expected.shape
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    np.testing.assert_array_equal(numpy(loaded(inputs)), numpy(model(inputs)))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fit_step_with_xla(name):
+    case = case_for(name)
+    if not case.trainable:
+        pytest.skip("no trainable weights")
+    inputs = case.make_inputs(np.random.default_rng(1))
+    keras.utils.set_random_seed(1)
+    layer = make_layer(name, case)
+    model = symbolic_model(layer, inputs, case)
+    target = np.random.default_rng(2).normal(size=model(inputs).shape).astype("float32")
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=True)
+    before = [w.copy() for w in model.get_weights()]
+    x = tuple(inputs) if isinstance(inputs, (list, tuple)) else inputs
+    data = tf.data.Dataset.from_tensors((x, target)).repeat(3)
+    history = model.fit(data, epochs=1, verbose=0)
+    losses = history.history["loss"]
+    assert np.all(np.isfinite(losses))
+    changed = [not np.array_equal(a, b) for a, b in zip(before, model.get_weights())]
+    assert any(changed), "no weight changed in the fit step"
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("name", NAMES)
+def test_mixed_precision(name, policy):
+    case, layer, inputs, outputs = built(name)
+    low = make_layer(name, case, dtype=policy)
+    call(low, inputs, case)
+    low.set_weights(layer.get_weights())
+    result = first(call(low, inputs, case))
+    assert keras.backend.standardize_dtype(result.dtype) == policy.split("_")[1]
+    result = numpy(result).astype("float32")
+    assert np.all(np.isfinite(result))
+    tolerance_close(result, numpy(first(outputs)), case.low_precision_atol, policy)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_masked_values_do_not_matter(name):
+    case = case_for(name)
+    if case.mask is None:
+        pytest.skip("the layer takes no sequence mask")
+    rng = np.random.default_rng(3)
+    inputs = case.make_inputs(rng)
+    mask = case.mask(rng)
+    layer = make_layer(name, case)
+    items = to_list(inputs)
+    masks = [mask] + [None] * (len(items) - 1)
+    keras_mask = masks if isinstance(inputs, (list, tuple)) else mask
+    out = numpy(first(call(layer, inputs, case, mask=keras_mask)))
+    noisy = items[0].copy()
+    noisy[~mask] = rng.normal(size=noisy[~mask].shape) * 100
+    changed = [noisy] + items[1:] if isinstance(inputs, (list, tuple)) else noisy
+    if isinstance(inputs, (list, tuple)) and len(items) == 1:
+        changed = [noisy]
+    out2 = numpy(first(call(layer, changed, case, mask=keras_mask)))
+    np.testing.assert_allclose(out[mask], out2[mask], atol=1e-5, rtol=1e-5)
