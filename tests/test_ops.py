@@ -1,0 +1,203 @@
+"""The attention core against NumPy, and the blocked path against the dense one."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attention import ops as attention_ops
+from tests.cases_sequence import softmax
+
+
+def attention_reference(q, k, v, mask=None, causal=False, bias=None, scale=None):
+    """softmax(Q K^T * scale + bias) V from the paper, in float64. (B,T,H,D)."""
+    q, k, v = (np.asarray(x, "float64") for x in (q, k, v))
+    heads = q.shape[2]
+    k = np.repeat(k, heads // k.shape[2], axis=2)
+    v = np.repeat(v, heads // v.shape[2], axis=2)
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    scores = np.einsum("bthd,bshd->bhts", q, k) * scale
+    if bias is not None:
+        scores = scores + bias
+    full = np.ones(scores.shape, bool)
+    if mask is not None:
+        m = np.asarray(mask, bool)
+        m = m[:, None, None, :] if m.ndim == 2 else (m[:, None] if m.ndim == 3 else m)
+        full &= m
+    if causal:
+        t, s = scores.shape[-2:]
+        full &= np.tril(np.ones((t, s), bool))
+    w = softmax(scores, full)
+    return np.einsum("bhts,bshd->bthd", w, v), w
+
+
+def random_qkv(rng, b=2, t=9, s=13, h=4, k=2, d=8, dv=5):
+    return (
+        rng.normal(size=(b, t, h, d)).astype("float32"),
+        rng.normal(size=(b, s, k, d)).astype("float32"),
+        rng.normal(size=(b, s, k, dv)).astype("float32"),
+    )
+
+
+def test_masked_softmax_matches_numpy_and_zeroes_empty_rows():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 4, 6)).astype("float32")
+    mask = rng.random((3, 4, 6)) > 0.5
+    mask[1, 2] = False
+    out = keras.ops.convert_to_numpy(attention_ops.masked_softmax(x, mask))
+    np.testing.assert_allclose(out, softmax(x, mask), atol=1e-6)
+    assert np.all(out[1, 2] == 0.0)
+    assert not np.isnan(out).any()
+
+
+def test_masked_softmax_is_float32_inside_for_half_inputs():
+    logits = np.array([[1e4, 1e4 - 1.0, -1e4]], "float16")
+    out = attention_ops.masked_softmax(keras.ops.convert_to_tensor(logits))
+    assert keras.backend.standardize_dtype(out.dtype) == "float16"
+    out = keras.ops.convert_to_numpy(out).astype("float32")
+    assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(out, softmax(logits.astype("float32")), atol=1e-3)
+
+
+def test_segment_softmax_sums_to_one_per_segment():
+    rng = np.random.default_rng(1)
+    scores = rng.normal(size=(10, 3)).astype("float32")
+    segments = np.array([0, 0, 1, 1, 1, 3, 3, 3, 3, 0])
+    out = keras.ops.convert_to_numpy(
+        attention_ops.segment_softmax(scores, segments, num_segments=5)
+    )
+    for seg in (0, 1, 3):
+        rows = segments == seg
+        np.testing.assert_allclose(out[rows], softmax(scores[rows].T).T, atol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask_kind", [None, "keys", "full"])
+def test_dense_attention_matches_reference(causal, mask_kind):
+    rng = np.random.default_rng(2)
+    q, k, v = random_qkv(rng)
+    mask = None
+    if mask_kind == "keys":
+        mask = rng.random((2, 13)) > 0.3
+        mask[1] = False  # a batch element with no key at all
+    elif mask_kind == "full":
+        mask = rng.random((2, 9, 13)) > 0.3
+    bias = rng.normal(size=(1, 4, 9, 13)).astype("float32")
+    out, w = attention_ops.dot_product_attention(
+        q, k, v, attention_mask=mask, bias=bias, is_causal=causal,
+        return_weights=True, implementation="dense",
+    )
+    ref_out, ref_w = attention_reference(q, k, v, mask, causal, bias)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(out), ref_out, atol=1e-5)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(w), ref_w, atol=1e-6)
+
+
+@pytest.mark.parametrize("block_size", [4, 13, 64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask_kind", [None, "keys", "full"])
+def test_blocked_equals_dense_forward_and_gradient(block_size, causal, mask_kind):
+    rng = np.random.default_rng(3)
+    q, k, v = (tf.constant(x) for x in random_qkv(rng))
+    mask = None
+    if mask_kind == "keys":
+        mask = rng.random((2, 13)) > 0.3
+        mask[1] = False
+    elif mask_kind == "full":
+        mask = rng.random((2, 1, 9, 13)) > 0.5
+    results = {}
+    for impl in ("dense", "blocked"):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = attention_ops.dot_product_attention(
+                q, k, v, attention_mask=mask, is_causal=causal,
+                implementation=impl, block_size=block_size,
+            )
+            loss = tf.reduce_sum(out * tf.cos(out))
+        results[impl] = [out] + tape.gradient(loss, [q, k, v])
+    for dense, blocked in zip(results["dense"], results["blocked"]):
+        np.testing.assert_allclose(blocked.numpy(), dense.numpy(), atol=1e-5)
+
+
+def test_blocked_path_compiles_with_xla_and_is_chosen_for_long_sequences(monkeypatch):
+    rng = np.random.default_rng(4)
+    q, k, v = random_qkv(rng, t=40, s=40, h=2, k=2, d=4, dv=4)
+    calls = []
+    original = attention_ops.blocked_attention
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention_ops, "blocked_attention", spy)
+    monkeypatch.setattr(attention_ops, "DENSE_THRESHOLD", 1000)
+    compiled = tf.function(
+        lambda q, k, v: attention_ops.dot_product_attention(q, k, v, is_causal=True),
+        jit_compile=True,
+    )
+    out = compiled(q, k, v)
+    assert calls, "the blocked path was not used for a long sequence"
+    ref, _ = attention_reference(q, k, v, causal=True)
+    np.testing.assert_allclose(out.numpy(), ref, atol=1e-5)
+    # Asking for the weights takes the dense path.
+    calls.clear()
+    attention_ops.dot_product_attention(q, k, v, return_weights=True)
+    assert not calls
+
+
+def test_gradient_agrees_with_finite_differences():
+    rng = np.random.default_rng(5)
+    q, k, v = (x.astype("float64") for x in random_qkv(rng, b=1, t=3, s=4, h=2, k=1, d=3, dv=2))
+    mask = np.array([[True, True, False, True]])
+
+    def f(q, k, v, impl):
+        out = attention_ops.dot_product_attention(
+            q, k, v, attention_mask=mask, implementation=impl, block_size=3
+        )
+        return tf.reduce_sum(tf.sin(tf.cast(out, "float64")))
+
+    for impl in ("dense", "blocked"):
+        theoretical, numerical = tf.test.compute_gradient(
+            lambda q, k, v: f(q, k, v, impl),
+            [tf.constant(q, "float32"), tf.constant(k, "float32"), tf.constant(v, "float32")],
+            delta=1e-2,
+        )
+        for t_grad, n_grad in zip(theoretical, numerical):
+            np.testing.assert_allclose(t_grad, n_grad, atol=5e-3)
+
+
+def test_dropout_is_applied_in_training_only():
+    rng = np.random.default_rng(6)
+    q, k, v = random_qkv(rng)
+    _, w = attention_ops.dot_product_attention(
+        q, k, v, dropout_rate=0.5, seed=1, training=True, return_weights=True
+    )
+    w = keras.ops.convert_to_numpy(w)
+    assert (w == 0).mean() > 0.3
+    _, w = attention_ops.dot_product_attention(
+        q, k, v, dropout_rate=0.5, seed=1, training=False, return_weights=True
+    )
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(w).sum(-1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "shapes, message",
+    [
+        (((2, 3, 4), (2, 5, 4, 8), (2, 5, 4, 8)), "query"),
+        (((2, 3, 4, 8), (2, 5, 3, 8), (2, 5, 3, 8)), "multiple"),
+        (((2, 3, 4, 8), (2, 5, 4, 6), (2, 5, 4, 8)), "head size"),
+    ],
+)
+def test_bad_shapes_raise_value_error(shapes, message):
+    q, k, v = (np.zeros(s, "float32") for s in shapes)
+    with pytest.raises(ValueError, match=message):
+        attention_ops.dot_product_attention(q, k, v)
+
+
+def test_bad_implementation_and_blocked_with_weights():
+    q, k, v = random_qkv(np.random.default_rng(7))
+    with pytest.raises(ValueError, match="implementation"):
+        attention_ops.dot_product_attention(q, k, v, implementation="flash")
+    with pytest.raises(ValueError, match="return_weights"):
+        attention_ops.dot_product_attention(
+            q, k, v, implementation="blocked", return_weights=True
+        )

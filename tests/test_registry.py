@@ -1,0 +1,160 @@
+"""The registry: names, lookup errors, serialization, entry-point plugins."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import keras_attention
+from keras_attention import registry
+
+BUILTIN = {"additive", "scaled_dot_product", "multi_head"}
+
+
+def test_builtin_names_and_get():
+    assert BUILTIN <= set(keras_attention.names())
+    layer = keras_attention.get("multi_head", num_heads=2, key_dim=4)
+    assert isinstance(layer, keras_attention.layers.MultiHeadAttention)
+    assert layer.num_heads == 2
+
+
+def test_unknown_name_lists_the_known_names():
+    with pytest.raises(ValueError, match="multi_head") as info:
+        keras_attention.get("flash_attention")
+    assert "flash_attention" in str(info.value)
+
+
+def test_register_rejects_non_layers_and_bad_names():
+    with pytest.raises(ValueError, match="name"):
+        keras_attention.register("")
+    with pytest.raises(ValueError, match="keras.layers.Layer"):
+        keras_attention.register("not_a_layer")(object)
+
+
+def test_registered_layer_loads_from_keras_file_without_custom_objects(tmp_path):
+    @keras_attention.register("test_scaled_identity")
+    class ScaledIdentity(keras.layers.Layer):
+        def __init__(self, factor=2.0, **kwargs):
+            super().__init__(**kwargs)
+            self.factor = factor
+
+        def call(self, x):
+            return x * self.factor
+
+        def get_config(self):
+            return {**super().get_config(), "factor": self.factor}
+
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras_attention.get("test_scaled_identity", factor=3.0)(inputs))
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    np.testing.assert_allclose(loaded(np.ones((1, 3))), 3.0)
+
+
+def test_registering_a_name_twice_warns():
+    @keras_attention.register("test_twice")
+    class First(keras.layers.Layer):
+        pass
+
+    with pytest.warns(UserWarning, match="test_twice"):
+
+        @keras_attention.register("test_twice")
+        class Second(keras.layers.Layer):
+            pass
+
+    assert keras_attention.get_class("test_twice") is Second
+
+
+def write_plugin(root, dist, module, source, entry_points):
+    """A plugin distribution on `root`: its module and its .dist-info metadata."""
+    (root / f"{module}.py").write_text(textwrap.dedent(source))
+    info = root / f"{dist}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    lines = "\n".join(f"{name} = {value}" for name, value in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[keras_attention.layers]\n{lines}\n")
+
+
+GOOD_PLUGIN = """
+    import keras
+    import keras_attention
+
+    @keras_attention.register("test_plugin_gate")
+    class PluginGate(keras.layers.Layer):
+        def call(self, x):
+            return x * keras.ops.sigmoid(x)
+
+    class Unregistered(keras.layers.Layer):
+        def call(self, x):
+            return -x
+"""
+
+
+def test_plugins_are_found_through_entry_points(tmp_path, monkeypatch):
+    write_plugin(
+        tmp_path, "ka_good_plugin", "ka_good_plugin", GOOD_PLUGIN,
+        {"gate": "ka_good_plugin", "test_plugin_negate": "ka_good_plugin:Unregistered"},
+    )
+    (tmp_path / "ka_broken_plugin.py").write_text("raise RuntimeError('boom')\n")
+    info = tmp_path / "ka_broken_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ka_broken_plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[keras_attention.layers]\nbroken = ka_broken_plugin\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = keras_attention.discover_plugins(force=True)
+    assert "gate" in loaded and "test_plugin_negate" in loaded
+    assert "broken" not in loaded
+    messages = [str(w.message) for w in caught]
+    assert any("broken" in m and "ka_broken_plugin" in m and "boom" in m for m in messages)
+    # The library keeps working, and finds the plugin layers by name.
+    assert {"test_plugin_gate", "test_plugin_negate"} <= set(keras_attention.names())
+    assert BUILTIN <= set(keras_attention.names())
+    x = np.array([[1.0, -2.0]], "float32")
+    np.testing.assert_allclose(keras_attention.get("test_plugin_negate")(x), -x)
+    assert "ka_good_plugin" in registry.origins()["test_plugin_negate"]
+
+
+def test_plugin_that_takes_a_builtin_name_warns_and_names_itself(tmp_path, monkeypatch):
+    original = keras_attention.get_class("additive")
+    source = """
+        import keras
+        import keras_attention
+
+        @keras_attention.register("additive")
+        class Impostor(keras.layers.Layer):
+            pass
+    """
+    write_plugin(tmp_path, "ka_impostor", "ka_impostor", source, {"impostor": "ka_impostor"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.warns(UserWarning, match="ka_impostor"):
+            keras_attention.discover_plugins(force=True)
+    finally:
+        keras_attention.register("additive")(original)
+
+
+def test_plugins_are_not_imported_with_the_library(tmp_path):
+    write_plugin(
+        tmp_path, "ka_lazy_plugin", "ka_lazy_plugin",
+        "import sys\nsys.modules['ka_lazy_marker'] = True\n" + textwrap.dedent(GOOD_PLUGIN),
+        {"lazy": "ka_lazy_plugin"},
+    )
+    code = (
+        "import sys, keras_attention\n"
+        "assert 'ka_lazy_marker' not in sys.modules, 'plugin imported at import time'\n"
+        "assert 'test_plugin_gate' in keras_attention.names()\n"
+        "assert 'ka_lazy_marker' in sys.modules\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ok" in result.stdout

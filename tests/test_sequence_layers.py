@@ -1,0 +1,178 @@
+"""MultiHeadAttention against keras's, masks, Sequential use and bad input."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_attention
+from keras_attention.layers import (
+    AdditiveAttention,
+    MultiHeadAttention,
+    ScaledDotProductAttention,
+)
+from tests.cases_sequence import LUONG_GENERAL, softmax
+
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(2, 7, 16)).astype("float32")
+Y = RNG.normal(size=(2, 5, 12)).astype("float32")
+
+
+def np_(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(), dict(value_dim=6), dict(output_shape=10), dict(use_bias=False)]
+)
+def test_multi_head_matches_keras_with_the_same_weights(kwargs):
+    theirs = keras.layers.MultiHeadAttention(num_heads=4, key_dim=8, **kwargs)
+    ours = MultiHeadAttention(num_heads=4, key_dim=8, **kwargs)
+    theirs(X, Y)
+    ours([X, Y])
+    assert [w.shape for w in ours.get_weights()] == [w.shape for w in theirs.get_weights()]
+    ours.set_weights(theirs.get_weights())
+    mask = RNG.random((2, 5)) > 0.3
+    mask[:, 0] = True
+    a, wa = theirs(X, Y, value_mask=mask, return_attention_scores=True)
+    b, wb = ours(X, Y, value_mask=mask, return_attention_scores=True)
+    np.testing.assert_allclose(np_(b), np_(a), atol=2e-6)
+    np.testing.assert_allclose(np_(wb), np_(wa), atol=1e-6)
+    a = theirs(X, Y, use_causal_mask=True)
+    b = ours(X, Y, use_causal_mask=True)
+    np.testing.assert_allclose(np_(b), np_(a), atol=2e-6)
+
+
+def test_grouped_query_heads_match_keras_group_query_attention():
+    theirs = keras.layers.GroupQueryAttention(head_dim=4, num_query_heads=4, num_key_value_heads=2)
+    ours = MultiHeadAttention(num_heads=4, key_dim=4, num_key_value_heads=2)
+    theirs(X, Y)
+    ours([X, Y])
+    ours.set_weights(theirs.get_weights())
+    np.testing.assert_allclose(np_(ours([X, Y])), np_(theirs(X, Y)), atol=2e-6)
+
+
+def test_blocked_implementation_equals_dense_in_the_layer():
+    dense = MultiHeadAttention(num_heads=2, key_dim=8, implementation="dense")
+    blocked = MultiHeadAttention(num_heads=2, key_dim=8, implementation="blocked")
+    dense(X)
+    blocked(X)
+    blocked.set_weights(dense.get_weights())
+    mask = RNG.random((2, 7)) > 0.3
+    np.testing.assert_allclose(
+        np_(blocked(X, query_mask=mask, use_causal_mask=True)),
+        np_(dense(X, query_mask=mask, use_causal_mask=True)),
+        atol=1e-5,
+    )
+
+
+def test_sequential_model_trains_and_round_trips(tmp_path):
+    model = keras.Sequential(
+        [
+            keras.Input((10, 8)),
+            MultiHeadAttention(num_heads=2, key_dim=4, use_causal_mask=True),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile("adam", "mse", jit_compile=True)
+    x = RNG.normal(size=(32, 10, 8)).astype("float32")
+    y = x.sum(axis=(1, 2))[:, None]
+    losses = model.fit(x, y, epochs=5, verbose=0).history["loss"]
+    assert losses[-1] < losses[0]
+    path = str(tmp_path / "seq.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    np.testing.assert_array_equal(np_(loaded(x)), np_(model(x)))
+
+
+def test_keras_masks_flow_from_embedding_through_attention():
+    tokens = keras.Input((6,), dtype="int32")
+    h = keras.layers.Embedding(20, 8, mask_zero=True)(tokens)
+    h = MultiHeadAttention(num_heads=2, key_dim=4)(h)
+    h, scores = MultiHeadAttention(num_heads=2, key_dim=4)(h, return_attention_scores=True)
+    pooled = keras.layers.GlobalAveragePooling1D()(h)  # uses the mask
+    model = keras.Model(tokens, [pooled, scores])
+    ids = np.array([[3, 4, 5, 0, 0, 0], [7, 8, 9, 10, 11, 0]])
+    changed = ids.copy()
+    # Padding positions: the mask hides them whatever attends to them.
+    pooled_a, scores_a = model(ids)
+    assert h._keras_mask is not None
+    np.testing.assert_allclose(np_(scores_a)[0, :, :3, 3:], 0.0)
+    changed[0, 3:] = 0
+    pooled_b, _ = model(changed)
+    np.testing.assert_allclose(np_(pooled_a), np_(pooled_b), atol=1e-6)
+
+
+def test_additive_one_decoder_step_and_masks():
+    layer = AdditiveAttention(units=6)
+    query = RNG.normal(size=(2, 16)).astype("float32")
+    mask = np.array([[True] * 5, [True, True, False, False, False]])
+    context, weights = layer([query, Y], mask=[None, mask], return_attention_scores=True)
+    assert context.shape == (2, 12) and weights.shape == (2, 5)
+    np.testing.assert_allclose(np_(weights)[1, 2:], 0.0)
+    np.testing.assert_allclose(np_(weights).sum(-1), 1.0, atol=1e-6)
+    w1, w2, b, v = layer.get_weights()
+    scores = np.tanh((query @ w1)[:, None, :] + Y @ w2 + b) @ v
+    np.testing.assert_allclose(np_(weights), softmax(scores, mask), atol=1e-6)
+
+
+def test_luong_general_and_dot_scores():
+    inputs = LUONG_GENERAL.make_inputs(np.random.default_rng(1))
+    layer = keras_attention.get("scaled_dot_product", **LUONG_GENERAL.kwargs)
+    out = layer(inputs)
+    np.testing.assert_allclose(np_(out), LUONG_GENERAL.reference(layer, inputs), atol=1e-5)
+    dot = ScaledDotProductAttention(score_mode="dot")
+    out, w = dot(X, return_attention_scores=True)
+    np.testing.assert_allclose(np_(w), softmax(X @ X.transpose(0, 2, 1)), atol=1e-5)
+    assert not dot.weights
+
+
+def test_return_attention_scores_in_a_functional_model():
+    q = keras.Input((4, 16))
+    v = keras.Input((None, 12))
+    for layer, shape in (
+        (MultiHeadAttention(2, 4), (None, 2, 4, None)),
+        (AdditiveAttention(3), (None, 4, None)),
+        (ScaledDotProductAttention("general"), (None, 4, None)),
+    ):
+        out, scores = layer([q, v], return_attention_scores=True)
+        assert tuple(scores.shape) == shape
+        model = keras.Model([q, v], [out, scores])
+        a, w = model([X[:, :4], Y])
+        assert w.shape[-1] == 5
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: MultiHeadAttention(num_heads=0, key_dim=4), "num_heads=0"),
+        (lambda: MultiHeadAttention(num_heads=2, key_dim=-1), "key_dim=-1"),
+        (lambda: MultiHeadAttention(num_heads=4, key_dim=2, num_key_value_heads=3), "num_key_value_heads=3"),
+        (lambda: MultiHeadAttention(num_heads=2, key_dim=2, dropout=1.5), "dropout=1.5"),
+        (lambda: AdditiveAttention(units=0), "units=0"),
+        (lambda: ScaledDotProductAttention(score_mode="cosine"), "score_mode='cosine'"),
+    ],
+)
+def test_bad_arguments_name_the_argument(make, message):
+    with pytest.raises(ValueError, match="Received an invalid value for argument") as info:
+        make()
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_bad_shapes_fail_alike_eagerly_and_symbolically(symbolic):
+    def tensor(shape, dtype="float32"):
+        if symbolic:
+            return keras.Input(batch_shape=shape, dtype=dtype)
+        return np.zeros(shape, dtype)
+
+    with pytest.raises(ValueError, match="query"):
+        MultiHeadAttention(2, 4)(tensor((2, 16)))
+    with pytest.raises(ValueError, match="query_mask"):
+        MultiHeadAttention(2, 4)(tensor((2, 7, 16)), query_mask=tensor((2, 6), "bool"))
+    with pytest.raises(ValueError, match="same length"):
+        MultiHeadAttention(2, 4)([tensor((2, 7, 16)), tensor((2, 5, 12)), tensor((2, 4, 12))])
+    with pytest.raises(ValueError, match="attention_mask"):
+        ScaledDotProductAttention()(tensor((2, 7, 16)), attention_mask=tensor((2, 7, 3), "bool"))
+    with pytest.raises(ValueError, match="same last dimension"):
+        ScaledDotProductAttention()([tensor((2, 7, 16)), tensor((2, 5, 12))])
