@@ -1,0 +1,355 @@
+"""Swin window attention: shifted windows with a relative position bias."""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attention import ops as attention_ops
+from keras_attention.layers import base
+from keras_attention.registry import register
+
+
+def window_geometry(height, width, window_size, shift_size):
+    """The window, shift and padded size used on a `height x width` image.
+
+    As in Swin, an image no larger than the window in its smaller side is one
+    window row/column: the window shrinks to `min(height, width)` and the
+    shift to 0.
+
+    Returns:
+        `(window, shift, padded_height, padded_width)`.
+    """
+    window, shift = window_size, shift_size
+    if min(height, width) <= window:
+        window, shift = min(height, width), 0
+    padded_height = -(-height // window) * window
+    padded_width = -(-width // window) * window
+    return window, shift, padded_height, padded_width
+
+
+def partition_windows(x, window):
+    """`(B, Hp, Wp, ...)` -> `(B * num_windows, window**2, ...)`, row-major."""
+    _, hp, wp = x.shape[:3]
+    rest = tuple(x.shape[3:])
+    x = ops.reshape(x, (-1, hp // window, window, wp // window, window) + rest)
+    perm = (0, 1, 3, 2, 4) + tuple(range(5, 5 + len(rest)))
+    x = ops.transpose(x, perm)
+    return ops.reshape(x, (-1, window * window) + rest)
+
+
+def merge_windows(x, window, hp, wp):
+    """The inverse of `partition_windows`: `(B * nW, w**2, C)` -> `(B, Hp, Wp, C)`."""
+    channels = x.shape[-1]
+    x = ops.reshape(
+        x, (-1, hp // window, wp // window, window, window, channels)
+    )
+    x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
+    return ops.reshape(x, (-1, hp, wp, channels))
+
+
+def relative_position_index(window, table_window):
+    """`(w**2, w**2)` indices into a `((2 W - 1)**2, H)` bias table.
+
+    Entry `(i, j)` is the row of the table for the offset of token `i` from
+    token `j` within a `window x window` window; `table_window` (`W >=
+    window`) is the window the table was made for, so a shrunk window reads
+    the table's central part.
+    """
+    coords = np.stack(
+        np.meshgrid(np.arange(window), np.arange(window), indexing="ij")
+    ).reshape(2, -1)  # (2, w**2)
+    offset = coords[:, :, None] - coords[:, None, :] + (table_window - 1)
+    return offset[0] * (2 * table_window - 1) + offset[1]
+
+
+def shifted_window_mask(height, width, window, shift):
+    """Boolean `(num_windows, w**2, w**2)`, `True` where a query sees a key.
+
+    After padding to `(Hp, Wp)` and rolling by `-shift`, a window may hold
+    tokens that were far apart before the roll: those in the last `shift`
+    rows (or columns) wrapped around from the top (left). A query sees a key
+    only if both wrapped alike along each axis, and the key is a real token
+    (not padding). Returns `None` when nothing is masked.
+    """
+    hp = -(-height // window) * window
+    wp = -(-width // window) * window
+    if shift == 0 and (hp, wp) == (height, width):
+        return None
+    rows = np.arange(hp) >= hp - shift  # (Hp,) wrapped around
+    cols = np.arange(wp) >= wp - shift
+    region = rows[:, None] * 2 + cols[None, :]  # (Hp, Wp)
+    real = np.zeros((hp, wp), bool)
+    real[:height, :width] = True
+    real = np.roll(real, (-shift, -shift), axis=(0, 1))
+
+    def windows(grid):  # (Hp, Wp) -> (nW, w**2)
+        grid = grid.reshape(hp // window, window, wp // window, window)
+        return grid.transpose(0, 2, 1, 3).reshape(-1, window * window)
+
+    region, real = windows(region), windows(real)
+    return (region[:, :, None] == region[:, None, :]) & real[:, None, :]
+
+
+@register("local_window")
+class LocalWindowAttention(keras.layers.Layer):
+    """Window attention with shifted windows (Liu et al., 2021, Swin).
+
+    The image `(B, height, width, C)` is split into non-overlapping
+    `window_size x window_size` windows and multi-head self-attention runs
+    inside each window, with a learned relative position bias:
+    `softmax(Q K^T / sqrt(D) + bias[relative_position_index]) V`, where the
+    bias table holds one value per head for each of the `(2 w - 1)**2`
+    relative offsets. With `shift_size > 0` the image is first rolled
+    cyclically by `-shift_size` along both axes (and rolled back after), so
+    the windows straddle the previous layer's window borders; a mask keeps
+    tokens that the roll brought together from opposite image borders from
+    attending to each other.
+
+    Any height and width work: the image is padded at the bottom and right to
+    multiples of the window, padded tokens are masked out as keys (so they
+    never change a real token's output) and the output is cropped back. As
+    in Swin, when `min(height, width) <= window_size` the window shrinks to
+    `min(height, width)` and the shift to 0; the bias table keeps its
+    `window_size` size and the shrunk window reads its central part. Height
+    and width must be known when the layer is called (the windows and masks
+    are static), the batch size need not be.
+
+    Shape letters: `B` batch, `H` heads, `D` head size, `w` window,
+    `nW` windows per image, `T = w**2` tokens per window.
+
+    Args:
+        num_heads: number of heads `H`.
+        window_size: window side `w`, a positive integer.
+        shift_size: cyclic shift, an integer with
+            `0 <= shift_size < window_size` (Swin alternates 0 and
+            `window_size // 2` between blocks).
+        key_dim: head size `D` of queries, keys and values; defaults to
+            `C // num_heads` (then `C` must divide evenly).
+        dropout: dropout rate on the attention weights.
+        use_bias: whether the query/key/value and output projections have
+            biases.
+        kernel_initializer, bias_initializer, kernel_regularizer,
+        bias_regularizer: for the projections, as in `keras.layers.Dense`.
+        seed: seed of the dropout.
+
+    Call arguments:
+        inputs: `(B, height, width, C)`, channels last.
+        return_attention_scores: also return the attention weights.
+        training: whether dropout is active.
+
+    Returns:
+        `(B, height, width, C)`, and if `return_attention_scores=True` the
+        weights `(B, nW, H, T, T)` of each window of the padded, rolled image
+        (windows row-major, tokens row-major inside a window; masked
+        entries are exactly 0).
+
+    Example:
+
+    ```python
+    layer = LocalWindowAttention(num_heads=3, window_size=7, shift_size=3)
+    x = np.random.rand(2, 30, 20, 96).astype("float32")
+    y, scores = layer(x, return_attention_scores=True)
+    y.shape  # (2, 30, 20, 96)
+    scores.shape  # (2, 15, 3, 49, 49): 5 x 3 windows of the 35 x 21 padding
+    ```
+
+    References:
+        - Liu et al., Swin Transformer: Hierarchical Vision Transformer
+          using Shifted Windows, 2021. https://arxiv.org/abs/2103.14030
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        window_size=7,
+        shift_size=0,
+        key_dim=None,
+        dropout=0.0,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = base.check_positive_int("num_heads", num_heads)
+        self.window_size = base.check_positive_int("window_size", window_size)
+        if (
+            isinstance(shift_size, bool)
+            or not isinstance(shift_size, int)
+            or not 0 <= shift_size < window_size
+        ):
+            raise base.invalid(
+                "shift_size",
+                f"an integer in [0, window_size) with window_size="
+                f"{window_size}",
+                shift_size,
+            )
+        self.shift_size = shift_size
+        self.key_dim = base.check_positive_int("key_dim", key_dim, allow_none=True)
+        self.dropout = base.check_rate("dropout", dropout)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.seed = seed
+        self.seed_generator = (
+            keras.random.SeedGenerator(seed) if self.dropout > 0 else None
+        )
+
+    def _check_shape(self, shape, need_spatial):
+        shape = tuple(shape)
+        if len(shape) != 4 or shape[-1] is None:
+            raise ValueError(
+                "Received an invalid value for argument `inputs`, expected a "
+                "rank-4 tensor (B, height, width, channels) with known "
+                f"channels. Received: inputs.shape={shape}"
+            )
+        if need_spatial and (shape[1] is None or shape[2] is None):
+            raise ValueError(
+                "Received an invalid value for argument `inputs`, expected a "
+                "known height and width (the windows and masks are static). "
+                f"Received: inputs.shape={shape}"
+            )
+        channels = shape[-1]
+        if self.key_dim is None and channels % self.num_heads:
+            raise ValueError(
+                "Received an invalid value for argument `inputs`, expected "
+                f"channels divisible by num_heads={self.num_heads} when "
+                f"key_dim is None. Received: inputs.shape={shape}"
+            )
+        return shape
+
+    @property
+    def head_dim(self):
+        return self.key_dim or self._channels // self.num_heads
+
+    def _dense(self, name, units):
+        return keras.layers.Dense(
+            units,
+            use_bias=self.use_bias,
+            # Each sublayer gets its own initializer so seeded ones differ.
+            kernel_initializer=self.kernel_initializer.__class__.from_config(
+                self.kernel_initializer.get_config()
+            ),
+            bias_initializer=self.bias_initializer.__class__.from_config(
+                self.bias_initializer.get_config()
+            ),
+            kernel_regularizer=self.kernel_regularizer,
+            bias_regularizer=self.bias_regularizer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, input_shape):
+        shape = self._check_shape(input_shape, need_spatial=False)
+        self._channels = shape[-1]
+        w, h = self.window_size, self.num_heads
+        self.relative_position_bias_table = self.add_weight(
+            name="relative_position_bias_table",
+            shape=((2 * w - 1) ** 2, h),
+            initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+        )
+        inner = h * self.head_dim
+        self.qkv = self._dense("qkv", 3 * inner)
+        self.qkv.build((None, None, self._channels))
+        self.output_dense = self._dense("output_dense", self._channels)
+        self.output_dense.build((None, None, inner))
+        self.built = True
+
+    def relative_position_bias(self, window):
+        """`(1, H, T, T)` bias of a `window x window` window."""
+        index = relative_position_index(window, self.window_size).reshape(-1)
+        t = window * window
+        bias = ops.take(self.relative_position_bias_table, index, axis=0)
+        bias = ops.reshape(bias, (t, t, self.num_heads))
+        return ops.transpose(bias, (2, 0, 1))[None]
+
+    def call(self, inputs, return_attention_scores=False, training=None):
+        _, height, width, channels = self._check_shape(
+            inputs.shape, need_spatial=True
+        )
+        window, shift, hp, wp = window_geometry(
+            height, width, self.window_size, self.shift_size
+        )
+        x = inputs
+        if (hp, wp) != (height, width):
+            x = ops.pad(x, [[0, 0], [0, hp - height], [0, wp - width], [0, 0]])
+        if shift:
+            x = ops.roll(x, shift=(-shift, -shift), axis=(1, 2))
+        x = partition_windows(x, window)  # (B * nW, T, C)
+        t, heads, d = window * window, self.num_heads, self.head_dim
+        qkv = ops.reshape(self.qkv(x), (-1, t, 3, heads, d))
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (B * nW, T, H, D)
+
+        mask = shifted_window_mask(height, width, window, shift)
+        if mask is not None:
+            num_windows = mask.shape[0]
+            # (nW, 1, T, T) repeated for each image: (B * nW, 1, T, T).
+            mask = ops.convert_to_tensor(mask[:, None])
+            mask = ops.tile(mask, (ops.shape(inputs)[0], 1, 1, 1))
+        result = attention_ops.dot_product_attention(
+            q,
+            k,
+            v,
+            attention_mask=mask,
+            bias=self.relative_position_bias(window),
+            scale=1.0 / math.sqrt(d),
+            dropout_rate=self.dropout,
+            seed=self.seed_generator,
+            training=training,
+            return_weights=return_attention_scores,
+        )
+        out, weights = result if return_attention_scores else (result, None)
+        out = self.output_dense(ops.reshape(out, (-1, t, heads * d)))
+        out = merge_windows(out, window, hp, wp)
+        if shift:
+            out = ops.roll(out, shift=(shift, shift), axis=(1, 2))
+        out = out[:, :height, :width, :]
+        if return_attention_scores:
+            num_windows = (hp // window) * (wp // window)
+            weights = ops.reshape(weights, (-1, num_windows, heads, t, t))
+            return out, weights
+        return out
+
+    def compute_output_shape(self, input_shape):
+        return self._check_shape(input_shape, need_spatial=False)
+
+    def compute_output_spec(self, *args, **kwargs):
+        # Trace `call` symbolically, so `return_attention_scores=True` gives
+        # the (output, scores) pair in a functional model too.
+        return super(keras.layers.Layer, self).compute_output_spec(
+            *args, **kwargs
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "window_size": self.window_size,
+                "shift_size": self.shift_size,
+                "key_dim": self.key_dim,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+                "kernel_regularizer": keras.regularizers.serialize(
+                    self.kernel_regularizer
+                ),
+                "bias_regularizer": keras.regularizers.serialize(
+                    self.bias_regularizer
+                ),
+                "seed": self.seed,
+            }
+        )
+        return config
