@@ -11,10 +11,17 @@ from keras_attention.layers.local_window import window_geometry
 from tests.cases_local_window import layer_weights, swin_reference
 
 
+def numpy(x):
+    return keras.ops.convert_to_numpy(x)
+
+
 def randomized(layer, rng):
     """Give every weight (bias table and biases included) a random value."""
     layer.set_weights(
-        [rng.normal(scale=0.5, size=w.shape).astype("float32") for w in layer.get_weights()]
+        [
+            rng.normal(scale=0.5, size=w.shape).astype("float32")
+            for w in layer.get_weights()
+        ]
     )
     return layer
 
@@ -52,9 +59,9 @@ def test_matches_numpy_reference(shape, kwargs):
         window_size=layer.window_size,
         shift_size=layer.shift_size,
     )
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(out), expected, atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(numpy(out), expected, atol=2e-5, rtol=1e-4)
     np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(scores), expected_scores, atol=2e-6, rtol=1e-4
+        numpy(scores), expected_scores, atol=2e-6, rtol=1e-4
     )
 
 
@@ -63,7 +70,8 @@ def test_window_shrinks_to_small_images():
     assert window_geometry(7, 9, 7, 3) == (7, 0, 7, 14)
     assert window_geometry(8, 9, 7, 3) == (7, 3, 14, 14)
     layer = LocalWindowAttention(num_heads=1, window_size=7, shift_size=3)
-    _, scores = layer(np.zeros((2, 3, 5, 4), "float32"), return_attention_scores=True)
+    x = np.zeros((2, 3, 5, 4), "float32")
+    _, scores = layer(x, return_attention_scores=True)
     assert tuple(scores.shape) == (2, 2, 1, 9, 9)
 
 
@@ -107,7 +115,7 @@ def test_weights_are_zero_across_regions_and_padding(height, width):
     layer = make(rng, shape, num_heads=2, window_size=4, shift_size=2)
     x = rng.normal(size=shape).astype("float32")
     _, scores = layer(x, return_attention_scores=True)
-    scores = keras.ops.convert_to_numpy(scores)  # (B, nW, H, T, T)
+    scores = numpy(scores)  # (B, nW, H, T, T)
     allowed = allowed_pairs(height, width, 4, 2)[None, :, None]
     assert (~allowed).any() and allowed.any()
     allowed = np.broadcast_to(allowed, scores.shape)
@@ -127,9 +135,7 @@ def test_perturbing_one_region_leaves_the_others_of_its_window_unchanged():
     x = rng.normal(size=shape).astype("float32")
     changed = x.copy()
     changed[0, 6, 6] += 5.0
-    diff = np.abs(
-        keras.ops.convert_to_numpy(layer(changed)) - keras.ops.convert_to_numpy(layer(x))
-    ).max(-1)[0]
+    diff = np.abs(numpy(layer(changed)) - numpy(layer(x))).max(-1)[0]
     region = np.zeros((8, 8), bool)
     region[6:, 6:] = True
     assert np.all(diff[region] > 1e-3)
@@ -138,10 +144,7 @@ def test_perturbing_one_region_leaves_the_others_of_its_window_unchanged():
 
     # Without the shift the same pixel reaches its whole 4 x 4 window.
     unshifted = make(rng, shape, num_heads=2, window_size=4)
-    diff = np.abs(
-        keras.ops.convert_to_numpy(unshifted(changed))
-        - keras.ops.convert_to_numpy(unshifted(x))
-    ).max(-1)[0]
+    diff = np.abs(numpy(unshifted(changed)) - numpy(unshifted(x))).max(-1)[0]
     assert np.all(diff[4:, 4:] > 1e-4) and np.all(diff[:4] == 0.0)
 
 
@@ -160,7 +163,8 @@ def test_perturbing_one_region_leaves_the_others_of_its_window_unchanged():
 )
 def test_bad_arguments_raise(kwargs, argument):
     value = kwargs[argument]
-    with pytest.raises(ValueError, match=rf"`{argument}`.*Received: {argument}={value!r}"):
+    message = rf"`{argument}`.*Received: {argument}={value!r}"
+    with pytest.raises(ValueError, match=message):
         LocalWindowAttention(**kwargs)
 
 
@@ -179,10 +183,11 @@ def test_bad_shapes_raise():
 )
 def test_output_shape_equals_input_shape(height, width):
     layer = LocalWindowAttention(num_heads=2, window_size=4, shift_size=2)
-    x = np.random.default_rng(3).normal(size=(2, height, width, 6)).astype("float32")
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, height, width, 6)).astype("float32")
     out = layer(x)
     assert tuple(out.shape) == x.shape
-    assert np.all(np.isfinite(keras.ops.convert_to_numpy(out)))
+    assert np.all(np.isfinite(numpy(out)))
     assert layer.compute_output_shape(x.shape) == x.shape
 
 
@@ -199,7 +204,7 @@ def test_keras_file_round_trip_with_scores(tmp_path):
     model.save(path)
     loaded = keras.saving.load_model(path, safe_mode=True)
     for a, b in zip(model(x), loaded(x)):
-        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+        np.testing.assert_array_equal(numpy(a), numpy(b))
     clone = LocalWindowAttention.from_config(layer.get_config())
     assert clone.get_config() == layer.get_config()
 
@@ -210,14 +215,17 @@ def test_compiles_with_xla_and_unknown_batch():
     outputs = LocalWindowAttention(num_heads=2, window_size=3, shift_size=1)(inputs)
     model = keras.Model(inputs, outputs)
     x = rng.normal(size=(5, 7, 9, 6)).astype("float32")
-    eager = keras.ops.convert_to_numpy(model(x))
+    eager = numpy(model(x))
     model.compile(loss="mse", jit_compile=True)
-    np.testing.assert_allclose(model.predict(x, batch_size=5, verbose=0), eager, atol=1e-5)
+    compiled = model.predict(x, batch_size=5, verbose=0)
+    np.testing.assert_allclose(compiled, eager, atol=1e-5)
 
 
 def test_dropout_only_in_training():
     x = np.random.default_rng(6).normal(size=(2, 8, 8, 4)).astype("float32")
-    layer = LocalWindowAttention(num_heads=2, window_size=4, shift_size=2, dropout=0.5, seed=1)
-    a = keras.ops.convert_to_numpy(layer(x))
-    np.testing.assert_array_equal(a, keras.ops.convert_to_numpy(layer(x, training=False)))
-    assert not np.allclose(a, keras.ops.convert_to_numpy(layer(x, training=True)))
+    layer = LocalWindowAttention(
+        num_heads=2, window_size=4, shift_size=2, dropout=0.5, seed=1
+    )
+    a = numpy(layer(x))
+    np.testing.assert_array_equal(a, numpy(layer(x, training=False)))
+    assert not np.allclose(a, numpy(layer(x, training=True)))

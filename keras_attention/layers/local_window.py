@@ -40,7 +40,7 @@ def partition_windows(x, window):
 
 
 def merge_windows(x, window, hp, wp):
-    """The inverse of `partition_windows`: `(B * nW, w**2, C)` -> `(B, Hp, Wp, C)`."""
+    """`(B * nW, w**2, C)` -> `(B, Hp, Wp, C)`, undoing `partition_windows`."""
     channels = x.shape[-1]
     x = ops.reshape(
         x, (-1, hp // window, wp // window, window, window, channels)
@@ -289,7 +289,6 @@ class LocalWindowAttention(keras.layers.Layer):
 
         mask = shifted_window_mask(height, width, window, shift)
         if mask is not None:
-            num_windows = mask.shape[0]
             # (nW, 1, T, T) repeated for each image: (B * nW, 1, T, T).
             mask = ops.convert_to_tensor(mask[:, None])
             mask = ops.tile(mask, (ops.shape(inputs)[0], 1, 1, 1))
