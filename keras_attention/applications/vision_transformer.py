@@ -1,0 +1,828 @@
+"""Vision Transformer classifier whose attention is chosen by registry name.
+
+Dosovitskiy et al., An Image is Worth 16x16 Words, ICLR 2021; with
+`attention="local_window"` and a list `depth`, the shifted-window hierarchy
+of Swin (Liu et al., 2021).
+
+**The attention plugin contract.** Each encoder block builds its attention
+layer with `keras_attention.get(attention, **arguments)`, where `arguments`
+are those of `num_heads`, `key_dim` (`C // num_heads`), `dropout` (the
+attention dropout), `window_size` and `shift_size` that the layer's
+constructor names, updated with the user's `attention_kwargs`. The block
+then calls the layer on the normalized tokens and adds its output to them
+(pre-norm residual), so the layer must return a tensor of its input's shape:
+
+- a layer class with `expects_grid = True`, and the built-in image layers
+  `"local_window"`, `"cbam"`, `"channel"`, `"spatial"`, `"non_local"`
+  (`GRID_LAYERS`), receives the patch grid `(B, h, w, C)`;
+- any other layer receives the tokens `(B, N, C)` (with the class token
+  first when `pooling="cls"`).
+
+A layer whose `call` takes `return_attention_scores` gives its scores to
+`VisionTransformerBackbone.attention_scores`; one whose `call` takes
+`training` gets it; one whose `call` takes `mask` gets the padding mask
+(text models).
+"""
+
+import keras
+from keras import ops
+
+from keras_attention import registry
+from keras_attention.applications import presets
+from keras_attention.layers import base
+
+# Registry names whose layers take the patch grid (B, h, w, C).
+GRID_LAYERS = frozenset({"local_window", "cbam", "channel", "spatial", "non_local"})
+
+
+def expects_grid(name):
+    """Whether the layer registered as `name` takes `(B, h, w, C)` grids."""
+    declared = getattr(registry.get_class(name), "expects_grid", None)
+    if declared is not None:
+        return bool(declared)
+    return name in GRID_LAYERS
+
+
+def _pair(argument, value):
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        values = tuple(value)
+    else:
+        values = (value, value)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise base.invalid(
+                argument, "a positive integer or a pair of them", value
+            )
+    return values
+
+
+def _per_stage(argument, value, num_stages, growth):
+    """An int (multiplied by `growth**stage`) or one positive int per stage."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != num_stages:
+            raise base.invalid(
+                argument, f"an integer or a list of {num_stages} integers "
+                "(one per stage of `depth`)", value
+            )
+        return [base.check_positive_int(argument, v) for v in value]
+    base.check_positive_int(argument, value)
+    return [value * growth**stage for stage in range(num_stages)]
+
+
+@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+class PatchEmbedding(keras.layers.Layer):
+    """Patch embedding of ViT, with an optional class token.
+
+    A `Conv2D` with kernel and stride `patch_size` projects each patch to
+    `hidden_dim` features; the `(B, h, w, hidden_dim)` grid is flattened
+    row-major to `N = h * w` tokens, a learned class token is put first if
+    `use_class_token`, and a learned position embedding is added.
+
+    Args:
+        hidden_dim: size `C` of each token.
+        patch_size: patch side (int) or `(height, width)`.
+        use_class_token: prepend a learned class token.
+
+    Call arguments:
+        images: `(B, H, W, channels)` with `H`, `W` multiples of the patch.
+
+    Returns:
+        Tokens `(B, N (+ 1), C)`.
+    """
+
+    def __init__(self, hidden_dim, patch_size, use_class_token=True, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden_dim = base.check_positive_int("hidden_dim", hidden_dim)
+        self.patch_size = _pair("patch_size", patch_size)
+        self.use_class_token = bool(use_class_token)
+
+    def build(self, input_shape):
+        _, height, width, _ = input_shape
+        ph, pw = self.patch_size
+        self.grid_shape = (height // ph, width // pw)
+        self.projection = keras.layers.Conv2D(
+            self.hidden_dim,
+            self.patch_size,
+            strides=self.patch_size,
+            padding="valid",
+            name="projection",
+            dtype=self.dtype_policy,
+        )
+        self.projection.build(input_shape)
+        num_tokens = self.grid_shape[0] * self.grid_shape[1]
+        if self.use_class_token:
+            self.class_token = self.add_weight(
+                name="class_token",
+                shape=(1, 1, self.hidden_dim),
+                initializer="zeros",
+            )
+            num_tokens += 1
+        self.position_embedding = self.add_weight(
+            name="position_embedding",
+            shape=(1, num_tokens, self.hidden_dim),
+            initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+        )
+        self.built = True
+
+    def call(self, images):
+        x = self.projection(images)  # (B, h, w, C)
+        h, w = self.grid_shape
+        x = ops.reshape(x, (-1, h * w, self.hidden_dim))
+        if self.use_class_token:
+            token = ops.broadcast_to(
+                ops.cast(self.class_token, x.dtype),
+                (ops.shape(x)[0], 1, self.hidden_dim),
+            )
+            x = ops.concatenate([token, x], axis=1)
+        return x + ops.cast(self.position_embedding, x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        _, height, width, _ = input_shape
+        ph, pw = self.patch_size
+        n = (height // ph) * (width // pw) + int(self.use_class_token)
+        return (input_shape[0], n, self.hidden_dim)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "hidden_dim": self.hidden_dim,
+                "patch_size": self.patch_size,
+                "use_class_token": self.use_class_token,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+class PatchMerging(keras.layers.Layer):
+    """Swin's patch merging: 2x2 neighbouring tokens -> one token of `2 C`.
+
+    The tokens `(B, h * w, C)` are seen as the grid `(B, h, w, C)` (padded
+    to even sides), each 2x2 neighbourhood is concatenated to `4 C`
+    features, normalized and projected to `2 C`.
+
+    Args:
+        grid_shape: `(h, w)` of the incoming tokens.
+
+    Returns:
+        `(B, ceil(h / 2) * ceil(w / 2), 2 C)`.
+    """
+
+    def __init__(self, grid_shape, **kwargs):
+        super().__init__(**kwargs)
+        self.grid_shape = _pair("grid_shape", grid_shape)
+
+    @property
+    def output_grid_shape(self):
+        h, w = self.grid_shape
+        return (-(-h // 2), -(-w // 2))
+
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        self.norm = keras.layers.LayerNormalization(
+            epsilon=1e-5, name="norm", dtype=self.dtype_policy
+        )
+        self.norm.build((None, None, 4 * channels))
+        self.reduction = keras.layers.Dense(
+            2 * channels, use_bias=False, name="reduction", dtype=self.dtype_policy
+        )
+        self.reduction.build((None, None, 4 * channels))
+        self.built = True
+
+    def call(self, tokens):
+        h, w = self.grid_shape
+        channels = tokens.shape[-1]
+        x = ops.reshape(tokens, (-1, h, w, channels))
+        if h % 2 or w % 2:
+            x = ops.pad(x, [[0, 0], [0, h % 2], [0, w % 2], [0, 0]])
+        x = ops.concatenate(
+            [x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]],
+            axis=-1,
+        )  # (B, h / 2, w / 2, 4 C)
+        oh, ow = self.output_grid_shape
+        x = ops.reshape(x, (-1, oh * ow, 4 * channels))
+        return self.reduction(self.norm(x))
+
+    def compute_output_shape(self, input_shape):
+        oh, ow = self.output_grid_shape
+        return (input_shape[0], oh * ow, 2 * input_shape[-1])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"grid_shape": self.grid_shape})
+        return config
+
+
+@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+class TokenPooling(keras.layers.Layer):
+    """`(B, N, C) -> (B, C)`: the first (class) token, or the mean of all."""
+
+    def __init__(self, mode="cls", **kwargs):
+        super().__init__(**kwargs)
+        if mode not in ("cls", "mean"):
+            raise base.invalid("mode", "'cls' or 'mean'", mode)
+        self.mode = mode
+
+    def call(self, tokens):
+        if self.mode == "cls":
+            return tokens[:, 0]
+        return ops.mean(tokens, axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"mode": self.mode})
+        return config
+
+
+@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+class TransformerEncoderBlock(keras.layers.Layer):
+    """Pre-norm Transformer encoder block with attention chosen by name.
+
+    `x = x + Dropout(Attention(LayerNorm(x)))`, then
+    `x = x + MLP(LayerNorm(x))` with `MLP = Dense(mlp_dim, gelu), Dropout,
+    Dense(C), Dropout` (Vaswani et al., 2017; pre-norm as in ViT). The
+    attention layer follows the plugin contract of this module: it gets the
+    tokens `(B, N, C)`, or the grid `(B, h, w, C)` for grid layers (then
+    `grid_shape` must be given and `N = h * w`).
+
+    Args:
+        num_heads: attention heads `H` (passed if the layer takes it).
+        mlp_dim: hidden size of the MLP.
+        dropout: dropout rate after the attention and in the MLP.
+        attention_dropout: dropout rate on the attention weights (passed as
+            the layer's `dropout` if it takes it).
+        attention: a registered attention name.
+        attention_kwargs: extra constructor arguments of the attention layer.
+        grid_shape: `(h, w)` of the patch grid, for grid layers.
+        window_size, shift_size: passed to layers that take them.
+        layer_norm_epsilon: epsilon of both layer normalizations.
+
+    Call arguments:
+        tokens: `(B, N, C)`.
+        mask: optional boolean `(B, N)` padding mask (Keras masks too).
+        return_attention_scores: also return the layer's scores (`None` for
+            a layer that cannot return them).
+        training: whether dropout is active.
+
+    Returns:
+        `(B, N, C)`, and the scores if `return_attention_scores=True`.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        dropout=0.0,
+        attention_dropout=0.0,
+        attention="multi_head",
+        attention_kwargs=None,
+        grid_shape=None,
+        window_size=None,
+        shift_size=0,
+        layer_norm_epsilon=1e-6,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = base.check_positive_int("num_heads", num_heads)
+        self.mlp_dim = base.check_positive_int("mlp_dim", mlp_dim)
+        self.dropout = base.check_rate("dropout", dropout)
+        self.attention_dropout = base.check_rate(
+            "attention_dropout", attention_dropout
+        )
+        self.attention = presets.check_attention_name(attention)
+        self.attention_kwargs = dict(attention_kwargs or {})
+        self.grid_shape = (
+            None if grid_shape is None else _pair("grid_shape", grid_shape)
+        )
+        self.window_size = base.check_positive_int(
+            "window_size", window_size, allow_none=True
+        )
+        self.shift_size = shift_size
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.uses_grid = expects_grid(self.attention)
+        if self.uses_grid and self.grid_shape is None:
+            raise ValueError(
+                f"The attention layer {self.attention!r} takes a grid "
+                "(B, h, w, C); pass `grid_shape=(h, w)`. Received: "
+                "grid_shape=None"
+            )
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        if self.uses_grid:
+            h, w = self.grid_shape
+            if input_shape[1] is not None and input_shape[1] != h * w:
+                raise ValueError(
+                    "Received an invalid value for argument `tokens`, "
+                    f"expected {h * w} tokens (the grid_shape={self.grid_shape}"
+                    f" of the {self.attention!r} layer; no class token). "
+                    f"Received: tokens.shape={tuple(input_shape)}"
+                )
+            attention_shape = (input_shape[0], h, w, channels)
+        else:
+            attention_shape = tuple(input_shape)
+        if channels % self.num_heads and "key_dim" not in self.attention_kwargs:
+            raise ValueError(
+                "Received an invalid value for argument `num_heads`, expected "
+                f"a divisor of the token size {channels}. Received: "
+                f"num_heads={self.num_heads}"
+            )
+        layer_class = registry.get_class(self.attention)
+        defaults = {
+            "num_heads": self.num_heads,
+            "key_dim": channels // self.num_heads,
+            "dropout": self.attention_dropout,
+            "shift_size": self.shift_size,
+        }
+        if self.window_size is not None:
+            defaults["window_size"] = self.window_size
+        arguments = presets.fill_arguments(
+            layer_class, defaults, self.attention_kwargs
+        )
+        self.attention_layer = layer_class(
+            **arguments, name="attention", dtype=self.dtype_policy
+        )
+        self.attention_layer.build(attention_shape)
+        self._attention_training = presets.call_accepts(
+            self.attention_layer, "training"
+        )
+        self._attention_mask = presets.call_accepts(self.attention_layer, "mask")
+        self._attention_scores = presets.call_accepts(
+            self.attention_layer, "return_attention_scores"
+        )
+        self.attention_norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon,
+            name="attention_norm",
+            dtype=self.dtype_policy,
+        )
+        self.attention_norm.build(input_shape)
+        self.mlp_norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, name="mlp_norm", dtype=self.dtype_policy
+        )
+        self.mlp_norm.build(input_shape)
+        self.mlp_hidden = keras.layers.Dense(
+            self.mlp_dim, activation="gelu", name="mlp_hidden", dtype=self.dtype_policy
+        )
+        self.mlp_hidden.build(input_shape)
+        self.mlp_output = keras.layers.Dense(
+            channels, name="mlp_output", dtype=self.dtype_policy
+        )
+        self.mlp_output.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
+        self.dropout_layer = keras.layers.Dropout(
+            self.dropout, dtype=self.dtype_policy
+        )
+        self.built = True
+
+    def call(
+        self, tokens, mask=None, return_attention_scores=False, training=None
+    ):
+        channels = tokens.shape[-1]
+        x = self.attention_norm(tokens)
+        if self.uses_grid:
+            x = ops.reshape(x, (-1,) + self.grid_shape + (channels,))
+        kwargs = {}
+        if self._attention_training:
+            kwargs["training"] = training
+        if mask is not None and self._attention_mask and not self.uses_grid:
+            kwargs["mask"] = mask
+        scores = None
+        if return_attention_scores and self._attention_scores:
+            x, scores = self.attention_layer(
+                x, return_attention_scores=True, **kwargs
+            )
+        else:
+            x = self.attention_layer(x, **kwargs)
+        if self.uses_grid:
+            x = ops.reshape(x, (-1, ops.shape(tokens)[1], channels))
+        x = tokens + self.dropout_layer(x, training=training)
+        y = self.mlp_hidden(self.mlp_norm(x))
+        y = self.dropout_layer(y, training=training)
+        y = self.mlp_output(y)
+        x = x + self.dropout_layer(y, training=training)
+        if return_attention_scores:
+            return x, scores
+        return x
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "mlp_dim": self.mlp_dim,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+                "attention": self.attention,
+                "attention_kwargs": self.attention_kwargs,
+                "grid_shape": self.grid_shape,
+                "window_size": self.window_size,
+                "shift_size": self.shift_size,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+class VisionTransformerBackbone(presets.Backbone):
+    """ViT feature extractor (Dosovitskiy et al., 2021); Swin-style stages.
+
+    Images `(B, H, W, channels)` are cut into `patch_size` patches embedded
+    by a strided convolution (`PatchEmbedding`), a learned position embedding
+    is added (and a class token put first with `pooling="cls"`), then
+    `depth` pre-norm `TransformerEncoderBlock`s run, a final layer
+    normalization, and the pooling (class token or mean of the tokens)
+    gives one feature vector `(B, C)`.
+
+    With `depth` a list (e.g. `[2, 2]`), the blocks form stages separated by
+    `PatchMerging` (the grid halves, the width and, for integer `num_heads`
+    and `mlp_dim`, the heads and MLP size double), as in Swin. With
+    `attention="local_window"` consecutive blocks alternate the shift
+    `0` and `window_size // 2`.
+
+    Args:
+        image_size: image side (int) or `(height, width)`.
+        patch_size: patch side (int) or `(height, width)`; must divide the
+            image size.
+        hidden_dim: token size `C` (of the first stage).
+        depth: number of encoder blocks, or a list of blocks per stage.
+        num_heads: attention heads (an int, or one per stage).
+        mlp_dim: MLP hidden size (an int, or one per stage).
+        dropout: dropout rate of the embedding, the residual branches and
+            the MLP.
+        attention_dropout: dropout rate on the attention weights.
+        attention: registry name of the attention layer (see the module's
+            plugin contract): `"multi_head"`, `"local_window"`, ...
+        attention_kwargs: extra constructor arguments of the attention layer.
+        window_size: window of window-attention layers (`local_window`).
+        pooling: `"cls"` (class token), `"mean"` (mean of the tokens) or
+            `"auto"`: `"cls"` for token attention in one stage, else
+            `"mean"` (grid layers and patch merging have no class token).
+        num_channels: channels of the images.
+        layer_norm_epsilon: epsilon of the layer normalizations.
+
+    Call arguments:
+        images: `(B, H, W, num_channels)`.
+
+    Returns:
+        Features `(B, C_last)`.
+
+    Example:
+
+    ```python
+    backbone = VisionTransformerBackbone(
+        image_size=8, patch_size=2, hidden_dim=32, depth=2, num_heads=4,
+        mlp_dim=64, num_channels=1,
+    )
+    backbone(np.zeros((3, 8, 8, 1))).shape  # (3, 32)
+    scores = backbone.attention_scores(np.zeros((3, 8, 8, 1)))
+    scores[0].shape  # (3, 4, 17, 17): batch, heads, tokens, tokens
+    ```
+
+    References:
+        - Dosovitskiy et al., An Image is Worth 16x16 Words: Transformers
+          for Image Recognition at Scale, 2021.
+          https://arxiv.org/abs/2010.11929
+        - Liu et al., Swin Transformer, 2021. https://arxiv.org/abs/2103.14030
+    """
+
+    def __init__(
+        self,
+        image_size,
+        patch_size,
+        hidden_dim=64,
+        depth=4,
+        num_heads=4,
+        mlp_dim=128,
+        dropout=0.0,
+        attention_dropout=0.0,
+        attention="multi_head",
+        attention_kwargs=None,
+        window_size=4,
+        pooling="auto",
+        num_channels=3,
+        layer_norm_epsilon=1e-6,
+        **kwargs,
+    ):
+        image_size = _pair("image_size", image_size)
+        patch_size = _pair("patch_size", patch_size)
+        if any(i % p for i, p in zip(image_size, patch_size)):
+            raise ValueError(
+                "Received an invalid value for argument `patch_size`, "
+                f"expected a divisor of image_size={image_size}. Received: "
+                f"patch_size={patch_size}"
+            )
+        base.check_positive_int("hidden_dim", hidden_dim)
+        base.check_positive_int("num_channels", num_channels)
+        base.check_rate("dropout", dropout)
+        depths = (
+            list(depth) if isinstance(depth, (list, tuple)) else [depth]
+        )
+        if not depths:
+            raise base.invalid("depth", "a positive integer or a list", depth)
+        for d in depths:
+            base.check_positive_int("depth", d)
+        heads = _per_stage("num_heads", num_heads, len(depths), 2)
+        mlp_dims = _per_stage("mlp_dim", mlp_dim, len(depths), 2)
+        attention = presets.check_attention_name(attention)
+        grid_attention = expects_grid(attention)
+        if pooling == "auto":
+            pooling = "cls" if len(depths) == 1 and not grid_attention else "mean"
+        if pooling not in ("cls", "mean"):
+            raise base.invalid("pooling", "'cls', 'mean' or 'auto'", pooling)
+        if pooling == "cls" and (grid_attention or len(depths) > 1):
+            raise ValueError(
+                "Received an invalid value for argument `pooling`, expected "
+                f"'mean' with the grid attention {attention!r} or with patch "
+                "merging (the class token is not part of the patch grid). "
+                f"Received: pooling={pooling!r}"
+            )
+
+        inputs = keras.Input(
+            shape=image_size + (num_channels,), name="images"
+        )
+        x = PatchEmbedding(
+            hidden_dim,
+            patch_size,
+            use_class_token=pooling == "cls",
+            name="patch_embedding",
+        )(inputs)
+        chain = ["patch_embedding"]
+        if dropout:
+            x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
+            chain.append("embedding_dropout")
+        grid = (image_size[0] // patch_size[0], image_size[1] // patch_size[1])
+        for stage, stage_depth in enumerate(depths):
+            if stage:
+                merging = PatchMerging(grid, name=f"patch_merging_{stage}")
+                x = merging(x)
+                grid = merging.output_grid_shape
+                chain.append(merging.name)
+            for index in range(stage_depth):
+                shift = (window_size // 2) if index % 2 else 0
+                name = (
+                    f"block_{index}"
+                    if len(depths) == 1
+                    else f"block_{stage}_{index}"
+                )
+                x = TransformerEncoderBlock(
+                    num_heads=heads[stage],
+                    mlp_dim=mlp_dims[stage],
+                    dropout=dropout,
+                    attention_dropout=attention_dropout,
+                    attention=attention,
+                    attention_kwargs=attention_kwargs,
+                    grid_shape=grid,
+                    window_size=window_size,
+                    shift_size=shift,
+                    layer_norm_epsilon=layer_norm_epsilon,
+                    name=name,
+                )(x)
+                chain.append(name)
+        x = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, name="final_norm"
+        )(x)
+        chain.append("final_norm")
+        outputs = TokenPooling(pooling, name="pooling")(x)
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+
+        self.image_size = image_size
+        self.patch_size = patch_size
+        self.hidden_dim = hidden_dim
+        self.depth = depth
+        self.num_heads = num_heads
+        self.mlp_dim = mlp_dim
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.attention = attention
+        self.attention_kwargs = dict(attention_kwargs or {})
+        self.window_size = window_size
+        self.pooling = pooling
+        self.num_channels = num_channels
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.grid_shape = grid
+        self._chain = chain
+
+    def check_inputs(self, inputs):
+        presets.check_image_inputs(
+            inputs, self.image_size + (self.num_channels,)
+        )
+
+    def attention_scores(self, images):
+        """The attention scores of every encoder block, run eagerly.
+
+        Args:
+            images: `(B, H, W, num_channels)`.
+
+        Returns:
+            A list with one entry per block, in order: what the attention
+            layer returns as scores (`(B, H, N, N)` for `"multi_head"`,
+            `(B, nW, H, T, T)` for `"local_window"`), or `None` for layers
+            that return none.
+        """
+        images = ops.convert_to_tensor(images, dtype=self.compute_dtype)
+        self.check_inputs(images)
+        x, scores = images, []
+        for name in self._chain:
+            layer = self.get_layer(name)
+            if isinstance(layer, TransformerEncoderBlock):
+                x, block_scores = layer(x, return_attention_scores=True)
+                scores.append(block_scores)
+            else:
+                x = layer(x)
+        return scores
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "image_size": self.image_size,
+                "patch_size": self.patch_size,
+                "hidden_dim": self.hidden_dim,
+                "depth": self.depth,
+                "num_heads": self.num_heads,
+                "mlp_dim": self.mlp_dim,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+                "attention": self.attention,
+                "attention_kwargs": self.attention_kwargs,
+                "window_size": self.window_size,
+                "pooling": self.pooling,
+                "num_channels": self.num_channels,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+class VisionTransformer(presets.Classifier):
+    """Vision Transformer image classifier (Dosovitskiy et al., 2021).
+
+    A `VisionTransformerBackbone` and a head (dropout, `Dense(num_classes)`).
+    Either give the backbone's arguments, or `backbone=` an existing one
+    (fine-tuning: `VisionTransformer(backbone=pretrained.backbone,
+    num_classes=2)`, with `backbone.trainable = False` to freeze it).
+
+    Args:
+        image_size, patch_size, hidden_dim, depth, num_heads, mlp_dim,
+        dropout, attention_dropout, attention, attention_kwargs,
+        window_size, pooling, num_channels: the backbone's arguments (see
+            `VisionTransformerBackbone`); ignored when `backbone` is given.
+        num_classes: number of classes.
+        backbone: an existing `VisionTransformerBackbone`.
+        activation: output activation; `None` gives logits.
+        head_dropout: dropout rate before the output layer.
+
+    Call arguments:
+        images: `(B, H, W, num_channels)`.
+
+    Returns:
+        Logits (or `activation` outputs) `(B, num_classes)`.
+
+    Example:
+
+    ```python
+    model = VisionTransformer(
+        image_size=8, patch_size=2, num_classes=10, hidden_dim=32, depth=2,
+        num_heads=4, mlp_dim=64, num_channels=1,
+    )
+    model.compile(optimizer="adam")  # sparse cross-entropy, accuracy
+    model.fit(np.random.rand(16, 8, 8, 1), np.arange(16) % 10, epochs=1)
+    swin = VisionTransformer(
+        image_size=16, patch_size=2, num_classes=10, hidden_dim=32,
+        depth=[2, 2], num_heads=2, mlp_dim=64, num_channels=1,
+        attention="local_window", window_size=4,
+    )
+    ```
+
+    References:
+        - Dosovitskiy et al., An Image is Worth 16x16 Words, 2021.
+          https://arxiv.org/abs/2010.11929
+    """
+
+    backbone_class = VisionTransformerBackbone
+
+    def __init__(
+        self,
+        image_size=None,
+        patch_size=None,
+        num_classes=None,
+        hidden_dim=64,
+        depth=4,
+        num_heads=4,
+        mlp_dim=128,
+        dropout=0.0,
+        attention_dropout=0.0,
+        attention="multi_head",
+        attention_kwargs=None,
+        window_size=4,
+        pooling="auto",
+        num_channels=3,
+        backbone=None,
+        activation=None,
+        head_dropout=0.0,
+        **kwargs,
+    ):
+        if backbone is None:
+            if image_size is None or patch_size is None:
+                raise ValueError(
+                    "VisionTransformer needs `image_size` and `patch_size` "
+                    "(or a `backbone`). Received: "
+                    f"image_size={image_size}, patch_size={patch_size}"
+                )
+            backbone = VisionTransformerBackbone(
+                image_size=image_size,
+                patch_size=patch_size,
+                hidden_dim=hidden_dim,
+                depth=depth,
+                num_heads=num_heads,
+                mlp_dim=mlp_dim,
+                dropout=dropout,
+                attention_dropout=attention_dropout,
+                attention=attention,
+                attention_kwargs=attention_kwargs,
+                window_size=window_size,
+                pooling=pooling,
+                num_channels=num_channels,
+                name="backbone",
+            )
+        super().__init__(
+            backbone,
+            num_classes,
+            activation=activation,
+            head_dropout=head_dropout,
+            **kwargs,
+        )
+
+    def attention_scores(self, images):
+        """The scores of every encoder block; see the backbone's method."""
+        return self.backbone.attention_scores(images)
+
+
+VisionTransformerBackbone.classifier_class = VisionTransformer
+
+
+presets.register_preset(
+    "vit_digits",
+    "VisionTransformer",
+    dict(
+        image_size=8,
+        patch_size=2,
+        num_classes=10,
+        hidden_dim=64,
+        depth=4,
+        num_heads=4,
+        mlp_dim=128,
+        dropout=0.1,
+        num_channels=1,
+    ),
+    weights="vit_digits.weights.h5",
+    description="ViT, 16 patches of 2x2, 4 blocks of width 64, trained on "
+    "scikit-learn's 8x8 digits.",
+)
+presets.register_preset(
+    "swin_digits",
+    "VisionTransformer",
+    dict(
+        image_size=16,
+        patch_size=2,
+        num_classes=10,
+        hidden_dim=32,
+        depth=[2, 2],
+        num_heads=2,
+        mlp_dim=64,
+        attention="local_window",
+        window_size=4,
+        num_channels=1,
+    ),
+    description="Swin-style two-stage ViT with shifted 4x4 windows for "
+    "16x16 images (configuration only).",
+)
+presets.register_preset(
+    "vit_mnist",
+    "VisionTransformer",
+    dict(
+        image_size=28,
+        patch_size=4,
+        num_classes=10,
+        hidden_dim=64,
+        depth=4,
+        num_heads=4,
+        mlp_dim=128,
+        dropout=0.1,
+        num_channels=1,
+    ),
+    description="ViT, 49 patches of 4x4, for 28x28 MNIST digits "
+    "(configuration only).",
+)
