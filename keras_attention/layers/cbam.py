@@ -1,0 +1,439 @@
+"""CBAM: channel attention, spatial attention and their composition.
+
+Woo et al., CBAM: Convolutional Block Attention Module, ECCV 2018.
+Channels-last feature maps `(B, ..., C)`: 1D `(B, L, C)`, 2D `(B, H, W, C)`
+or 3D `(B, D, H, W, C)`.
+"""
+
+import keras
+from keras import ops
+
+from keras_attention.layers import base
+from keras_attention.registry import register
+
+# Masked positions never win a max-pool (float32 pooling only).
+NEG_INF = -1e30
+
+
+def check_feature_map(shape, min_rank=3, max_rank=None):
+    """Raise the keras-worded error for a feature map of the wrong rank."""
+    rank = len(shape)
+    if rank < min_rank or (max_rank is not None and rank > max_rank):
+        expected = (
+            f"a tensor of rank {min_rank} or more (B, ..., C)"
+            if max_rank is None
+            else "a rank-3, 4 or 5 tensor (B, L, C), (B, H, W, C) or "
+            "(B, D, H, W, C)"
+        )
+        raise ValueError(
+            "Received an invalid value for argument `inputs`, expected "
+            f"{expected}. Received: inputs.shape={tuple(shape)}"
+        )
+    if shape[-1] is None:
+        raise ValueError(
+            "The channel (last) dimension of `inputs` must be known. "
+            f"Received: inputs.shape={tuple(shape)}"
+        )
+
+
+def check_position_mask(mask, inputs):
+    """A Keras mask of the positions, `(B, ...)` = `inputs.shape[:-1]`."""
+    if mask is None:
+        return None
+    expected = tuple(inputs.shape[:-1])
+    shape = tuple(mask.shape)
+    if len(shape) != len(expected) or any(
+        e is not None and d is not None and e != d
+        for d, e in zip(shape, expected)
+    ):
+        raise ValueError(
+            "Received an invalid value for argument `mask`, expected a "
+            f"boolean tensor of shape {expected} (the positions of "
+            f"`inputs`). Received: mask.shape={shape}"
+        )
+    return ops.cast(mask, "bool")
+
+
+def _check_kernel_size(kernel_size):
+    if (
+        isinstance(kernel_size, bool)
+        or not isinstance(kernel_size, int)
+        or kernel_size <= 0
+        or kernel_size % 2 == 0
+    ):
+        raise base.invalid(
+            "kernel_size", "an odd positive integer", kernel_size
+        )
+    return kernel_size
+
+
+def _clone_initializer(initializer):
+    # A fresh instance per weight, so seeded initializers are not shared.
+    return initializer.__class__.from_config(initializer.get_config())
+
+
+class _ImageAttention(keras.layers.Layer):
+    """What the CBAM layers share: arguments of their weights, masks, specs."""
+
+    def __init__(
+        self,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.supports_masking = True
+
+    def _add_kernel(self, name, shape):
+        return self.add_weight(
+            name=name,
+            shape=shape,
+            initializer=_clone_initializer(self.kernel_initializer),
+            regularizer=self.kernel_regularizer,
+        )
+
+    def _add_bias(self, name, shape):
+        if not self.use_bias:
+            return None
+        return self.add_weight(
+            name=name,
+            shape=shape,
+            initializer=_clone_initializer(self.bias_initializer),
+            regularizer=self.bias_regularizer,
+        )
+
+    def compute_output_spec(self, *args, **kwargs):
+        # Trace `call`, so `return_attention_scores=True` gives the right
+        # structure in a functional model too.
+        return super(keras.layers.Layer, self).compute_output_spec(
+            *args, **kwargs
+        )
+
+    def compute_mask(self, inputs, mask=None):
+        # The refined map is aligned with the input: same positions.
+        return mask
+
+    def _weights_config(self):
+        return {
+            "use_bias": self.use_bias,
+            "kernel_initializer": keras.initializers.serialize(
+                self.kernel_initializer
+            ),
+            "bias_initializer": keras.initializers.serialize(
+                self.bias_initializer
+            ),
+            "kernel_regularizer": keras.regularizers.serialize(
+                self.kernel_regularizer
+            ),
+            "bias_regularizer": keras.regularizers.serialize(
+                self.bias_regularizer
+            ),
+        }
+
+
+@register("channel")
+class ChannelAttention(_ImageAttention):
+    """Channel attention of CBAM (Woo et al., 2018).
+
+    Each channel is re-weighted by how informative it is. The feature map is
+    squeezed over its positions by average- and max-pooling into two
+    descriptors `(B, C)`, both go through one shared MLP
+    `C -> C / reduction -> C` (ReLU in between), and
+    `M_c = sigmoid(MLP(AvgPool(F)) + MLP(MaxPool(F)))`; the output is
+    `F * M_c`, broadcast over the positions.
+
+    Any channels-last input of rank 3 or more works: `(B, L, C)`,
+    `(B, H, W, C)`, `(B, D, H, W, C)`. A Keras mask over the positions
+    (e.g. padding of a sequence) keeps masked positions out of both pools.
+
+    Args:
+        reduction: the MLP's reduction ratio `r`; must divide the number of
+            channels `C`. The paper uses 16.
+        use_bias: whether the MLP's two layers have biases.
+        kernel_initializer, bias_initializer, kernel_regularizer,
+        bias_regularizer: as for `keras.layers.Dense`.
+
+    Call arguments:
+        inputs: the feature map `(B, ..., C)`.
+        return_attention_scores: also return the channel weights `(B, C)`.
+        mask: optional boolean `(B, ...)`, `True` at valid positions.
+
+    Returns:
+        The refined feature map, of the input's shape, and the channel
+        weights `M_c` `(B, C)` in `(0, 1)` if `return_attention_scores=True`.
+
+    Example:
+
+    ```python
+    x = np.random.rand(2, 8, 8, 32).astype("float32")
+    layer = ChannelAttention(reduction=8)
+    y, weights = layer(x, return_attention_scores=True)
+    y.shape, weights.shape  # (2, 8, 8, 32), (2, 32)
+    ```
+
+    References:
+        - Woo et al., CBAM: Convolutional Block Attention Module, 2018.
+          https://arxiv.org/abs/1807.06521
+    """
+
+    def __init__(self, reduction=16, **kwargs):
+        super().__init__(**kwargs)
+        self.reduction = base.check_positive_int("reduction", reduction)
+
+    def build(self, input_shape):
+        check_feature_map(input_shape)
+        channels = input_shape[-1]
+        if channels % self.reduction:
+            raise base.invalid(
+                "reduction",
+                f"a divisor of the number of input channels ({channels})",
+                self.reduction,
+            )
+        hidden = channels // self.reduction
+        # The shared MLP: W0 (C -> C/r), ReLU, W1 (C/r -> C).
+        self.hidden_kernel = self._add_kernel("hidden_kernel", (channels, hidden))
+        self.hidden_bias = self._add_bias("hidden_bias", (hidden,))
+        self.output_kernel = self._add_kernel("output_kernel", (hidden, channels))
+        self.output_bias = self._add_bias("output_bias", (channels,))
+        self.built = True
+
+    def mlp(self, descriptor):
+        """The shared MLP on a `(B, C)` descriptor."""
+        h = ops.matmul(descriptor, self.hidden_kernel)
+        if self.hidden_bias is not None:
+            h = h + self.hidden_bias
+        h = ops.matmul(ops.relu(h), self.output_kernel)
+        if self.output_bias is not None:
+            h = h + self.output_bias
+        return h
+
+    def call(self, inputs, return_attention_scores=False, mask=None):
+        mask = check_position_mask(mask, inputs)
+        axes = tuple(range(1, len(inputs.shape) - 1))
+        if mask is None:
+            avg = ops.mean(inputs, axis=axes)  # (B, C)
+            peak = ops.max(inputs, axis=axes)
+        else:
+            # Pool in float32 over the valid positions only.
+            x = ops.cast(inputs, "float32")
+            m = mask[..., None]
+            count = ops.sum(ops.cast(m, "float32"), axis=axes)  # (B, 1)
+            avg = ops.sum(ops.where(m, x, 0.0), axis=axes)
+            avg = avg / ops.maximum(count, 1.0)
+            peak = ops.max(ops.where(m, x, NEG_INF), axis=axes)
+            # A sample with no valid position pools to zeros.
+            peak = ops.where(count > 0, peak, 0.0)
+            avg = ops.cast(avg, inputs.dtype)
+            peak = ops.cast(peak, inputs.dtype)
+        weights = ops.sigmoid(self.mlp(avg) + self.mlp(peak))  # (B, C)
+        broadcast = ops.reshape(
+            weights, (-1,) + (1,) * len(axes) + (inputs.shape[-1],)
+        )
+        outputs = inputs * ops.cast(broadcast, inputs.dtype)
+        if return_attention_scores:
+            return outputs, weights
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        check_feature_map(input_shape)
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"reduction": self.reduction, **self._weights_config()})
+        return config
+
+
+@register("spatial")
+class SpatialAttention(_ImageAttention):
+    """Spatial attention of CBAM (Woo et al., 2018).
+
+    Each position is re-weighted by how informative it is. The feature map is
+    squeezed over its channels by average- and max-pooling into two maps,
+    concatenated `(B, ..., 2)` and convolved (`kernel_size`, same padding) to
+    one channel: `M_s = sigmoid(conv([AvgPool_c(F); MaxPool_c(F)]))`; the
+    output is `F * M_s`, broadcast over the channels.
+
+    Works on 1D `(B, L, C)`, 2D `(B, H, W, C)` and 3D `(B, D, H, W, C)` maps
+    (a 1D, 2D or 3D convolution). With a Keras mask over the positions, the
+    pooled maps are zero at masked positions (as at the borders), so masked
+    values never reach valid positions through the convolution.
+
+    Args:
+        kernel_size: the odd size of the convolution along every spatial
+            axis. The paper uses 7.
+        use_bias: whether the convolution has a bias.
+        kernel_initializer, bias_initializer, kernel_regularizer,
+        bias_regularizer: as for `keras.layers.Conv2D`.
+
+    Call arguments:
+        inputs: the feature map `(B, ..., C)`.
+        return_attention_scores: also return the spatial map `(B, ..., 1)`.
+        mask: optional boolean `(B, ...)`, `True` at valid positions.
+
+    Returns:
+        The refined feature map, of the input's shape, and the spatial map
+        `M_s` `(B, ..., 1)` (e.g. `(B, H, W, 1)`) in `(0, 1)` if
+        `return_attention_scores=True`.
+
+    Example:
+
+    ```python
+    x = np.random.rand(2, 8, 8, 32).astype("float32")
+    layer = SpatialAttention(kernel_size=7)
+    y, attention_map = layer(x, return_attention_scores=True)
+    y.shape, attention_map.shape  # (2, 8, 8, 32), (2, 8, 8, 1)
+    ```
+
+    References:
+        - Woo et al., CBAM: Convolutional Block Attention Module, 2018.
+          https://arxiv.org/abs/1807.06521
+    """
+
+    def __init__(self, kernel_size=7, **kwargs):
+        super().__init__(**kwargs)
+        self.kernel_size = _check_kernel_size(kernel_size)
+
+    def build(self, input_shape):
+        check_feature_map(input_shape, max_rank=5)
+        spatial_rank = len(input_shape) - 2
+        # (k, ..., k, 2 pooled maps, 1 output channel)
+        self.kernel = self._add_kernel(
+            "kernel", (self.kernel_size,) * spatial_rank + (2, 1)
+        )
+        self.bias = self._add_bias("bias", (1,))
+        self.built = True
+
+    def call(self, inputs, return_attention_scores=False, mask=None):
+        mask = check_position_mask(mask, inputs)
+        avg = ops.mean(inputs, axis=-1, keepdims=True)  # (B, ..., 1)
+        peak = ops.max(inputs, axis=-1, keepdims=True)
+        pooled = ops.concatenate([avg, peak], axis=-1)  # (B, ..., 2)
+        if mask is not None:
+            pooled = ops.where(mask[..., None], pooled, ops.zeros_like(pooled))
+        logits = ops.conv(
+            pooled, self.kernel, strides=1, padding="same",
+            data_format="channels_last",
+        )
+        if self.bias is not None:
+            logits = logits + self.bias
+        attention_map = ops.sigmoid(logits)  # (B, ..., 1)
+        outputs = inputs * attention_map
+        if return_attention_scores:
+            return outputs, attention_map
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        check_feature_map(input_shape, max_rank=5)
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {"kernel_size": self.kernel_size, **self._weights_config()}
+        )
+        return config
+
+
+@register("cbam")
+class CBAM(_ImageAttention):
+    """Convolutional Block Attention Module (Woo et al., 2018).
+
+    Channel attention, then spatial attention, applied in sequence as in the
+    paper: `F' = M_c(F) * F`, `F'' = M_s(F') * F'` (see `ChannelAttention`
+    and `SpatialAttention`). Inserted in a ResNet block, it refines the
+    residual branch before the addition.
+
+    Args:
+        reduction: the channel MLP's reduction ratio; must divide the number
+            of channels. The paper uses 16.
+        kernel_size: the odd size of the spatial convolution. The paper uses 7.
+        use_bias: whether the MLP and the convolution have biases.
+        kernel_initializer, bias_initializer, kernel_regularizer,
+        bias_regularizer: for the weights of both parts.
+
+    Call arguments:
+        inputs: the feature map `(B, ..., C)`, 1D, 2D or 3D.
+        return_attention_scores: also return both attention maps.
+        mask: optional boolean `(B, ...)`, `True` at valid positions.
+
+    Returns:
+        The refined feature map `F''`, of the input's shape. With
+        `return_attention_scores=True`, the tuple
+        `(F'', (channel_weights, spatial_map))`: the channel weights `M_c`
+        `(B, C)` and the spatial map `M_s` `(B, ..., 1)`, in the order they
+        are applied.
+
+    Example:
+
+    ```python
+    inputs = keras.Input((16, 16, 3))
+    x = keras.layers.Conv2D(32, 3, padding="same")(inputs)
+    x = CBAM(reduction=8)(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    model = keras.Model(inputs, keras.layers.Dense(10)(x))
+    model(np.zeros((2, 16, 16, 3))).shape  # (2, 10)
+    ```
+
+    References:
+        - Woo et al., CBAM: Convolutional Block Attention Module, 2018.
+          https://arxiv.org/abs/1807.06521
+    """
+
+    def __init__(self, reduction=16, kernel_size=7, **kwargs):
+        super().__init__(**kwargs)
+        self.reduction = base.check_positive_int("reduction", reduction)
+        self.kernel_size = _check_kernel_size(kernel_size)
+
+    def build(self, input_shape):
+        check_feature_map(input_shape, max_rank=5)
+        weights_config = self._weights_config()
+        self.channel_attention = ChannelAttention(
+            reduction=self.reduction,
+            name="channel_attention",
+            dtype=self.dtype_policy,
+            **weights_config,
+        )
+        self.spatial_attention = SpatialAttention(
+            kernel_size=self.kernel_size,
+            name="spatial_attention",
+            dtype=self.dtype_policy,
+            **weights_config,
+        )
+        self.channel_attention.build(input_shape)
+        self.spatial_attention.build(input_shape)
+        self.built = True
+
+    def call(self, inputs, return_attention_scores=False, mask=None):
+        refined, channel_weights = self.channel_attention(
+            inputs, return_attention_scores=True, mask=mask
+        )
+        outputs, spatial_map = self.spatial_attention(
+            refined, return_attention_scores=True, mask=mask
+        )
+        if return_attention_scores:
+            return outputs, (channel_weights, spatial_map)
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        check_feature_map(input_shape, max_rank=5)
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "reduction": self.reduction,
+                "kernel_size": self.kernel_size,
+                **self._weights_config(),
+            }
+        )
+        return config

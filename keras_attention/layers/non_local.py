@@ -1,0 +1,388 @@
+"""The non-local block of Wang et al. (2018), for 1D, 2D and 3D feature maps."""
+
+import keras
+from keras import ops
+
+from keras_attention import ops as attention_ops
+from keras_attention.layers import base
+from keras_attention.layers.cbam import NEG_INF
+from keras_attention.layers.cbam import check_feature_map
+from keras_attention.layers.cbam import check_position_mask
+from keras_attention.registry import register
+
+MODES = ("gaussian", "embedded_gaussian", "dot", "concatenation")
+
+
+def _check_sub_sample(sub_sample):
+    """`bool`, a positive int or a tuple of positive ints, as given."""
+    if isinstance(sub_sample, bool):
+        return sub_sample
+    if isinstance(sub_sample, int) and sub_sample > 0:
+        return sub_sample
+    if (
+        isinstance(sub_sample, (tuple, list))
+        and sub_sample
+        and all(
+            isinstance(p, int) and not isinstance(p, bool) and p > 0
+            for p in sub_sample
+        )
+    ):
+        return tuple(sub_sample)
+    raise base.invalid(
+        "sub_sample",
+        "a bool, a positive integer or a tuple of positive integers",
+        sub_sample,
+    )
+
+
+@register("non_local")
+class NonLocalBlock(keras.layers.Layer):
+    """Non-local block (Wang et al., 2018), for 1D, 2D and 3D feature maps.
+
+    Every position `i` of the map aggregates the features of all positions
+    `j`, weighted by a pairwise function `f`:
+    `y_i = 1 / C(x) * sum_j f(x_i, x_j) g(x_j)`, with `g(x) = W_g x` a 1x1
+    projection to `inter_channels`. The block returns `z = W_z y + x`, where
+    `W_z` projects back to `C` channels (followed by batch normalization if
+    `use_batch_norm`) and starts at zero, so a freshly inserted block is the
+    identity and a pre-trained network keeps its behaviour.
+
+    The pairwise functions of the paper (`mode`), with `theta(x) = W_theta x`
+    and `phi(x) = W_phi x`:
+
+    - `"gaussian"`: `softmax_j(x_i . x_j)` on the raw inputs.
+    - `"embedded_gaussian"`: `softmax_j(theta(x_i) . phi(x_j))`, the
+      self-attention of Vaswani et al. without scaling.
+    - `"dot"`: `theta(x_i) . phi(x_j) / N`, `N` the number of key positions.
+    - `"concatenation"`: `ReLU(w_f . [theta(x_i), phi(x_j)]) / N`, computed
+      as `ReLU(w_theta . theta(x_i) + w_phi . phi(x_j))` so no
+      `(N, N, 2 * inter_channels)` tensor is formed.
+
+    The two softmax modes run on the shared attention core, memory-efficient
+    for large maps; `"dot"` computes `theta (phi^T g) / N`, linear in `N`,
+    unless its weights are requested. With `sub_sample`, `phi` and `g` (the
+    keys and values) are max-pooled as in the paper, which divides the cost
+    by the pooling factor.
+
+    A Keras mask over the positions (padding of a sequence) removes masked
+    positions from the keys; `N` then counts the valid keys.
+
+    Args:
+        mode: the pairwise function: `"gaussian"`, `"embedded_gaussian"`,
+            `"dot"` or `"concatenation"`.
+        inter_channels: the bottleneck size of `theta`, `phi` and `g`;
+            defaults to `C // 2` (at least 1).
+        sub_sample: max-pool `phi` and `g`. `True` pools by 2 along every
+            axis of 1D and 2D maps and by `(1, 2, 2)` on 3D maps (space, not
+            time, as in the paper's video models); an int or a tuple (one
+            size per spatial axis) gives the pool size. `False` keeps all.
+            Pooling uses "same" padding: no position is dropped.
+        use_batch_norm: batch normalization after `W_z`, as in the paper.
+        zero_init_residual: start the residual branch at zero (the kernel
+            of `W_z`, or the scale of the batch normalization when
+            `use_batch_norm`) so the block starts as the identity. `False`
+            initializes `W_z` like the other kernels.
+        use_bias: whether the projections have biases.
+        kernel_initializer, bias_initializer, kernel_regularizer,
+        bias_regularizer: as for `keras.layers.Dense`, for the projections.
+
+    Call arguments:
+        inputs: `(B, L, C)`, `(B, H, W, C)` or `(B, D, H, W, C)`.
+        return_attention_scores: also return the pairwise weights
+            `f / C(x)`, `(B, 1, T, S)` with `T` the number of positions and
+            `S` the number of (sub-sampled) key positions.
+        training: whether batch normalization uses batch statistics.
+        mask: optional boolean `(B, ...)`, `True` at valid positions.
+
+    Returns:
+        `z`, of the input's shape, and the weights `(B, 1, T, S)` if
+        `return_attention_scores=True`.
+
+    Example:
+
+    ```python
+    inputs = keras.Input((8, 8, 16))
+    x = keras.layers.Conv2D(32, 3, padding="same")(inputs)
+    x = NonLocalBlock(mode="embedded_gaussian", sub_sample=True)(x)
+    model = keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(x))
+    model(np.zeros((2, 8, 8, 16))).shape  # (2, 32)
+    ```
+
+    References:
+        - Wang et al., Non-local Neural Networks, CVPR 2018.
+          https://arxiv.org/abs/1711.07971
+    """
+
+    def __init__(
+        self,
+        mode="embedded_gaussian",
+        inter_channels=None,
+        sub_sample=False,
+        use_batch_norm=False,
+        zero_init_residual=True,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if mode not in MODES:
+            raise base.invalid(
+                "mode", "one of " + ", ".join(repr(m) for m in MODES), mode
+            )
+        self.mode = mode
+        self.inter_channels = base.check_positive_int(
+            "inter_channels", inter_channels, allow_none=True
+        )
+        self.sub_sample = _check_sub_sample(sub_sample)
+        self.use_batch_norm = bool(use_batch_norm)
+        self.zero_init_residual = bool(zero_init_residual)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.supports_masking = True
+
+    def pool_size(self, spatial_rank):
+        """The max-pool size of `phi` and `g`, or `None` for no pooling."""
+        if self.sub_sample is False:
+            return None
+        if self.sub_sample is True:
+            size = (1, 2, 2) if spatial_rank == 3 else (2,) * spatial_rank
+        elif isinstance(self.sub_sample, int):
+            size = (self.sub_sample,) * spatial_rank
+        else:
+            size = tuple(self.sub_sample)
+            if len(size) != spatial_rank:
+                raise base.invalid(
+                    "sub_sample",
+                    f"one pool size per spatial axis ({spatial_rank}) of "
+                    "the inputs",
+                    self.sub_sample,
+                )
+        return None if all(p == 1 for p in size) else size
+
+    def _add_kernel(self, name, shape, initializer=None):
+        initializer = initializer or self.kernel_initializer
+        return self.add_weight(
+            name=name,
+            shape=shape,
+            initializer=initializer.__class__.from_config(
+                initializer.get_config()
+            ),
+            regularizer=self.kernel_regularizer,
+        )
+
+    def _add_bias(self, name, shape):
+        if not self.use_bias:
+            return None
+        return self.add_weight(
+            name=name,
+            shape=shape,
+            initializer=self.bias_initializer.__class__.from_config(
+                self.bias_initializer.get_config()
+            ),
+            regularizer=self.bias_regularizer,
+        )
+
+    def build(self, input_shape):
+        check_feature_map(input_shape, max_rank=5)
+        self.pool_size(len(input_shape) - 2)  # validates `sub_sample`
+        channels = input_shape[-1]
+        inter = self.inter_channels or max(1, channels // 2)
+        self.theta_kernel = self.theta_bias = None
+        self.phi_kernel = self.phi_bias = None
+        self.concat_kernel = None
+        if self.mode != "gaussian":  # gaussian compares raw inputs
+            self.theta_kernel = self._add_kernel("theta_kernel", (channels, inter))
+            self.theta_bias = self._add_bias("theta_bias", (inter,))
+            self.phi_kernel = self._add_kernel("phi_kernel", (channels, inter))
+            self.phi_bias = self._add_bias("phi_bias", (inter,))
+        if self.mode == "concatenation":
+            # w_f of the paper: [w_theta; w_phi], one score per pair.
+            self.concat_kernel = self._add_kernel("concat_kernel", (2 * inter,))
+        self.g_kernel = self._add_kernel("g_kernel", (channels, inter))
+        self.g_bias = self._add_bias("g_bias", (inter,))
+        zero_kernel = self.zero_init_residual and not self.use_batch_norm
+        self.output_kernel = self._add_kernel(
+            "output_kernel",
+            (inter, channels),
+            keras.initializers.Zeros() if zero_kernel else None,
+        )
+        self.output_bias = self._add_bias("output_bias", (channels,))
+        self.batch_norm = None
+        if self.use_batch_norm:
+            self.batch_norm = keras.layers.BatchNormalization(
+                gamma_initializer="zeros" if self.zero_init_residual else "ones",
+                name="batch_norm",
+                dtype=self.dtype_policy,
+            )
+            self.batch_norm.build(tuple(input_shape))
+        self.built = True
+
+    @staticmethod
+    def _project(x, kernel, bias):
+        """A 1x1 convolution: `(B, ..., C) -> (B, ..., C')`."""
+        y = ops.matmul(x, kernel)
+        return y if bias is None else y + bias
+
+    def _pool(self, x, mask, pool_size):
+        """Max-pool the keys or values (and their mask) `(B, ..., C)`."""
+        if pool_size is None:
+            return x, mask
+        if mask is None:
+            pooled = ops.max_pool(x, pool_size, pool_size, padding="same")
+            return pooled, None
+        # Masked positions must not win the max: pool in float32.
+        valid = ops.cast(mask[..., None], "float32")
+        pooled_mask = ops.max_pool(valid, pool_size, pool_size, padding="same")
+        pooled_mask = pooled_mask[..., 0] > 0.5
+        x32 = ops.where(mask[..., None], ops.cast(x, "float32"), NEG_INF)
+        pooled = ops.max_pool(x32, pool_size, pool_size, padding="same")
+        pooled = ops.where(pooled_mask[..., None], pooled, 0.0)
+        return ops.cast(pooled, x.dtype), pooled_mask
+
+    def call(
+        self,
+        inputs,
+        return_attention_scores=False,
+        training=None,
+        mask=None,
+    ):
+        x = inputs
+        spatial = tuple(x.shape[1:-1])
+        mask = check_position_mask(mask, x)
+        pool_size = self.pool_size(len(spatial))
+        batch = ops.shape(x)[0]
+
+        def flatten(t):  # (B, ..., c) -> (B, N, c)
+            return ops.reshape(t, (batch, -1, t.shape[-1]))
+
+        g, key_mask = self._pool(
+            self._project(x, self.g_kernel, self.g_bias), mask, pool_size
+        )
+        if self.mode == "gaussian":
+            query = x
+            key, _ = self._pool(x, mask, pool_size)
+        else:
+            query = self._project(x, self.theta_kernel, self.theta_bias)
+            key, _ = self._pool(
+                self._project(x, self.phi_kernel, self.phi_bias),
+                mask,
+                pool_size,
+            )
+        query, key, value = flatten(query), flatten(key), flatten(g)
+        if key_mask is not None:
+            key_mask = ops.reshape(key_mask, (batch, -1))  # (B, S)
+            # Zero, not just unweighted: 0 * inf would still give NaN.
+            value = ops.where(key_mask[:, :, None], value, ops.zeros_like(value))
+
+        if self.mode in ("gaussian", "embedded_gaussian"):
+            y, weights = self._softmax_attention(
+                query, key, value, key_mask, return_attention_scores
+            )
+        else:
+            y, weights = self._normalized_attention(
+                query, key, value, key_mask, return_attention_scores
+            )
+        y = ops.reshape(y, tuple(ops.shape(x)[:-1]) + (y.shape[-1],))
+        z = self._project(y, self.output_kernel, self.output_bias)
+        if self.batch_norm is not None:
+            z = self.batch_norm(z, training=training, mask=mask)
+        outputs = x + ops.cast(z, x.dtype)
+        if return_attention_scores:
+            return outputs, weights
+        return outputs
+
+    def _softmax_attention(self, query, key, value, key_mask, return_weights):
+        """`softmax_j(q_i . k_j) v_j` on the shared core, no scaling."""
+        # Scores in float32: the raw inputs of "gaussian" can be large.
+        result = attention_ops.dot_product_attention(
+            ops.cast(query, "float32")[:, :, None, :],  # (B, T, 1, D)
+            ops.cast(key, "float32")[:, :, None, :],  # (B, S, 1, D)
+            value[:, :, None, :],  # (B, S, 1, Dv)
+            attention_mask=key_mask,
+            scale=1.0,
+            return_weights=return_weights,
+        )
+        if return_weights:
+            y, weights = result
+            return y[:, :, 0, :], weights
+        return result[:, :, 0, :], None
+
+    def _normalized_attention(self, query, key, value, key_mask, return_weights):
+        """`sum_j f(x_i, x_j) v_j / N` of the "dot" and "concatenation" modes."""
+        out_dtype = value.dtype
+        q = ops.cast(query, "float32")  # (B, T, D)
+        k = ops.cast(key, "float32")  # (B, S, D)
+        v = ops.cast(value, "float32")  # (B, S, Dv)
+        if key_mask is None:
+            count = ops.cast(ops.shape(k)[1], "float32")
+        else:
+            valid = key_mask[:, :, None]  # (B, S, 1)
+            # N counts the valid keys (B, 1, 1); at least 1 so rows without
+            # keys give zeros.
+            count = ops.sum(ops.cast(valid, "float32"), axis=1, keepdims=True)
+            count = ops.maximum(count, 1.0)
+            k = ops.where(valid, k, 0.0)
+        if self.mode == "dot" and not return_weights:
+            # theta (phi^T g) / N: O(N D Dv) instead of O(N^2).
+            context = ops.matmul(ops.transpose(k, (0, 2, 1)), v)  # (B, D, Dv)
+            y = ops.matmul(q, context) / count
+            return ops.cast(y, out_dtype), None
+        if self.mode == "dot":
+            f = ops.matmul(q, ops.transpose(k, (0, 2, 1)))  # (B, T, S)
+        else:
+            inter = self.concat_kernel.shape[0] // 2
+            w = ops.cast(self.concat_kernel, "float32")
+            a = ops.matmul(q, w[:inter])  # (B, T)
+            b = ops.matmul(k, w[inter:])  # (B, S)
+            f = ops.relu(a[:, :, None] + b[:, None, :])  # (B, T, S)
+            if key_mask is not None:
+                f = ops.where(key_mask[:, None, :], f, 0.0)
+        weights = f / count
+        y = ops.matmul(weights, v)  # (B, T, Dv)
+        weights = weights[:, None, :, :] if return_weights else None
+        return ops.cast(y, out_dtype), weights
+
+    def compute_output_shape(self, input_shape):
+        check_feature_map(input_shape, max_rank=5)
+        return tuple(input_shape)
+
+    def compute_output_spec(self, *args, **kwargs):
+        # Trace `call`: the weights' shape depends on the sub-sampling.
+        return super(keras.layers.Layer, self).compute_output_spec(
+            *args, **kwargs
+        )
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "mode": self.mode,
+                "inter_channels": self.inter_channels,
+                "sub_sample": self.sub_sample,
+                "use_batch_norm": self.use_batch_norm,
+                "zero_init_residual": self.zero_init_residual,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+                "kernel_regularizer": keras.regularizers.serialize(
+                    self.kernel_regularizer
+                ),
+                "bias_regularizer": keras.regularizers.serialize(
+                    self.bias_regularizer
+                ),
+            }
+        )
+        return config
