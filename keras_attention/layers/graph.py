@@ -1,0 +1,779 @@
+"""GraphAttention: GAT and GATv2 on an edge list or a dense adjacency.
+
+Also the counter-based dropout the layer uses on its coefficients
+(`hash_dropout`, `HashDropout`), which applications can use on their inputs:
+under XLA on CPU it is one to two orders of magnitude faster than
+`keras.random.dropout`.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attention import ops as attention_ops
+from keras_attention.layers import base
+from keras_attention.registry import register
+
+# ------------------------------------------------------------ hash dropout
+
+
+def _shift_right(x, bits):
+    # A logical shift of int32 words: the arithmetic shift, then the sign
+    # bits it copied in are cleared.
+    return ops.bitwise_and(ops.right_shift(x, bits), (1 << (32 - bits)) - 1)
+
+
+def _mix32(x):
+    """`lowbias32` (C. Wellons), a bijective hash of 32-bit words, on int32.
+
+    int32 multiplication wraps modulo 2**32 on every backend, so the bits are
+    those of the unsigned hash.
+    """
+    x = ops.bitwise_xor(x, _shift_right(x, 16))
+    x = ops.multiply(x, np.int32(0x7FEB352D))
+    x = ops.bitwise_xor(x, _shift_right(x, 15))
+    x = ops.multiply(x, np.int32(0x846CA68B - (1 << 32)))
+    return ops.bitwise_xor(x, _shift_right(x, 16))
+
+
+def _seed_words(seed):
+    """Two int32 scalars from a `SeedGenerator`, an int or a `(2,)` tensor."""
+    if isinstance(seed, keras.random.SeedGenerator):
+        state = seed.next()
+    elif isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        state = np.array([int(seed) % (1 << 31), 0], "int32")
+    elif seed is None:
+        raise ValueError(
+            "Received an invalid value for argument `seed`, expected a "
+            "`keras.random.SeedGenerator`, an integer or a (2,) integer "
+            "tensor. Received: seed=None"
+        )
+    else:
+        state = seed
+    # Casting keeps the low 32 bits of an int64 (TensorFlow's seed state).
+    state = ops.cast(state, "int32")
+    return state[0], state[1]
+
+
+def hash_bits(shape, seed):
+    """31 uniform random bits per element, as non-negative int32 `shape`.
+
+    A counter-based generator: the bits of element `i` are a hash of `i` and
+    the seed (two rounds of `lowbias32`, the seed mixed into each), so the
+    whole tensor is a few element-wise integer operations that XLA fuses
+    into one loop, with no random-number state beyond the seed.
+
+    Args:
+        shape: a static shape (tuple of ints).
+        seed: a `keras.random.SeedGenerator` (a new seed is drawn from it),
+            an int, or a `(2,)` int tensor.
+    """
+    s0, s1 = _seed_words(seed)
+    k0 = _mix32(ops.add(_mix32(ops.bitwise_xor(s1, np.int32(0x3C6EF372))), s0))
+    k1 = _mix32(ops.bitwise_xor(k0, ops.add(s1, np.int32(0x1B873593))))
+    size = int(np.prod(shape, dtype="int64"))
+    counter = ops.reshape(ops.arange(size, dtype="int32"), shape)
+    bits = _mix32(ops.add(_mix32(ops.bitwise_xor(counter, k0)), k1))
+    return _shift_right(bits, 1)
+
+
+def hash_dropout(inputs, rate, seed):
+    """Inverted dropout with a counter-based (hashed) random mask.
+
+    Each element is kept with probability `1 - rate` and scaled by
+    `1 / (1 - rate)`, like `keras.random.dropout`; the mask comes from
+    `hash_bits` instead of the backend's random generator. Under XLA on CPU
+    (TensorFlow's `jit_compile=True`), `keras.random.dropout` lowers to a
+    slow generator (seconds for a Cora feature matrix) while this costs
+    about as much as a few element-wise operations; without XLA it is a few
+    times slower than `keras.random.dropout`.
+
+    Args:
+        inputs: a float tensor with a static shape.
+        rate: the drop probability, a float in `[0, 1)`.
+        seed: a `keras.random.SeedGenerator` (one seed is drawn per call, so
+            each training step gets a new mask), an int (always the same
+            mask), or a `(2,)` int tensor.
+
+    Returns:
+        A tensor of the shape and dtype of `inputs`.
+
+    Example:
+
+    >>> x = np.ones((4, 1000), "float32")
+    >>> y = hash_dropout(x, 0.5, keras.random.SeedGenerator(1))
+    >>> 0.45 < float(keras.ops.mean(keras.ops.cast(y > 0, "float32"))) < 0.55
+    True
+    """
+    rate = base.check_rate("rate", rate)
+    if rate == 0.0:
+        return inputs
+    shape = tuple(inputs.shape)
+    if any(d is None for d in shape):
+        raise ValueError(
+            "Received an invalid value for argument `inputs`, expected a "
+            f"tensor with a static shape. Received: inputs.shape={shape}"
+        )
+    threshold = int(round(rate * (1 << 31)))
+    keep = ops.greater_equal(hash_bits(shape, seed), threshold)
+    scale = ops.cast(1.0 / (1.0 - rate), inputs.dtype)
+    return ops.where(keep, inputs * scale, ops.zeros_like(inputs))
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class HashDropout(keras.layers.Layer):
+    """Dropout with a counter-based mask, fast under XLA (see `hash_dropout`).
+
+    A drop-in replacement for `keras.layers.Dropout` (without
+    `noise_shape`) for inputs of static shape, e.g. the node features of a
+    graph in a GAT.
+
+    Args:
+        rate: the drop probability, a float in `[0, 1)`.
+        seed: an optional int seed.
+
+    Call arguments:
+        inputs: a float tensor of static shape.
+        training: whether dropout is active.
+
+    Returns:
+        A tensor of the shape and dtype of `inputs`.
+
+    Example:
+
+    ```python
+    x = keras.Input(shape=(1433,), batch_size=2708)
+    y = HashDropout(0.6)(x)
+    ```
+    """
+
+    def __init__(self, rate, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.rate = base.check_rate("rate", rate)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+        self.supports_masking = True
+        self.built = True
+
+    def call(self, inputs, training=False):
+        if training and self.rate > 0.0:
+            return hash_dropout(inputs, self.rate, self.seed_generator)
+        return inputs
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"rate": self.rate, "seed": self.seed})
+        return config
+
+
+# ------------------------------------------------------------ graphs
+
+
+def with_self_loops(edges, num_nodes):
+    """The edge list `(2, E + N)` that `GraphAttention` attends over.
+
+    The edges `(2, E)` followed by one self loop `(i, i)` per node, in node
+    order: the rows of the coefficients that `GraphAttention` returns for an
+    edge list when `add_self_loops=True`. (Self loops already in `edges` keep
+    their row there, with coefficient 0.)
+    """
+    loops = ops.arange(num_nodes, dtype=edges.dtype)
+    return ops.concatenate([edges, ops.stack([loops, loops])], axis=1)
+
+
+def _is_integer(x):
+    dtype = keras.backend.standardize_dtype(x.dtype)
+    return "int" in dtype
+
+
+def _known_values(x):
+    """`x` as a NumPy array when its values are known (eager), else None."""
+    if isinstance(x, np.ndarray):
+        return x
+    try:
+        return ops.convert_to_numpy(x)
+    except Exception:  # a symbolic or traced tensor has no values yet
+        return None
+
+
+def _shape_or_none(x):
+    return None if x is None else tuple(x.shape)
+
+
+@register("graph")
+class GraphAttention(keras.layers.Layer):
+    """Graph attention (GAT, Veličković et al., 2018; GATv2, Brody et al., 2022).
+
+    Each node `i` attends over its neighbours `j` (the sources of its
+    incoming edges `j -> i`, and itself with `add_self_loops`), with `H`
+    heads of size `units`:
+
+    - `version="v1"` (GAT): `e_ij = LeakyReLU(a_t . W h_i + a_s . W h_j)`,
+      i.e. `LeakyReLU(a^T [W h_i || W h_j])`; messages `W h_j`.
+    - `version="v2"` (GATv2): `e_ij = a . LeakyReLU(W_t h_i + W_s h_j)`,
+      i.e. `a^T LeakyReLU(W [h_i || h_j])` with `W = [W_t | W_s]`;
+      messages `W_s h_j`.
+
+    `alpha_ij = softmax_j(e_ij)` over the neighbours of `i`, dropout on
+    `alpha`, `h'_i = sum_j alpha_ij m_j`; the heads are concatenated
+    (`(N, H * units)`) or averaged (`(N, units)`), then the bias and the
+    activation are applied. With edge features `f_ji` (of the edge
+    `j -> i`), `W_e f_ji` is added inside the score as in PyTorch
+    Geometric's `GATConv`/`GATv2Conv`: `+ a_e . W_e f_ji` inside v1's
+    LeakyReLU, `+ W_e f_ji` to v2's `W_t h_i + W_s h_j`.
+
+    **The graph** is given either as
+
+    - an **edge list**: an integer tensor `(2, E)`, row 0 the source `j`
+      and row 1 the target `i` of each edge `j -> i` (PyTorch Geometric's
+      `edge_index`), for one graph with node features `(N, F)`. Messages
+      flow from source to target; node `i` aggregates over its incoming
+      edges. Undirected graphs list both directions. This path is sparse:
+      gathers and segment sums over the edges, `O(E * H * units)` memory,
+      never an `N x N` matrix. Duplicate edges count twice. Edge features
+      are `(E, F_e)`.
+    - a **dense adjacency**: a bool or float tensor `(N, N)` with node
+      features `(N, F)`, or `(B, N, N)` / `(N, N)` with `(B, N, F)`;
+      `adjacency[i, j] != 0` means the edge `j -> i` (row = target,
+      column = source, as in an attention matrix), so `adjacency[i, j] = 1`
+      for every edge `(j, i)` of the edge list gives the same result.
+      Values only say whether an edge exists; they are not weights. Edge
+      features are `(N, N, F_e)` / `(B, N, N, F_e)`, `[i, j]` for `j -> i`.
+
+    The dtype decides: integer tensors are edge lists, bool and float
+    tensors adjacencies (cast an integer adjacency to bool).
+
+    **Self loops** (`add_self_loops=True`, as both papers): every node gets
+    exactly one self loop, like PyTorch Geometric's `remove_self_loops`
+    followed by `add_self_loops`, with static shapes: self loops already in
+    an edge list are masked out (coefficient 0) and `N` loops `(i, i)` are
+    appended after the `E` edges; in an adjacency the diagonal is set.
+    A self loop's edge features are the mean of the node's incoming
+    (non-loop) edge features (zeros without any), PyG's
+    `fill_value="mean"`. Without self loops, a node with no incoming edge
+    outputs only the bias (its activation).
+
+    Edge indices are checked when their values are known (eager calls); in
+    a traced or compiled function they cannot be, and an index outside
+    `[0, N)` then raises in TensorFlow on CPU without XLA, but is clamped
+    or dropped silently under XLA and on accelerators.
+
+    Dropout on the coefficients uses `hash_dropout` (a counter-based mask),
+    which is fast under XLA where `keras.random.dropout` is slow on CPU.
+
+    Args:
+        units: size of each head's output.
+        num_heads: number of attention heads `H`.
+        concat_heads: concatenate the heads (`H * units` features) if
+            `True`, average them (`units` features) if `False` (the GAT
+            paper's output layer).
+        negative_slope: slope of the LeakyReLU for negative inputs.
+        dropout: dropout rate on the attention coefficients.
+        add_self_loops: give every node exactly one self loop.
+        version: `"v1"` (GAT) or `"v2"` (GATv2).
+        use_bias: add a bias to the output.
+        activation: activation of the output (e.g. `"elu"`), applied after
+            the heads are combined.
+        kernel_initializer, bias_initializer, kernel_regularizer,
+        bias_regularizer, kernel_constraint, bias_constraint: as for
+            `keras.layers.Dense`; the kernel ones apply to every projection
+            and attention vector.
+        seed: seed of the dropout.
+
+    Call arguments:
+        inputs: a list `[node_features, edges]` or
+            `[node_features, edges, edge_features]` (see above).
+        return_attention_scores: also return the coefficients.
+        training: whether dropout is active.
+
+    Returns:
+        The node features `(N, H * units)` (or `(N, units)` when the heads
+        are averaged), `(B, N, ...)` for batched dense inputs. With
+        `return_attention_scores=True`, also the coefficients before
+        dropout: `(E', H)` for an edge list, one row per edge of
+        `with_self_loops(edges, N)` (`E' = E + N`) or of `edges`
+        (`E' = E`) without self loops; `(B, H, N, N)` (`(H, N, N)`
+        unbatched) for an adjacency, `[..., i, j]` for `j -> i`. Each
+        node's incoming coefficients sum to 1.
+
+    Example:
+
+    ```python
+    features = keras.Input(shape=(1433,), batch_size=2708)
+    edges = keras.Input(shape=(10556,), batch_size=2, dtype="int32")
+    x = GraphAttention(8, num_heads=8, activation="elu")([features, edges])
+    logits = GraphAttention(7, concat_heads=False)([x, edges])
+    model = keras.Model([features, edges], logits)
+    ```
+
+    References:
+        - Veličković et al., Graph Attention Networks, ICLR 2018.
+          https://arxiv.org/abs/1710.10903
+        - Brody et al., How Attentive are Graph Attention Networks?,
+          ICLR 2022. https://arxiv.org/abs/2105.14491
+    """
+
+    def __init__(
+        self,
+        units,
+        num_heads=1,
+        concat_heads=True,
+        negative_slope=0.2,
+        dropout=0.0,
+        add_self_loops=True,
+        version="v1",
+        use_bias=True,
+        activation=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        kernel_constraint=None,
+        bias_constraint=None,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.units = base.check_positive_int("units", units)
+        self.num_heads = base.check_positive_int("num_heads", num_heads)
+        if not isinstance(concat_heads, bool):
+            raise base.invalid("concat_heads", "a boolean", concat_heads)
+        self.concat_heads = concat_heads
+        if (
+            isinstance(negative_slope, bool)
+            or not isinstance(negative_slope, (int, float))
+            or not negative_slope >= 0
+        ):
+            raise base.invalid(
+                "negative_slope", "a non-negative float", negative_slope
+            )
+        self.negative_slope = float(negative_slope)
+        self.dropout = base.check_rate("dropout", dropout)
+        if not isinstance(add_self_loops, bool):
+            raise base.invalid("add_self_loops", "a boolean", add_self_loops)
+        self.add_self_loops = add_self_loops
+        if version not in ("v1", "v2"):
+            raise base.invalid("version", "one of 'v1', 'v2'", version)
+        self.version = version
+        self.use_bias = bool(use_bias)
+        self.activation = keras.activations.get(activation)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.kernel_constraint = keras.constraints.get(kernel_constraint)
+        self.bias_constraint = keras.constraints.get(bias_constraint)
+        self.seed = seed
+        self.seed_generator = (
+            keras.random.SeedGenerator(seed) if self.dropout > 0 else None
+        )
+
+    @property
+    def output_dim(self):
+        return self.units * self.num_heads if self.concat_heads else self.units
+
+    # -------------------------------------------------------------- shapes
+
+    def _split_shapes(self, input_shape):
+        shapes = list(input_shape) if isinstance(input_shape, (list, tuple)) else []
+        if base.is_shape(input_shape) or not 2 <= len(shapes) <= 3:
+            raise ValueError(
+                "Expected the inputs to be a list [node_features, edges] or "
+                "[node_features, edges, edge_features]. Received: "
+                f"input_shape={input_shape}"
+            )
+        features, edges = tuple(shapes[0]), tuple(shapes[1])
+        edge_features = tuple(shapes[2]) if len(shapes) == 3 else None
+        if len(features) not in (2, 3):
+            raise ValueError(
+                "Received an invalid value for argument `node_features`, "
+                "expected a tensor of rank 2 (N, F) or 3 (B, N, F). "
+                f"Received: node_features.shape={features}"
+            )
+        if features[-1] is None:
+            raise ValueError(
+                "The last dimension of `node_features` must be known. "
+                f"Received: node_features.shape={features}"
+            )
+        if len(edges) not in (2, 3) or (len(edges) == 3 and len(features) == 2):
+            expected = (
+                "an edge list (2, E) or an adjacency (N, N)"
+                if len(features) == 2
+                else "an adjacency (B, N, N) or (N, N)"
+            )
+            raise ValueError(
+                "Received an invalid value for argument `edges`, expected "
+                f"{expected} for node_features.shape={features}. "
+                f"Received: edges.shape={edges}"
+            )
+        if edge_features is not None and (
+            len(edge_features) < 2 or edge_features[-1] is None
+        ):
+            raise ValueError(
+                "Received an invalid value for argument `edge_features`, "
+                "expected a tensor (E, F_e) or (..., N, N, F_e) with a known "
+                f"last dimension. Received: edge_features.shape={edge_features}"
+            )
+        return features, edges, edge_features
+
+    def compute_output_shape(self, input_shape):
+        features, _, _ = self._split_shapes(input_shape)
+        return tuple(features[:-1]) + (self.output_dim,)
+
+    def compute_output_spec(self, *args, **kwargs):
+        # Trace `call` symbolically: the same checks and the same output
+        # structure (with or without scores) as an eager call.
+        return super(keras.layers.Layer, self).compute_output_spec(
+            *args, **kwargs
+        )
+
+    # -------------------------------------------------------------- weights
+
+    def _add_kernel(self, name, shape):
+        return self.add_weight(
+            name=name,
+            shape=shape,
+            # A fresh initializer per weight, so seeded ones differ.
+            initializer=self.kernel_initializer.__class__.from_config(
+                self.kernel_initializer.get_config()
+            ),
+            regularizer=self.kernel_regularizer,
+            constraint=self.kernel_constraint,
+        )
+
+    def build(self, input_shape):
+        features, _, edge_features = self._split_shapes(input_shape)
+        heads, units = self.num_heads, self.units
+        width = heads * units
+        if self.version == "v1":
+            self.kernel = self._add_kernel("kernel", (features[-1], width))
+            self.attention_source = self._add_kernel(
+                "attention_source", (heads, units)
+            )
+            self.attention_target = self._add_kernel(
+                "attention_target", (heads, units)
+            )
+        else:
+            self.source_kernel = self._add_kernel(
+                "source_kernel", (features[-1], width)
+            )
+            self.target_kernel = self._add_kernel(
+                "target_kernel", (features[-1], width)
+            )
+            self.attention_kernel = self._add_kernel(
+                "attention_kernel", (heads, units)
+            )
+        self.edge_kernel = None
+        self.attention_edge = None
+        if edge_features is not None:
+            self.edge_kernel = self._add_kernel(
+                "edge_kernel", (edge_features[-1], width)
+            )
+            if self.version == "v1":
+                self.attention_edge = self._add_kernel(
+                    "attention_edge", (heads, units)
+                )
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias",
+                shape=(self.output_dim,),
+                initializer=self.bias_initializer,
+                regularizer=self.bias_regularizer,
+                constraint=self.bias_constraint,
+            )
+        self.built = True
+
+    # -------------------------------------------------------------- checks
+
+    def _check_inputs(self, features, edges, edge_features):
+        """Validate the call's tensors; returns `"edge_list"` or `"dense"`."""
+        self._split_shapes(
+            [features.shape, edges.shape]
+            + ([] if edge_features is None else [edge_features.shape])
+        )
+        n = features.shape[-2]
+        dtype = keras.backend.standardize_dtype(edges.dtype)
+        if _is_integer(edges):
+            if len(features.shape) != 2 or len(edges.shape) != 2 or (
+                edges.shape[0] not in (None, 2)
+            ):
+                raise ValueError(
+                    "Received an invalid value for argument `edges`: an "
+                    "integer tensor is an edge list, expected shape (2, E) "
+                    "with node_features (N, F) (pass a dense adjacency as "
+                    "bool or float). Received: edges.shape="
+                    f"{tuple(edges.shape)}, edges.dtype={dtype}, "
+                    f"node_features.shape={tuple(features.shape)}"
+                )
+            rows = None if edge_features is None else edge_features.shape[0]
+            if edge_features is not None and (
+                len(edge_features.shape) != 2
+                or (None not in (edges.shape[1], rows) and edges.shape[1] != rows)
+            ):
+                raise ValueError(
+                    "Received an invalid value for argument `edge_features`, "
+                    "expected one row per edge, (E, F_e) with "
+                    f"E={edges.shape[1]}. Received: "
+                    f"edge_features.shape={tuple(edge_features.shape)}"
+                )
+            values = _known_values(edges)
+            if values is not None and values.size and n is not None:
+                low, high = int(values.min()), int(values.max())
+                if low < 0 or high >= n:
+                    raise ValueError(
+                        "Received an invalid value for argument `edges`, "
+                        f"expected node indices in [0, {n}) for N={n} nodes. "
+                        f"Received: edges with values in [{low}, {high}]"
+                    )
+            return "edge_list"
+        if dtype != "bool" and "float" not in dtype:
+            raise ValueError(
+                "Received an invalid value for argument `edges`, expected an "
+                "integer edge list (2, E) or a bool or float adjacency. "
+                f"Received: edges.dtype={dtype}"
+            )
+        adjacency = tuple(edges.shape)
+        square = adjacency[-1] is None or adjacency[-2] is None or (
+            adjacency[-1] == adjacency[-2]
+        )
+        matches = n is None or adjacency[-1] is None or adjacency[-1] == n
+        batch_ok = len(adjacency) == 2 or (
+            None in (adjacency[0], features.shape[0])
+            or adjacency[0] == features.shape[0]
+        )
+        if not (square and matches and batch_ok):
+            raise ValueError(
+                "Received an invalid value for argument `edges`: a float or "
+                "bool tensor is a dense adjacency, expected a square "
+                f"(N, N) or (B, N, N) with N={n} as in node_features (an "
+                "edge list must be an integer tensor (2, E)). Received: "
+                f"edges.shape={adjacency}, edges.dtype={dtype}, "
+                f"node_features.shape={tuple(features.shape)}"
+            )
+        if edge_features is not None:
+            expected = adjacency + (edge_features.shape[-1],)
+            if len(edge_features.shape) != len(expected) or any(
+                None not in (a, b) and a != b
+                for a, b in zip(edge_features.shape, expected)
+            ):
+                raise ValueError(
+                    "Received an invalid value for argument `edge_features`, "
+                    f"expected the adjacency's shape plus features, "
+                    f"{adjacency + ('F_e',)}. Received: "
+                    f"edge_features.shape={tuple(edge_features.shape)}"
+                )
+        return "dense"
+
+    # -------------------------------------------------------------- math
+
+    def _heads(self, x, kernel):
+        """`(..., F) -> (..., H, units)`."""
+        y = ops.matmul(x, kernel)
+        return ops.reshape(
+            y, tuple(ops.shape(y)[:-1]) + (self.num_heads, self.units)
+        )
+
+    def _coefficient_dropout(self, alpha, training):
+        if training and self.dropout > 0.0:
+            return hash_dropout(alpha, self.dropout, self.seed_generator)
+        return alpha
+
+    def _finish(self, heads):
+        """`(..., H, units)` -> the output features, bias and activation."""
+        if self.concat_heads:
+            out = ops.reshape(
+                heads, tuple(ops.shape(heads)[:-2]) + (self.output_dim,)
+            )
+        else:
+            out = ops.mean(heads, axis=-2)
+        if self.bias is not None:
+            out = out + self.bias
+        return self.activation(out)
+
+    def _sparse(self, features, edges, edge_features, training):
+        num_nodes = features.shape[0]
+        if num_nodes is None:
+            num_nodes = ops.shape(features)[0]
+        source, target = edges[0], edges[1]
+        mask = None
+        if self.add_self_loops:
+            mask = ops.concatenate(
+                [
+                    ops.not_equal(source, target),
+                    ops.ones((num_nodes,), "bool"),
+                ]
+            )
+            if edge_features is not None:
+                # A self loop's features: the mean over the node's incoming
+                # non-loop edges (PyG's fill_value="mean").
+                valid = ops.cast(ops.not_equal(source, target), edge_features.dtype)
+                total = ops.segment_sum(
+                    edge_features * valid[:, None], target, num_segments=num_nodes
+                )
+                count = ops.segment_sum(valid, target, num_segments=num_nodes)
+                loop_features = total / ops.maximum(count, 1.0)[:, None]
+                edge_features = ops.concatenate(
+                    [edge_features, loop_features], axis=0
+                )
+            edges = with_self_loops(edges, num_nodes)
+            source, target = edges[0], edges[1]
+        edge_term = None
+        if edge_features is not None:
+            edge_term = self._heads(edge_features, self.edge_kernel)  # (E', H, C)
+        if self.version == "v1":
+            h = self._heads(features, self.kernel)  # (N, H, C)
+            score_source = ops.sum(h * self.attention_source, axis=-1)  # (N, H)
+            score_target = ops.sum(h * self.attention_target, axis=-1)
+            scores = ops.take(score_source, source, axis=0) + ops.take(
+                score_target, target, axis=0
+            )  # (E', H)
+            if edge_term is not None:
+                scores = scores + ops.sum(edge_term * self.attention_edge, axis=-1)
+            scores = ops.leaky_relu(scores, self.negative_slope)
+            messages = ops.take(h, source, axis=0)  # (E', H, C)
+        else:
+            h_source = self._heads(features, self.source_kernel)
+            h_target = self._heads(features, self.target_kernel)
+            messages = ops.take(h_source, source, axis=0)  # (E', H, C)
+            z = messages + ops.take(h_target, target, axis=0)
+            if edge_term is not None:
+                z = z + edge_term
+            z = ops.leaky_relu(z, self.negative_slope)
+            scores = ops.sum(z * self.attention_kernel, axis=-1)  # (E', H)
+        alpha = attention_ops.segment_softmax(
+            scores, target, num_segments=num_nodes, mask=mask
+        )
+        weights = self._coefficient_dropout(alpha, training)
+        weighted = messages * ops.cast(weights, messages.dtype)[..., None]
+        heads = ops.segment_sum(weighted, target, num_segments=num_nodes)
+        return self._finish(heads), alpha  # (N, out), (E', H)
+
+    def _dense(self, features, adjacency, edge_features, training):
+        unbatched = len(features.shape) == 2
+        if unbatched:
+            features = features[None]
+            adjacency = adjacency[None]
+            if edge_features is not None:
+                edge_features = edge_features[None]
+        elif len(adjacency.shape) == 2:
+            adjacency = adjacency[None]
+            if edge_features is not None:
+                edge_features = edge_features[None]
+        n = features.shape[1] or ops.shape(features)[1]
+        # (B|1, N, N) boolean, [b, i, j] for the edge j -> i.
+        mask = ops.not_equal(adjacency, ops.zeros((), adjacency.dtype))
+        if self.add_self_loops:
+            eye = ops.cast(ops.eye(n), "bool")[None]
+            if edge_features is not None:
+                others = ops.cast(
+                    ops.logical_and(mask, ops.logical_not(eye)),
+                    edge_features.dtype,
+                )
+                total = ops.sum(edge_features * others[..., None], axis=-2)
+                count = ops.sum(others, axis=-1)[..., None]
+                loop_features = total / ops.maximum(count, 1.0)  # (B, N, F_e)
+                edge_features = ops.where(
+                    eye[..., None], loop_features[:, :, None, :], edge_features
+                )
+            mask = ops.logical_or(mask, eye)
+        edge_term = None
+        if edge_features is not None:
+            edge_term = self._heads(edge_features, self.edge_kernel)  # (B, N, N, H, C)
+        if self.version == "v1":
+            h = self._heads(features, self.kernel)  # (B, N, H, C)
+            score_source = ops.sum(h * self.attention_source, axis=-1)  # (B, N, H)
+            score_target = ops.sum(h * self.attention_target, axis=-1)
+            score_source = ops.transpose(score_source, (0, 2, 1))[:, :, None, :]
+            score_target = ops.transpose(score_target, (0, 2, 1))[:, :, :, None]
+            scores = score_target + score_source  # (B, H, N, N)
+            if edge_term is not None:
+                scores = scores + ops.transpose(
+                    ops.sum(edge_term * self.attention_edge, axis=-1), (0, 3, 1, 2)
+                )
+            scores = ops.leaky_relu(scores, self.negative_slope)
+            values = h
+        else:
+            values = self._heads(features, self.source_kernel)  # (B, N, H, C)
+            h_target = self._heads(features, self.target_kernel)
+            # (B, N_target, N_source, H, C)
+            z = values[:, None, :, :, :] + h_target[:, :, None, :, :]
+            if edge_term is not None:
+                z = z + edge_term
+            z = ops.leaky_relu(z, self.negative_slope)
+            scores = ops.transpose(
+                ops.sum(z * self.attention_kernel, axis=-1), (0, 3, 1, 2)
+            )
+        alpha = attention_ops.masked_softmax(scores, mask[:, None, :, :])
+        weights = self._coefficient_dropout(alpha, training)
+        v = ops.transpose(values, (0, 2, 1, 3))  # (B, H, N, C)
+        heads = ops.matmul(ops.cast(weights, v.dtype), v)
+        heads = ops.transpose(heads, (0, 2, 1, 3))  # (B, N, H, C)
+        out = self._finish(heads)
+        if unbatched:
+            return out[0], alpha[0]
+        return out, alpha
+
+    def call(self, inputs, return_attention_scores=False, training=None):
+        if not isinstance(inputs, (list, tuple)) or not 2 <= len(inputs) <= 3:
+            raise ValueError(
+                "Expected the inputs to be a list [node_features, edges] or "
+                "[node_features, edges, edge_features]. Received: "
+                f"inputs={inputs!r}"
+            )
+        features, edges = inputs[0], inputs[1]
+        edge_features = inputs[2] if len(inputs) == 3 else None
+        mode = self._check_inputs(features, edges, edge_features)
+        if (edge_features is None) != (self.edge_kernel is None):
+            raise ValueError(
+                "The layer was built "
+                + ("with" if self.edge_kernel is not None else "without")
+                + " edge features and must be called the same way. Received: "
+                f"edge_features.shape={_shape_or_none(edge_features)}"
+            )
+        if mode == "edge_list":
+            out, alpha = self._sparse(features, edges, edge_features, training)
+        else:
+            out, alpha = self._dense(features, edges, edge_features, training)
+        if return_attention_scores:
+            return out, alpha
+        return out
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "units": self.units,
+                "num_heads": self.num_heads,
+                "concat_heads": self.concat_heads,
+                "negative_slope": self.negative_slope,
+                "dropout": self.dropout,
+                "add_self_loops": self.add_self_loops,
+                "version": self.version,
+                "use_bias": self.use_bias,
+                "activation": keras.activations.serialize(self.activation),
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+                "kernel_regularizer": keras.regularizers.serialize(
+                    self.kernel_regularizer
+                ),
+                "bias_regularizer": keras.regularizers.serialize(
+                    self.bias_regularizer
+                ),
+                "kernel_constraint": keras.constraints.serialize(
+                    self.kernel_constraint
+                ),
+                "bias_constraint": keras.constraints.serialize(
+                    self.bias_constraint
+                ),
+                "seed": self.seed,
+            }
+        )
+        return config
