@@ -1,0 +1,573 @@
+"""Grad-CAM, Grad-CAM++ and Score-CAM of any image classifier.
+
+Built on tf-keras-vis (`Gradcam`, `GradcamPlusPlus`, `Scorecam` with a
+`CategoricalScore`) where it applies: a functional or `Sequential` model
+whose feature layer is one of its own top-level layers with a 4-D output.
+tf-keras-vis builds `keras.Model(model.inputs, model.outputs +
+[layer.output])`, which needs exactly that. For everything else (subclassed
+models, a layer inside a nested model, the tokens of a Vision Transformer)
+the same formulas run here on a `tf.GradientTape`: the feature layer's
+`call` is patched for one eager pass so that its output (or, for tokens,
+the input of the last attention layer) is watched and recorded; tokens are
+laid out on the patch grid (the class token dropped) before the map is
+computed. Both paths share the score, the upsampling (`scipy` zoom of
+order 1) and the normalisation of tf-keras-vis, and agree to float
+precision on a model that both can handle (tested).
+
+Two workarounds for tf-keras-vis 0.8 under Keras 3: its `ReplaceToLinear`
+reads `model.output_names`, which a Keras 3 `Sequential` lacks, and it
+changes the model for good; the output layers' activations are set to
+linear here instead, only while the map is computed, and restored after.
+Its `Scorecam` calls `model.predict`, whose progress bar is silenced.
+"""
+
+import contextlib
+import inspect
+import warnings
+
+import keras
+import numpy as np
+
+from keras_attention.visualization import _grid
+from keras_attention.visualization import _hooks
+from keras_attention.visualization import maps as maps_lib
+
+METHODS = ("gradcam", "gradcam++", "scorecam")
+
+
+class CamTarget:
+    """The tensor a class activation map is computed on.
+
+    Attributes:
+        layer: the Keras layer.
+        path: its path in the model (`"backbone/block_3/attention"`).
+        use_input: whether the map uses the layer's first input (the tokens
+            entering the last attention layer) instead of its output.
+    """
+
+    def __init__(self, layer, path, use_input=False):
+        self.layer = layer
+        self.path = path
+        self.use_input = use_input
+
+    def __repr__(self):
+        where = "input" if self.use_input else "output"
+        return f"CamTarget({self.path!r}, {where})"
+
+
+def find_cam_target(model, images, layer=None):
+    """The feature tensor that `grad_cam` uses for `model`.
+
+    With `layer=None`: the output of the last layer (in the order the calls
+    finish, so a residual block wins over the convolution inside it) whose
+    output is a 4-D feature map `(B, h, w, C)`, unless a token attention
+    layer runs after it (a Vision Transformer); then the tokens `(B, N, C)`
+    entering the last such attention layer, as usual for ViTs, because
+    after it only the class token (or the pooled tokens) reaches the
+    output.
+
+    Args:
+        model: the classifier.
+        images: a batch it can be called on (one eager pass is run to see
+            the shapes when `layer` is `None`).
+        layer: `None`, a layer, or its name or path.
+
+    Returns:
+        A `CamTarget`.
+    """
+    walked = _hooks.walk(model)
+    if layer is not None:
+        for path, candidate in walked:
+            if candidate is layer or (
+                isinstance(layer, str)
+                and (path == layer or candidate.name == layer)
+            ):
+                return CamTarget(candidate, path)
+        known = ", ".join(path for path, _ in walked)
+        raise ValueError(
+            "Received an invalid value for argument `layer`, expected a "
+            f"layer of the model or its name or path ({known}). Received: "
+            f"layer={layer!r}"
+        )
+    classes = maps_lib.attention_classes()
+    finished = []  # (path, layer, output rank, input rank) in finishing order
+
+    def make(path, candidate):
+        def factory(original):
+            def call(*args, **kwargs):
+                outputs = original(*args, **kwargs)
+                rank = _rank(outputs)
+                first = _first_input(candidate, args, kwargs)
+                finished.append((path, candidate, rank, _rank(first)))
+                return outputs
+
+            return call
+
+        return factory
+
+    with _hooks.patched_calls(
+        [(candidate, make(path, candidate)) for path, candidate in walked]
+    ):
+        model(_as_tensor(images), training=False)
+    last_map = last_tokens = None
+    for order, (path, candidate, rank, input_rank) in enumerate(finished):
+        if rank == 4:
+            last_map = (order, path, candidate)
+        if isinstance(candidate, classes) and input_rank == 3:
+            last_tokens = (order, path, candidate)
+    if last_tokens is not None and (
+        last_map is None or last_tokens[0] > last_map[0]
+    ):
+        return CamTarget(last_tokens[2], last_tokens[1], use_input=True)
+    if last_map is not None:
+        return CamTarget(last_map[2], last_map[1])
+    raise ValueError(
+        f"The model {model.name!r} has no layer with a 4-D feature map "
+        "(B, h, w, C) and no attention over tokens; pass `layer=`."
+    )
+
+
+def grad_cam(
+    model,
+    images,
+    class_index=None,
+    layer=None,
+    method="gradcam",
+    expand=True,
+    normalize=True,
+    max_channels=None,
+    batch_size=32,
+    class_token="auto",
+    grid_shape=None,
+):
+    """Class activation maps: Grad-CAM, Grad-CAM++ or Score-CAM.
+
+    Grad-CAM weights each channel `k` of a feature map `A` by the mean
+    gradient of the class score `y_c`, `w_k = mean_ij dy_c / dA_ij^k`, and
+    keeps `ReLU(sum_k w_k A^k)`; Grad-CAM++ weights the positive gradients
+    with second- and third-order terms; Score-CAM weights each channel by
+    the (softmax) class score of the image masked by that channel's
+    normalised, upsampled map. Scores are read before the output
+    activation (it is made linear for the gradient methods).
+
+    Args:
+        model: an image classifier with one output `(B, num_classes)`: a
+            user CNN (with `CBAM` layers, say), `CBAMResNet`,
+            `VisionTransformer`, any functional, `Sequential`, nested or
+            subclassed model.
+        images: `(B, height, width, channels)`.
+        class_index: the class to explain: `None` (each image's predicted
+            class), an int for all images, or one per image.
+        layer: the feature layer (a layer, its name or path); default: see
+            `find_cam_target` (the last 4-D feature map, or for a ViT the
+            tokens entering the last attention layer). A layer with a token
+            output `(B, N, C)` is laid out on its patch grid.
+        method: `"gradcam"`, `"gradcam++"` or `"scorecam"`.
+        expand: upsample the maps to the image size.
+        normalize: scale each map to `[0, 1]`.
+        max_channels: Score-CAM only: use the channels with the largest
+            spatial standard deviation (Faster Score-CAM); default all.
+        batch_size: Score-CAM only: batch size of the masked images.
+        class_token, grid_shape: for token features: whether the first
+            token is a class token (`"auto"` infers it from the number of
+            tokens) and the patch grid `(h, w)` (inferred when `None`).
+
+    Returns:
+        A NumPy array `(B, height, width)` (`(B, h, w)` without `expand`).
+
+    Example:
+
+    ```python
+    inputs = keras.Input((32, 32, 1))
+    x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
+    x = keras_attention.layers.CBAM(reduction=4)(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    model = keras.Model(inputs, keras.layers.Dense(10)(x))
+    grad_cam(model, np.random.rand(2, 32, 32, 1)).shape  # (2, 32, 32)
+    ```
+
+    References:
+        - Selvaraju et al., Grad-CAM, ICCV 2017.
+          https://arxiv.org/abs/1610.02391
+        - Chattopadhyay et al., Grad-CAM++, WACV 2018.
+          https://arxiv.org/abs/1710.11063
+        - Wang et al., Score-CAM, CVPR Workshops 2020.
+          https://arxiv.org/abs/1910.01279
+    """
+    if method not in METHODS:
+        raise ValueError(
+            "Received an invalid value for argument `method`, expected one "
+            f"of {METHODS}. Received: method={method!r}"
+        )
+    images = _check_images(images)
+    target = find_cam_target(model, images, layer)
+    indices = class_indices(model, images, class_index)
+    kwargs = dict(
+        expand=expand,
+        normalize=normalize,
+        max_channels=max_channels,
+        batch_size=batch_size,
+    )
+    if _tf_keras_vis_applies(model, target):
+        return tf_keras_vis_cam(model, images, indices, target, method, **kwargs)
+    return tape_cam(
+        model,
+        images,
+        indices,
+        target,
+        method,
+        class_token=class_token,
+        grid_shape=grid_shape,
+        **kwargs,
+    )
+
+
+def class_indices(model, images, class_index=None):
+    """One class per image: the given one(s), or the predicted class."""
+    count = len(images)
+    if class_index is None:
+        outputs = model(_as_tensor(images), training=False)
+        _check_outputs(outputs)
+        return [int(i) for i in np.argmax(keras.ops.convert_to_numpy(outputs), -1)]
+    values = np.atleast_1d(np.asarray(class_index))
+    if values.dtype.kind not in "iu" or values.ndim != 1 or (
+        len(values) not in (1, count)
+    ) or (values < 0).any():
+        raise ValueError(
+            "Received an invalid value for argument `class_index`, expected "
+            f"None, a non-negative int or {count} of them (one per image). "
+            f"Received: class_index={class_index!r}"
+        )
+    if len(values) == 1:
+        values = np.repeat(values, count)
+    return [int(i) for i in values]
+
+
+def tf_keras_vis_cam(
+    model,
+    images,
+    indices,
+    target,
+    method,
+    expand=True,
+    normalize=True,
+    max_channels=None,
+    batch_size=32,
+):
+    """The map from tf-keras-vis, for a top-level 4-D layer of a graph model."""
+    from tf_keras_vis.gradcam import Gradcam
+    from tf_keras_vis.gradcam_plus_plus import GradcamPlusPlus
+    from tf_keras_vis.scorecam import Scorecam
+    from tf_keras_vis.utils.scores import CategoricalScore
+
+    score = CategoricalScore(list(indices))
+    kwargs = dict(
+        penultimate_layer=target.layer,
+        seek_penultimate_conv_layer=False,
+        expand_cam=expand,
+        normalize_cam=normalize,
+    )
+    if method == "scorecam":
+        with _quiet_predict():
+            cam = Scorecam(model)(
+                score,
+                images,
+                max_N=max_channels,
+                batch_size=batch_size,
+                **kwargs,
+            )
+    else:
+        visualizer = Gradcam if method == "gradcam" else GradcamPlusPlus
+        with linear_outputs(model):
+            cam = visualizer(model)(score, images, **kwargs)
+    return np.asarray(cam, "float32")
+
+
+def tape_cam(
+    model,
+    images,
+    indices,
+    target,
+    method,
+    expand=True,
+    normalize=True,
+    max_channels=None,
+    batch_size=32,
+    class_token="auto",
+    grid_shape=None,
+):
+    """The same maps as tf-keras-vis, for any model, on a `GradientTape`."""
+    import tensorflow as tf
+    from scipy.ndimage import zoom
+    from tf_keras_vis.utils import normalize as tkv_normalize
+
+    images = _check_images(images)
+    indices = np.asarray(indices)
+    if method == "scorecam":
+        features = _capture(model, images, target)
+        features = _on_grid(features, images, class_token, grid_shape)
+        cam = _score_cam(model, images, indices, features, max_channels, batch_size)
+    else:
+        tape = tf.GradientTape(watch_accessed_variables=False)
+        with tape:
+            with linear_outputs(model):
+                features, outputs = _capture(
+                    model, images, target, tape=tape, return_outputs=True
+                )
+            _check_outputs(outputs)
+            scores = tf.gather(
+                tf.cast(outputs, "float32"), indices, axis=-1, batch_dims=1
+            )
+        grads = tape.gradient(scores, features)
+        if grads is None:
+            raise ValueError(
+                f"The class score does not depend on the output of {target}; "
+                "pick another `layer`."
+            )
+        features = _on_grid(features, images, class_token, grid_shape)
+        grads = _on_grid(grads, images, class_token, grid_shape)
+        if method == "gradcam":
+            weights = grads.mean(axis=(1, 2), keepdims=True)
+            cam = np.maximum((features * weights).sum(axis=-1), 0.0)
+        else:
+            cam = _grad_cam_plus_plus(
+                features, grads, keras.ops.convert_to_numpy(scores)
+            )
+    if not expand:
+        return (tkv_normalize(cam) if normalize else cam).astype("float32")
+    factors = (1,) + tuple(
+        float(s) / float(c) for c, s in zip(cam.shape[1:], images.shape[1:3])
+    )
+    cam = zoom(cam, factors, order=1)
+    return (tkv_normalize(cam) if normalize else cam).astype("float32")
+
+
+def _grad_cam_plus_plus(features, grads, scores):
+    """Grad-CAM++ weights as tf-keras-vis computes them (exp of the score)."""
+    spatial = (1, 2)
+    first = np.exp(scores)[:, None, None, None] * grads
+    second = first * grads
+    third = second * grads
+    total = features.sum(axis=spatial, keepdims=True)
+    denominator = 2.0 * second + third * total
+    denominator = denominator + (second == 0.0)
+    alphas = second / denominator
+    norm = alphas.sum(axis=spatial, keepdims=True)
+    alphas = alphas / (norm + (norm == 0.0))
+    weights = (np.maximum(first, 0.0) * alphas).sum(axis=spatial, keepdims=True)
+    return np.maximum((weights * features).sum(axis=-1), 0.0)
+
+
+def _score_cam(model, images, indices, features, max_channels, batch_size):
+    """Score-CAM as tf-keras-vis computes it (softmax of the outputs)."""
+    from scipy.ndimage import zoom
+
+    channels = features.shape[-1]
+    if max_channels is not None and max_channels < channels:
+        if max_channels <= 0:
+            raise ValueError(
+                "Received an invalid value for argument `max_channels`, "
+                f"expected a positive integer. Received: "
+                f"max_channels={max_channels}"
+            )
+        spread = features.std(axis=(1, 2))  # (B, C)
+        top = np.argsort(-spread, axis=-1, kind="stable")[:, :max_channels]
+        # tf-keras-vis keeps the union over the batch, in first-seen order.
+        keep = list(dict.fromkeys(top.reshape(-1).tolist()))
+        features = features[..., keep]
+    count, channels = len(images), features.shape[-1]
+    factors = (1,) + tuple(
+        float(s) / float(c) for c, s in zip(features.shape[1:3], images.shape[1:3])
+    ) + (1,)
+    masks = zoom(features, factors, order=1, mode="nearest")  # (B, H, W, K)
+    low = masks.min(axis=(1, 2), keepdims=True)
+    high = masks.max(axis=(1, 2), keepdims=True)
+    masks = (masks - low) / (high - low + keras.config.epsilon())
+    # (K, B, H, W, 1) * (B, H, W, c): one masked copy per channel.
+    masked = np.transpose(masks, (3, 0, 1, 2))[..., None] * images[None]
+    masked = masked.reshape((-1,) + images.shape[1:])
+    outputs = []
+    for start in range(0, len(masked), batch_size):
+        batch = model(_as_tensor(masked[start : start + batch_size]), training=False)
+        outputs.append(keras.ops.convert_to_numpy(batch))
+    outputs = np.concatenate(outputs).reshape(channels, count, -1)
+    probabilities = keras.ops.convert_to_numpy(
+        keras.ops.softmax(outputs.astype("float32"), axis=-1)
+    )
+    weights = probabilities[:, np.arange(count), indices].T  # (B, K)
+    return np.maximum(np.einsum("bhwk,bk->bhw", features, weights), 0.0)
+
+
+def _capture(model, images, target, tape=None, return_outputs=False):
+    """The target tensor of one eager pass, watched by `tape` if given."""
+    captured = []
+
+    def factory(original):
+        def call(*args, **kwargs):
+            if target.use_input:
+                if not captured:
+                    args, kwargs, tensor = _watch_first_input(
+                        target.layer, args, kwargs, tape
+                    )
+                    captured.append(tensor)
+                return original(*args, **kwargs)
+            outputs = original(*args, **kwargs)
+            if not captured:
+                if not keras.ops.is_tensor(outputs):
+                    raise ValueError(
+                        f"The layer {target.path!r} returns {type(outputs)}, "
+                        "not one tensor; pick another `layer`."
+                    )
+                if tape is not None:
+                    tape.watch(outputs)
+                captured.append(outputs)
+            return outputs
+
+        return call
+
+    with _hooks.patched_calls([(target.layer, factory)]):
+        outputs = model(_as_tensor(images), training=False)
+    if not captured:
+        raise ValueError(f"The layer {target.path!r} did not run in the model.")
+    if return_outputs:
+        return captured[0], outputs
+    return captured[0]
+
+
+def _watch_first_input(layer, args, kwargs, tape):
+    """`(args, kwargs, tensor)` with the query tensor watched by `tape`."""
+    args = list(args)
+    if args:
+        first = args[0]
+    else:
+        name = next(iter(inspect.signature(layer.call).parameters))
+        first = kwargs[name]
+    tensor = first[0] if isinstance(first, (list, tuple)) else first
+    if tape is not None:
+        tape.watch(tensor)
+    return tuple(args), kwargs, tensor
+
+
+def _on_grid(x, images, class_token, grid_shape):
+    """Features or gradients as `(B, h, w, C)` float32 NumPy."""
+    x = np.asarray(keras.ops.convert_to_numpy(x), "float32")
+    if x.ndim == 4:
+        return x
+    if x.ndim != 3:
+        raise ValueError(
+            "Expected a feature map (B, h, w, C) or tokens (B, N, C) for "
+            f"the class activation map. Received: shape={x.shape}"
+        )
+    (h, w), has_class_token = _grid.token_grid(
+        x.shape[1], images.shape[1:3], grid_shape, class_token
+    )
+    if has_class_token:
+        x = x[:, 1:]
+    return x.reshape(x.shape[0], h, w, x.shape[-1])
+
+
+def _tf_keras_vis_applies(model, target):
+    """Whether tf-keras-vis can extract the target from the model's graph."""
+    inputs = getattr(model, "inputs", None)
+    outputs = getattr(model, "outputs", None)
+    if target.use_input or not inputs or not outputs:
+        return False
+    if len(inputs) != 1 or len(outputs) != 1:
+        return False
+    if not any(layer is target.layer for layer in model.layers):
+        return False
+    try:
+        return len(target.layer.output.shape) == 4
+    except (AttributeError, ValueError):  # a layer called more than once
+        return False
+
+
+def output_layers(model):
+    """The layers that produce a graph model's outputs (empty if unknown)."""
+    outputs = getattr(model, "outputs", None) or []
+    layers = []
+    for tensor in outputs:
+        history = getattr(tensor, "_keras_history", None)
+        if history is not None:
+            layers.append(history.operation)
+    return layers
+
+
+@contextlib.contextmanager
+def linear_outputs(model):
+    """The output layers' activations linear inside the block, then restored.
+
+    As tf-keras-vis's `ReplaceToLinear`, which needs `model.output_names`
+    (absent from a Keras 3 `Sequential`) and does not restore them.
+    """
+    saved = [
+        (layer, layer.activation)
+        for layer in output_layers(model)
+        if getattr(layer, "activation", None) is not None
+    ]
+    try:
+        for layer, _ in saved:
+            layer.activation = keras.activations.linear
+        yield
+    finally:
+        for layer, activation in saved:
+            layer.activation = activation
+
+
+@contextlib.contextmanager
+def _quiet_predict():
+    enabled = keras.config.is_interactive_logging_enabled()
+    keras.config.disable_interactive_logging()
+    try:
+        with warnings.catch_warnings():
+            # tf-keras-vis passes a one-element list to a one-input model.
+            warnings.filterwarnings(
+                "ignore", message="The structure of `inputs`", category=UserWarning
+            )
+            yield
+    finally:
+        if enabled:
+            keras.config.enable_interactive_logging()
+
+
+def _check_images(images):
+    images = np.asarray(keras.ops.convert_to_numpy(images), "float32")
+    if images.ndim != 4:
+        raise ValueError(
+            "Received an invalid value for argument `images`, expected a "
+            "batch (B, height, width, channels). Received: "
+            f"images.shape={images.shape}"
+        )
+    return images
+
+
+def _check_outputs(outputs):
+    if not keras.ops.is_tensor(outputs) or len(outputs.shape) != 2:
+        raise ValueError(
+            "Class activation maps need a classifier with one output "
+            "(B, num_classes). Received: "
+            f"{getattr(outputs, 'shape', type(outputs))}"
+        )
+
+
+def _as_tensor(images):
+    return keras.ops.convert_to_tensor(images)
+
+
+def _rank(x):
+    shape = getattr(x, "shape", None)
+    return None if shape is None else len(shape)
+
+
+def _first_input(layer, args, kwargs):
+    if args:
+        first = args[0]
+    elif kwargs:
+        try:
+            name = next(iter(inspect.signature(layer.call).parameters))
+            first = kwargs.get(name)
+        except (TypeError, ValueError, StopIteration):
+            return None
+    else:
+        return None
+    return first[0] if isinstance(first, (list, tuple)) and first else first
