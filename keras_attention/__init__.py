@@ -11,10 +11,24 @@ model = keras.Sequential([
 keras_attention.names()  # every registered layer name, plugins included
 layer = keras_attention.get("additive", units=16)
 ```
+
+`keras_attention.applications`, `keras_attention.datasets` and
+`keras_attention.visualization` are imported on first use, so importing the
+layers stays light.
 """
+
+import importlib
 
 from keras_attention.version import __version__
 from keras_attention.registry import discover_plugins, get, get_class, names, register
 from keras_attention import ops
 from keras_attention import layers
 from keras_attention.layers import *  # noqa: F401,F403  (the layer classes)
+
+_LAZY_MODULES = ("applications", "datasets", "visualization", "matching")
+
+
+def __getattr__(name):
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"keras_attention.{name}")
+    raise AttributeError(f"module 'keras_attention' has no attribute {name!r}")
