@@ -2,3 +2,12 @@
 
 from keras_attention.applications.vision_transformer import VisionTransformer
 from keras_attention.applications.vision_transformer import VisionTransformerBackbone
+from keras_attention.applications.cbam_resnet import CBAMResNet
+from keras_attention.applications.cbam_resnet import CBAMResNetBackbone
+from keras_attention.applications.text_classifier import TextClassifier
+from keras_attention.applications.text_classifier import TextClassifierBackbone
+from keras_attention.applications.text_classifier import TextClassifierPreprocessor
+from keras_attention.applications.node_classification import GATEarlyStopping
+from keras_attention.applications.node_classification import GATNodeClassifier
+from keras_attention.applications.node_classification import node_classification_data
+from keras_attention.applications.presets import preset_names

@@ -1,0 +1,466 @@
+"""A small residual CNN with an attention module in every block (CBAM).
+
+Woo et al., CBAM: Convolutional Block Attention Module, ECCV 2018: the
+module refines the residual branch of each ResNet block before the
+addition. Here the module is chosen by registry name, so the same network
+runs with `"cbam"`, `"channel"` (squeeze-and-excitation-like), `"spatial"`,
+`"non_local"` (Wang et al., 2018), any plugin that maps `(B, H, W, C)` to
+the same shape, or `None` (the plain ResNet, for ablations).
+"""
+
+import keras
+from keras import ops
+
+from keras_attention.applications import presets
+from keras_attention.applications.vision_transformer import _pair
+from keras_attention.layers import base
+
+
+def default_reduction(channels):
+    """The channel MLP's reduction: the paper's 16, smaller for thin layers.
+
+    The largest of 16, 8, 4, 2 dividing `channels` that keeps at least 8
+    hidden units (1 if none does).
+    """
+    for reduction in (16, 8, 4, 2):
+        if channels % reduction == 0 and channels // reduction >= 8:
+            return reduction
+    return 1
+
+
+@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+class ResidualAttentionBlock(keras.layers.Layer):
+    """A ResNet basic block whose residual branch goes through attention.
+
+    `y = ReLU(shortcut(x) + A(BN(Conv3x3(ReLU(BN(Conv3x3(x)))))))`, where
+    `A` is the attention layer registered as `attention` (the identity for
+    `None`) and `shortcut` is the identity, or a strided 1x1 convolution
+    with batch normalization when the shape changes (He et al., 2016; CBAM
+    placement of Woo et al., 2018). The attention layer gets the arguments
+    `reduction` (`default_reduction(filters)`) and `kernel_size` (7) if its
+    constructor names them, updated with `attention_kwargs`.
+
+    Args:
+        filters: output channels.
+        strides: stride of the first convolution (and of the shortcut).
+        attention: a registered attention name, or `None`.
+        attention_kwargs: extra constructor arguments of the attention layer.
+        kernel_regularizer: regularizer of the convolutions.
+
+    Call arguments:
+        inputs: `(B, H, W, C)`.
+        return_attention_scores: also return the attention layer's scores
+            (`None` without attention or for a layer without scores).
+        training: whether batch normalization uses batch statistics.
+
+    Returns:
+        `(B, H / strides, W / strides, filters)`.
+    """
+
+    def __init__(
+        self,
+        filters,
+        strides=1,
+        attention="cbam",
+        attention_kwargs=None,
+        kernel_regularizer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.filters = base.check_positive_int("filters", filters)
+        self.strides = base.check_positive_int("strides", strides)
+        self.attention = presets.check_attention_name(attention, allow_none=True)
+        self.attention_kwargs = dict(attention_kwargs or {})
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+
+    def _conv(self, name, kernel_size, strides=1):
+        return keras.layers.Conv2D(
+            self.filters,
+            kernel_size,
+            strides=strides,
+            padding="same",
+            use_bias=False,
+            kernel_initializer="he_normal",
+            kernel_regularizer=self.kernel_regularizer,
+            name=name,
+            dtype=self.dtype_policy,
+        )
+
+    def _norm(self, name):
+        return keras.layers.BatchNormalization(name=name, dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        input_shape = tuple(input_shape)
+        if len(input_shape) != 4 or input_shape[-1] is None:
+            raise ValueError(
+                "Received an invalid value for argument `inputs`, expected a "
+                "rank-4 tensor (B, H, W, C) with known channels. Received: "
+                f"inputs.shape={input_shape}"
+            )
+        self.conv1 = self._conv("conv1", 3, self.strides)
+        self.conv1.build(input_shape)
+        out_shape = self.compute_output_shape(input_shape)
+        self.norm1 = self._norm("norm1")
+        self.norm1.build(out_shape)
+        self.conv2 = self._conv("conv2", 3)
+        self.conv2.build(out_shape)
+        self.norm2 = self._norm("norm2")
+        self.norm2.build(out_shape)
+        self.projection = None
+        if self.strides != 1 or input_shape[-1] != self.filters:
+            self.projection = self._conv("projection", 1, self.strides)
+            self.projection.build(input_shape)
+            self.projection_norm = self._norm("projection_norm")
+            self.projection_norm.build(out_shape)
+        self.attention_layer = None
+        if self.attention is not None:
+            from keras_attention import registry
+
+            layer_class = registry.get_class(self.attention)
+            arguments = presets.fill_arguments(
+                layer_class,
+                {"reduction": default_reduction(self.filters), "kernel_size": 7},
+                self.attention_kwargs,
+            )
+            self.attention_layer = layer_class(
+                **arguments, name="attention", dtype=self.dtype_policy
+            )
+            self.attention_layer.build(out_shape)
+            self._attention_training = presets.call_accepts(
+                self.attention_layer, "training"
+            )
+            self._attention_scores = presets.call_accepts(
+                self.attention_layer, "return_attention_scores"
+            )
+        self.built = True
+
+    def call(self, inputs, return_attention_scores=False, training=None):
+        x = self.conv1(inputs)
+        x = ops.relu(self.norm1(x, training=training))
+        x = self.norm2(self.conv2(x), training=training)
+        scores = None
+        if self.attention_layer is not None:
+            kwargs = {"training": training} if self._attention_training else {}
+            if return_attention_scores and self._attention_scores:
+                x, scores = self.attention_layer(
+                    x, return_attention_scores=True, **kwargs
+                )
+            else:
+                x = self.attention_layer(x, **kwargs)
+        shortcut = inputs
+        if self.projection is not None:
+            shortcut = self.projection_norm(
+                self.projection(inputs), training=training
+            )
+        outputs = ops.relu(x + shortcut)
+        if return_attention_scores:
+            return outputs, scores
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        b, h, w, _ = input_shape
+        s = self.strides
+        return (
+            b,
+            None if h is None else -(-h // s),
+            None if w is None else -(-w // s),
+            self.filters,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "filters": self.filters,
+                "strides": self.strides,
+                "attention": self.attention,
+                "attention_kwargs": self.attention_kwargs,
+                "kernel_regularizer": keras.regularizers.serialize(
+                    self.kernel_regularizer
+                ),
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+class CBAMResNetBackbone(presets.Backbone):
+    """A small ResNet with attention in every block (Woo et al., 2018).
+
+    A 3x3 stem convolution (batch norm, ReLU), then one stage per entry of
+    `filters`, each of `blocks_per_stage` `ResidualAttentionBlock`s (the
+    first block of every stage but the first halves the resolution), then
+    global average pooling: features `(B, filters[-1])`.
+
+    Args:
+        image_size: image side (int) or `(height, width)`.
+        num_channels: channels of the images.
+        filters: channels of each stage.
+        blocks_per_stage: residual blocks per stage (an int or one per
+            stage).
+        stem_filters: channels of the stem convolution; defaults to
+            `filters[0]`.
+        attention: registry name of the module in every block (`"cbam"`,
+            `"channel"`, `"spatial"`, `"non_local"`, a plugin's name), or
+            `None` for the plain ResNet.
+        attention_kwargs: extra constructor arguments of the module.
+        weight_decay: L2 factor on the convolution kernels.
+
+    Call arguments:
+        images: `(B, H, W, num_channels)`.
+
+    Returns:
+        Features `(B, filters[-1])`.
+
+    Example:
+
+    ```python
+    backbone = CBAMResNetBackbone(image_size=8, num_channels=1, filters=(16, 32))
+    backbone(np.zeros((2, 8, 8, 1))).shape  # (2, 32)
+    maps = backbone.attention_scores(np.zeros((2, 8, 8, 1)))
+    maps[0][1].shape  # (2, 8, 8, 1): the spatial map of the first block
+    ```
+
+    References:
+        - Woo et al., CBAM: Convolutional Block Attention Module, 2018.
+          https://arxiv.org/abs/1807.06521
+        - He et al., Deep Residual Learning for Image Recognition, 2016.
+          https://arxiv.org/abs/1512.03385
+    """
+
+    def __init__(
+        self,
+        image_size,
+        num_channels=3,
+        filters=(32, 64, 128),
+        blocks_per_stage=1,
+        stem_filters=None,
+        attention="cbam",
+        attention_kwargs=None,
+        weight_decay=0.0,
+        **kwargs,
+    ):
+        image_size = _pair("image_size", image_size)
+        base.check_positive_int("num_channels", num_channels)
+        filters = list(filters) if isinstance(filters, (list, tuple)) else [filters]
+        if not filters:
+            raise base.invalid("filters", "a non-empty list of integers", filters)
+        for f in filters:
+            base.check_positive_int("filters", f)
+        if isinstance(blocks_per_stage, (list, tuple)):
+            blocks = list(blocks_per_stage)
+            if len(blocks) != len(filters):
+                raise base.invalid(
+                    "blocks_per_stage",
+                    f"an integer or {len(filters)} integers (one per stage)",
+                    blocks_per_stage,
+                )
+        else:
+            blocks = [blocks_per_stage] * len(filters)
+        for b in blocks:
+            base.check_positive_int("blocks_per_stage", b)
+        stem_filters = base.check_positive_int(
+            "stem_filters", stem_filters or filters[0]
+        )
+        attention = presets.check_attention_name(attention, allow_none=True)
+        if isinstance(weight_decay, bool) or not (
+            isinstance(weight_decay, (int, float)) and weight_decay >= 0
+        ):
+            raise base.invalid("weight_decay", "a non-negative float", weight_decay)
+        regularizer = keras.regularizers.L2(weight_decay) if weight_decay else None
+
+        inputs = keras.Input(shape=image_size + (num_channels,), name="images")
+        x = keras.layers.Conv2D(
+            stem_filters,
+            3,
+            padding="same",
+            use_bias=False,
+            kernel_initializer="he_normal",
+            kernel_regularizer=regularizer,
+            name="stem_conv",
+        )(inputs)
+        x = keras.layers.BatchNormalization(name="stem_norm")(x)
+        x = keras.layers.Activation("relu", name="stem_relu")(x)
+        chain = ["stem_conv", "stem_norm", "stem_relu"]
+        for stage, (stage_filters, stage_blocks) in enumerate(zip(filters, blocks)):
+            for index in range(stage_blocks):
+                name = f"block_{stage}_{index}"
+                x = ResidualAttentionBlock(
+                    stage_filters,
+                    strides=2 if stage and not index else 1,
+                    attention=attention,
+                    attention_kwargs=attention_kwargs,
+                    kernel_regularizer=regularizer,
+                    name=name,
+                )(x)
+                chain.append(name)
+        outputs = keras.layers.GlobalAveragePooling2D(name="pooling")(x)
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+
+        self.image_size = image_size
+        self.num_channels = num_channels
+        self.filters = filters
+        self.blocks_per_stage = blocks_per_stage
+        self.stem_filters = stem_filters
+        self.attention = attention
+        self.attention_kwargs = dict(attention_kwargs or {})
+        self.weight_decay = weight_decay
+        self._chain = chain
+
+    def check_inputs(self, inputs):
+        presets.check_image_inputs(
+            inputs, self.image_size + (self.num_channels,)
+        )
+
+    def attention_scores(self, images):
+        """The attention maps of every block, run eagerly.
+
+        Returns:
+            A list with one entry per block: what its attention layer
+            returns as scores (for `"cbam"` the pair `(channel weights
+            (B, C), spatial map (B, H, W, 1))`), or `None`.
+        """
+        images = ops.convert_to_tensor(images, dtype=self.compute_dtype)
+        self.check_inputs(images)
+        x, scores = images, []
+        for name in self._chain:
+            layer = self.get_layer(name)
+            if isinstance(layer, ResidualAttentionBlock):
+                x, block_scores = layer(
+                    x, return_attention_scores=True, training=False
+                )
+                scores.append(block_scores)
+            else:
+                x = layer(x)
+        return scores
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "image_size": self.image_size,
+                "num_channels": self.num_channels,
+                "filters": self.filters,
+                "blocks_per_stage": self.blocks_per_stage,
+                "stem_filters": self.stem_filters,
+                "attention": self.attention,
+                "attention_kwargs": self.attention_kwargs,
+                "weight_decay": self.weight_decay,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+class CBAMResNet(presets.Classifier):
+    """Image classifier: a `CBAMResNetBackbone` and a dense head.
+
+    Args:
+        image_size, num_channels, filters, blocks_per_stage, stem_filters,
+        attention, attention_kwargs, weight_decay: the backbone's arguments
+            (see `CBAMResNetBackbone`); ignored when `backbone` is given.
+        num_classes: number of classes.
+        backbone: an existing `CBAMResNetBackbone` (fine-tuning).
+        activation: output activation; `None` gives logits.
+        head_dropout: dropout rate before the output layer.
+
+    Call arguments:
+        images: `(B, H, W, num_channels)`.
+
+    Returns:
+        Logits `(B, num_classes)`.
+
+    Example:
+
+    ```python
+    model = CBAMResNet(image_size=8, num_channels=1, num_classes=10,
+                       filters=(16, 32), attention="cbam")
+    model.compile(optimizer="adam")
+    model.fit(np.random.rand(16, 8, 8, 1), np.arange(16) % 10, epochs=1)
+    plain = CBAMResNet(image_size=8, num_channels=1, num_classes=10,
+                       filters=(16, 32), attention=None)  # the ablation
+    ```
+
+    References:
+        - Woo et al., CBAM: Convolutional Block Attention Module, 2018.
+          https://arxiv.org/abs/1807.06521
+    """
+
+    backbone_class = CBAMResNetBackbone
+
+    def __init__(
+        self,
+        image_size=None,
+        num_classes=None,
+        num_channels=3,
+        filters=(32, 64, 128),
+        blocks_per_stage=1,
+        stem_filters=None,
+        attention="cbam",
+        attention_kwargs=None,
+        weight_decay=0.0,
+        backbone=None,
+        activation=None,
+        head_dropout=0.0,
+        **kwargs,
+    ):
+        if backbone is None:
+            if image_size is None:
+                raise ValueError(
+                    "CBAMResNet needs `image_size` (or a `backbone`). "
+                    "Received: image_size=None"
+                )
+            backbone = CBAMResNetBackbone(
+                image_size=image_size,
+                num_channels=num_channels,
+                filters=filters,
+                blocks_per_stage=blocks_per_stage,
+                stem_filters=stem_filters,
+                attention=attention,
+                attention_kwargs=attention_kwargs,
+                weight_decay=weight_decay,
+                name="backbone",
+            )
+        super().__init__(
+            backbone,
+            num_classes,
+            activation=activation,
+            head_dropout=head_dropout,
+            **kwargs,
+        )
+
+    def attention_scores(self, images):
+        """The attention maps of every block; see the backbone's method."""
+        return self.backbone.attention_scores(images)
+
+
+CBAMResNetBackbone.classifier_class = CBAMResNet
+
+
+presets.register_preset(
+    "cbam_resnet_digits",
+    "CBAMResNet",
+    dict(
+        image_size=8,
+        num_channels=1,
+        num_classes=10,
+        filters=(32, 64, 128),
+        attention="cbam",
+    ),
+    weights="cbam_resnet_digits.weights.h5",
+    description="ResNet with CBAM in each of 3 blocks (32, 64, 128 "
+    "channels), trained on scikit-learn's 8x8 digits.",
+)
+presets.register_preset(
+    "cbam_resnet_mnist",
+    "CBAMResNet",
+    dict(
+        image_size=28,
+        num_channels=1,
+        num_classes=10,
+        filters=(32, 64, 128),
+        attention="cbam",
+    ),
+    description="ResNet with CBAM in each of 3 blocks for 28x28 MNIST "
+    "digits (configuration only).",
+)

@@ -1,0 +1,451 @@
+"""Node classification with graph attention networks (Veličković et al., 2018).
+
+The GAT paper's transductive model: dropout on the node features, a
+`GraphAttention` layer of 8 heads x 8 units with ELU (heads concatenated),
+dropout, and an output `GraphAttention` layer with one head (8 averaged heads
+on PubMed) giving the class logits of every node; dropout 0.6 on the inputs
+of both layers and on the attention coefficients, L2 regularization 5e-4.
+
+A graph is one sample: the model takes a batch of **one** graph,
+`[features (1, N, F), edges (1, 2, E)]`, and returns `(1, N, num_classes)`
+logits, so plain `fit` works on NumPy arrays; the training, validation and
+test nodes are chosen with per-node sample weights
+(`node_classification_data` prepares all of it from a `GraphData`).
+"""
+
+import collections
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attention import registry
+from keras_attention.applications import presets
+from keras_attention.layers import base
+from keras_attention.layers.graph import HashDropout
+
+NodeClassificationData = collections.namedtuple(
+    "NodeClassificationData",
+    ["inputs", "labels", "train_weights", "val_weights", "test_weights"],
+)
+NodeClassificationData.__doc__ = """One graph as a batch for `GATNodeClassifier`.
+
+Fields:
+    inputs: `[features (1, N, F) float32, edges (1, 2, E) int32]`.
+    labels: int32 `(1, N)`; nodes without a label get 0 (and weight 0).
+    train_weights, val_weights, test_weights: float32 `(1, N)`: the split's
+        mask scaled to mean 1 over the nodes, so that the mean loss keras
+        computes is the mean over the split's nodes.
+"""
+
+
+def _split_weights(mask):
+    mask = np.asarray(mask, dtype="float32")
+    count = mask.sum()
+    scale = mask.size / count if count else 0.0
+    return (mask * scale)[None]
+
+
+def node_classification_data(graph):
+    """A `NodeClassificationData` from a `keras_attention.datasets.GraphData`.
+
+    Example:
+
+    ```python
+    data = node_classification_data(load_karate_club())
+    model = GATNodeClassifier(num_features=34, num_classes=2)
+    model.compile()
+    model.fit(data.inputs, data.labels, sample_weight=data.train_weights,
+              epochs=50, verbose=0)
+    ```
+    """
+    labels = np.asarray(graph.labels)
+    known = labels >= 0
+
+    def weights(mask):
+        return _split_weights(np.asarray(mask, bool) & known)
+
+    return NodeClassificationData(
+        inputs=[
+            np.asarray(graph.features, "float32")[None],
+            np.asarray(graph.edges, "int32")[None],
+        ],
+        labels=np.where(known, labels, 0).astype("int32")[None],
+        train_weights=weights(graph.train_mask),
+        val_weights=weights(graph.val_mask),
+        test_weights=weights(graph.test_mask),
+    )
+
+
+@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+class GraphUnbatch(keras.layers.Layer):
+    """`(1, ...) -> (...)`: the one graph of a batch of one."""
+
+    def call(self, inputs):
+        return inputs[0]
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[1:])
+
+
+@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+class GraphBatch(keras.layers.Layer):
+    """`(...) -> (1, ...)`: one graph's outputs as a batch of one."""
+
+    def call(self, inputs):
+        return inputs[None]
+
+    def compute_output_shape(self, input_shape):
+        return (1,) + tuple(input_shape)
+
+
+@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+class GATNodeClassifier(presets.InputChecks, keras.Model):
+    """The two-layer graph attention network of Veličković et al. (2018).
+
+    `Dropout -> GraphAttention(hidden_units, num_heads, ELU, concat) ->
+    Dropout -> GraphAttention(num_classes, output_heads, mean)`, the
+    attention layers being the registry's `attention` (`"graph"`: GAT, or
+    GATv2 with `version="v2"`). Dropout (`HashDropout`, fast under XLA) with
+    rate `dropout` acts on both layers' inputs and, with rate
+    `attention_dropout`, on the coefficients. `weight_decay` is the paper's
+    L2 coefficient: `weight_decay / 2 * ||W||^2` is added to the loss for
+    every kernel and attention vector (`tf.nn.l2_loss` in the paper's code,
+    `weight_decay` in PyTorch's Adam).
+
+    Args:
+        num_features: size `F` of the node features.
+        num_classes: number of classes.
+        hidden_units: units per head of the first layer (8).
+        num_heads: heads of the first layer (8).
+        output_heads: heads of the output layer, averaged (1; 8 for PubMed).
+        dropout: dropout rate of the layers' inputs (0.6).
+        attention_dropout: dropout rate of the coefficients; defaults to
+            `dropout`.
+        weight_decay: L2 coefficient (5e-4; 1e-3 for PubMed).
+        activation: activation of the first layer (`"elu"`).
+        version: `"v1"` (GAT) or `"v2"` (GATv2), for layers that take it.
+        attention: registry name of the graph attention layer; it must take
+            `[features (N, F), edges (2, E)]`.
+        attention_kwargs: extra constructor arguments of both layers.
+
+    Call arguments:
+        inputs: `[features (1, N, F), edges (1, 2, E)]`, edges as int
+            `(source, target)` rows, node ids in `[0, N)`.
+
+    Returns:
+        Logits `(1, N, num_classes)`.
+
+    Example:
+
+    ```python
+    graph = keras_attention.datasets.load_karate_club()
+    data = node_classification_data(graph)
+    model = GATNodeClassifier(num_features=34, num_classes=2)
+    model.compile()  # Adam(0.005), cross-entropy from logits, accuracy
+    model.fit(data.inputs, data.labels, sample_weight=data.train_weights,
+              validation_data=(data.inputs, data.labels, data.val_weights),
+              epochs=200, callbacks=[GATEarlyStopping(patience=100)])
+    ```
+
+    References:
+        - Veličković et al., Graph Attention Networks, ICLR 2018.
+          https://arxiv.org/abs/1710.10903
+    """
+
+    def __init__(
+        self,
+        num_features,
+        num_classes,
+        hidden_units=8,
+        num_heads=8,
+        output_heads=1,
+        dropout=0.6,
+        attention_dropout=None,
+        weight_decay=5e-4,
+        activation="elu",
+        version="v1",
+        attention="graph",
+        attention_kwargs=None,
+        **kwargs,
+    ):
+        base.check_positive_int("num_features", num_features)
+        base.check_positive_int("num_classes", num_classes)
+        base.check_positive_int("hidden_units", hidden_units)
+        base.check_positive_int("num_heads", num_heads)
+        base.check_positive_int("output_heads", output_heads)
+        base.check_rate("dropout", dropout)
+        attention_dropout = dropout if attention_dropout is None else attention_dropout
+        base.check_rate("attention_dropout", attention_dropout)
+        if isinstance(weight_decay, bool) or not (
+            isinstance(weight_decay, (int, float)) and weight_decay >= 0
+        ):
+            raise base.invalid("weight_decay", "a non-negative float", weight_decay)
+        attention = presets.check_attention_name(attention)
+        layer_class = registry.get_class(attention)
+        regularizer = keras.regularizers.L2(weight_decay / 2) if weight_decay else None
+
+        def graph_layer(units, heads, concat, layer_activation, name):
+            arguments = presets.fill_arguments(
+                layer_class,
+                {
+                    "units": units,
+                    "num_heads": heads,
+                    "concat_heads": concat,
+                    "dropout": attention_dropout,
+                    "activation": layer_activation,
+                    "version": version,
+                    "kernel_regularizer": regularizer,
+                },
+                attention_kwargs,
+            )
+            return layer_class(**arguments, name=name)
+
+        features = keras.Input(shape=(None, num_features), batch_size=1, name="features")
+        edges = keras.Input(shape=(2, None), batch_size=1, dtype="int32", name="edges")
+        x = GraphUnbatch(name="unbatch_features")(features)
+        edge_list = GraphUnbatch(name="unbatch_edges")(edges)
+        x = HashDropout(dropout, name="input_dropout")(x)
+        x = graph_layer(hidden_units, num_heads, True, activation, "graph_attention_1")(
+            [x, edge_list]
+        )
+        x = HashDropout(dropout, name="hidden_dropout")(x)
+        x = graph_layer(num_classes, output_heads, False, None, "graph_attention_2")(
+            [x, edge_list]
+        )
+        outputs = GraphBatch(name="logits")(x)
+        super().__init__(inputs=[features, edges], outputs=outputs, **kwargs)
+        self.input_spec = None
+
+        self.num_features = num_features
+        self.num_classes = num_classes
+        self.hidden_units = hidden_units
+        self.num_heads = num_heads
+        self.output_heads = output_heads
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.weight_decay = weight_decay
+        self.activation = activation
+        self.version = version
+        self.attention = attention
+        self.attention_kwargs = dict(attention_kwargs or {})
+
+    def check_inputs(self, inputs):
+        if not isinstance(inputs, (list, tuple)) or len(inputs) != 2:
+            raise ValueError(
+                "Received an invalid value for argument `inputs`, expected a "
+                "list [features (1, N, F), edges (1, 2, E)]. Received: "
+                f"inputs={inputs!r}"
+            )
+        features, edges = inputs
+        f_shape, e_shape = tuple(features.shape), tuple(edges.shape)
+        if len(f_shape) != 3 or f_shape[0] not in (None, 1) or f_shape[-1] not in (
+            None,
+            self.num_features,
+        ):
+            raise ValueError(
+                "Received an invalid value for argument `features`, expected "
+                f"a batch of one graph (1, N, {self.num_features}). "
+                f"Received: features.shape={f_shape}"
+            )
+        if len(e_shape) != 3 or e_shape[0] not in (None, 1) or e_shape[1] not in (
+            None,
+            2,
+        ):
+            raise ValueError(
+                "Received an invalid value for argument `edges`, expected "
+                "an edge list of one graph (1, 2, E) (source and target "
+                f"rows). Received: edges.shape={e_shape}"
+            )
+        dtype = keras.backend.standardize_dtype(edges.dtype)
+        if "int" not in dtype:
+            raise ValueError(
+                "Received an invalid value for argument `edges`, expected "
+                f"integer node ids. Received: edges.dtype={dtype}"
+            )
+        if isinstance(edges, np.ndarray) and edges.size:
+            num_nodes = f_shape[1]
+            low, high = int(edges.min()), int(edges.max())
+            if num_nodes is not None and (low < 0 or high >= num_nodes):
+                raise ValueError(
+                    "Received an invalid value for argument `edges`, expected "
+                    f"node ids in [0, {num_nodes}) for the {num_nodes} nodes "
+                    f"of features.shape={f_shape}. Received: edges with "
+                    f"values in [{low}, {high}]"
+                )
+
+    def compile(
+        self,
+        optimizer="auto",
+        loss="auto",
+        metrics="auto",
+        jit_compile="auto",
+        **kwargs,
+    ):
+        """`keras.Model.compile` with the paper's defaults.
+
+        `optimizer="auto"` is Adam with learning rate 0.005, `loss="auto"`
+        the sparse categorical cross-entropy from logits, `metrics="auto"`
+        the accuracy.
+        """
+        if optimizer == "auto":
+            optimizer = keras.optimizers.Adam(learning_rate=0.005)
+        if loss == "auto":
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        if metrics == "auto":
+            metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+        super().compile(
+            optimizer=optimizer,
+            loss=loss,
+            metrics=metrics,
+            jit_compile=jit_compile,
+            **kwargs,
+        )
+
+    def compile_from_config(self, config):
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    def attention_scores(self, inputs):
+        """The coefficients of both layers, run eagerly.
+
+        Args:
+            inputs: `[features (1, N, F), edges (1, 2, E)]`.
+
+        Returns:
+            A list of two `(E + N, heads)` arrays (one row per edge of
+            `keras_attention.layers.graph.with_self_loops(edges, N)` for
+            the `"graph"` layer), in layer order.
+        """
+        self.check_inputs(inputs)
+        features = ops.convert_to_tensor(inputs[0][0], dtype="float32")
+        edges = ops.convert_to_tensor(inputs[1][0], dtype="int32")
+        x, first = self.get_layer("graph_attention_1")(
+            [features, edges], return_attention_scores=True
+        )
+        _, second = self.get_layer("graph_attention_2")(
+            [x, edges], return_attention_scores=True
+        )
+        return [first, second]
+
+    def get_config(self):
+        return {
+            "num_features": self.num_features,
+            "num_classes": self.num_classes,
+            "hidden_units": self.hidden_units,
+            "num_heads": self.num_heads,
+            "output_heads": self.output_heads,
+            "dropout": self.dropout,
+            "attention_dropout": self.attention_dropout,
+            "weight_decay": self.weight_decay,
+            "activation": self.activation,
+            "version": self.version,
+            "attention": self.attention,
+            "attention_kwargs": self.attention_kwargs,
+            "name": self.name,
+            "trainable": self.trainable,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    @classmethod
+    def presets(cls):
+        """`{name: description}` of the presets of this class."""
+        return {
+            name: presets.get_preset(name).description
+            for name in presets.preset_names(cls.__name__)
+        }
+
+    @classmethod
+    def from_preset(cls, preset, **kwargs):
+        """The named configuration (`presets()`), updated with `kwargs`."""
+        spec = presets.get_preset(preset, cls.__name__)
+        config = dict(spec.config)
+        config.update(kwargs)
+        return cls(**config)
+
+
+class GATEarlyStopping(keras.callbacks.Callback):
+    """Early stopping of the GAT paper, on validation loss *and* accuracy.
+
+    Patience restarts whenever the validation accuracy reaches its best or
+    the validation loss its lowest; the weights of the last epoch that
+    improved both at once are restored at the end (as in the paper's code,
+    which checkpoints on that condition).
+
+    Args:
+        patience: epochs without improvement before stopping (100).
+        monitor_loss, monitor_accuracy: the logged names.
+    """
+
+    def __init__(
+        self, patience=100, monitor_loss="val_loss", monitor_accuracy="val_accuracy"
+    ):
+        super().__init__()
+        self.patience = base.check_positive_int("patience", patience)
+        self.monitor_loss = monitor_loss
+        self.monitor_accuracy = monitor_accuracy
+
+    def on_train_begin(self, logs=None):
+        self.best_loss = np.inf
+        self.best_accuracy = -np.inf
+        self.wait = 0
+        self.best_weights = None
+        self.best_epoch = None
+        self.stopped_epoch = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        loss, accuracy = logs.get(self.monitor_loss), logs.get(self.monitor_accuracy)
+        if loss is None or accuracy is None:
+            raise ValueError(
+                "GATEarlyStopping needs validation data: expected the logs "
+                f"{self.monitor_loss!r} and {self.monitor_accuracy!r}. "
+                f"Received: {sorted(logs)}"
+            )
+        if accuracy >= self.best_accuracy or loss <= self.best_loss:
+            if accuracy >= self.best_accuracy and loss <= self.best_loss:
+                self.best_weights = self.model.get_weights()
+                self.best_epoch = epoch
+            self.best_accuracy = max(accuracy, self.best_accuracy)
+            self.best_loss = min(loss, self.best_loss)
+            self.wait = 0
+        else:
+            self.wait += 1
+            if self.wait >= self.patience:
+                self.stopped_epoch = epoch
+                self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        if self.best_weights is not None:
+            self.model.set_weights(self.best_weights)
+
+
+for _name, _description, _overrides in (
+    (
+        "gat_cora",
+        "GAT of the paper for Cora (1433 features, 7 classes).",
+        dict(num_features=1433, num_classes=7),
+    ),
+    (
+        "gat_citeseer",
+        "GAT of the paper for CiteSeer (3703 features, 6 classes).",
+        dict(num_features=3703, num_classes=6),
+    ),
+    (
+        "gat_pubmed",
+        "GAT of the paper for PubMed (500 features, 3 classes, 8 output "
+        "heads, L2 1e-3).",
+        dict(num_features=500, num_classes=3, output_heads=8, weight_decay=1e-3),
+    ),
+    (
+        "gat_karate",
+        "GAT for Zachary's karate club (34 one-hot features, 2 classes).",
+        dict(num_features=34, num_classes=2),
+    ),
+):
+    presets.register_preset(_name, "GATNodeClassifier", _overrides, description=_description)
