@@ -18,6 +18,13 @@ layers stays light.
 """
 
 import importlib
+import os
+import sys
+
+if "tensorflow" not in sys.modules:
+    # TensorFlow's C++ start-up chatter (CUDA probing, CPU flags) hides the
+    # output of the command and of scripts; a user's own setting wins.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from keras_attention.version import __version__
 from keras_attention.registry import discover_plugins, get, get_class, names, register

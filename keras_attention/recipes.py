@@ -1,0 +1,222 @@
+"""The documented training recipes behind `keras-attention run` and `demo`.
+
+Each recipe loads its data (the embedded default, or a folder given by
+`--data`), builds the application, trains it with `fit` (XLA, Keras's
+progress bar), evaluates it, saves the `.keras` model and draws the
+attention pictures. `run` returns a `Result` with the metrics and the files.
+"""
+
+import dataclasses
+import os
+import sys
+import time
+from typing import Callable
+
+import keras
+import numpy as np
+
+
+@dataclasses.dataclass
+class Result:
+    task: str
+    model: str
+    metrics: dict
+    files: list
+    seconds: float
+    data: str
+    notes: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Recipe:
+    task: str
+    models: tuple
+    run: Callable
+    demo_epochs: int
+    quick_epochs: int = 1
+
+
+def _verbose():
+    # The progress bar on a terminal; one line per epoch in logs and CI.
+    return 1 if sys.stdout.isatty() else 2
+
+
+def _save(model, out, name):
+    path = os.path.join(out, f"{name}.keras")
+    model.save(path)
+    return path
+
+
+def _close(fig):
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+# Translation -----------------------------------------------------------------
+
+
+def run_translation(model_name, data, epochs, out, seed, quick=False):
+    from keras_attention import visualization
+    from keras_attention.applications import translation
+
+    start = time.time()
+    keras.utils.set_random_seed(seed)
+    if data is None:
+        size = (2000, 200, 200) if quick else (20000, 500, 500)
+        corpus = translation.load_translation_corpus(
+            None, num_train=size[0], num_val=size[1], num_test=size[2], seed=seed
+        )
+        preprocessor = translation.date_task_preprocessor()
+        preset, data_name = "tiny", "generated dates (embedded)"
+        epochs = epochs or (1 if quick else 10)
+    else:
+        corpus = translation.load_translation_corpus(data)
+        sources, targets = corpus["train"]
+        preprocessor = translation.TranslationPreprocessor.from_corpus(
+            sources, targets, vocabulary_size=8000
+        )
+        preset, data_name = "small", data
+        epochs = epochs or 10
+    cls = (
+        translation.TransformerTranslator
+        if model_name == "transformer"
+        else translation.Seq2SeqTranslator
+    )
+    model = cls.from_preset(preset, preprocessor=preprocessor)
+    model.compile()
+    x, y = model.prepare(*corpus["train"])
+    validation = model.prepare(*corpus["val"]) if "val" in corpus else None
+    model.fit(
+        x, y, validation_data=validation, epochs=epochs, batch_size=64,
+        verbose=_verbose(),
+    )
+    test_split = next(s for s in ("test", "test2016", "val") if s in corpus)
+    sources, references = corpus[test_split]
+    sources, references = list(sources)[:500], list(references)[:500]
+    metrics = model.evaluate_translations(sources, references)
+    files = [_save(model, out, f"translation_{model_name}")]
+    examples, maps = model.translate(sources[:3], return_attention=True)
+    for i, (text, attention) in enumerate(zip(examples, maps)):
+        path = os.path.join(out, f"translation_attention_{i}.png")
+        fig = visualization.plot_attention_heatmap(
+            attention["weights"],
+            attention["source_tokens"],
+            attention["target_tokens"],
+            title=f"{sources[i]!r} -> {text!r}",
+            path=path,
+        )
+        _close(fig)
+        files.append(path)
+    notes = [f"{s!r} -> {t!r}" for s, t in zip(sources[:3], examples)]
+    return Result(
+        "translation", model_name,
+        {k: round(float(v), 4) for k, v in metrics.items()},
+        files, time.time() - start, data_name, notes,
+    )
+
+
+# Classification --------------------------------------------------------------
+
+
+def _image_data(data, seed, quick):
+    from keras_attention import datasets
+
+    if data is None:
+        (x_train, y_train), (x_test, y_test) = datasets.load_digits_images(seed=seed)
+        name = "scikit-learn digits (embedded)"
+    else:
+        (x_train, y_train), (x_test, y_test) = datasets.load_mnist_t10k_split(data)
+        name = data
+    if quick:
+        x_train, y_train = x_train[:256], y_train[:256]
+    return (x_train, y_train), (x_test, y_test), name
+
+
+def run_classification(model_name, data, epochs, out, seed, quick=False):
+    from keras_attention import visualization
+    from keras_attention.applications import CBAMResNet, VisionTransformer
+
+    start = time.time()
+    keras.utils.set_random_seed(seed)
+    (x_train, y_train), (x_test, y_test), data_name = _image_data(data, seed, quick)
+    size = x_train.shape[1]
+    if model_name == "vit":
+        preset = "vit_digits" if size == 8 else "vit_mnist"
+        model = VisionTransformer.from_preset(preset, load_weights=False)
+    else:
+        preset = "cbam_resnet_digits" if size == 8 else "cbam_resnet_mnist"
+        model = CBAMResNet.from_preset(preset, load_weights=False)
+    model.compile(optimizer=keras.optimizers.Adam(2e-3), jit_compile=True)
+    model.fit(
+        x_train, y_train, validation_split=0.1, batch_size=64,
+        epochs=epochs or (1 if quick else 30), verbose=_verbose(),
+    )
+    loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
+    files = [_save(model, out, f"classification_{model_name}")]
+    images = x_test[:4]
+    cams = visualization.grad_cam(model, images)
+    for i in range(len(images)):
+        path = os.path.join(out, f"classification_gradcam_{i}.png")
+        _close(visualization.plot_image_overlay(images[i], cams[i], path=path))
+        files.append(path)
+    if model_name == "vit":
+        rollout = visualization.attention_rollout(model, images)
+        path = os.path.join(out, "classification_rollout_0.png")
+        _close(visualization.plot_image_overlay(images[0], rollout[0], path=path))
+        files.append(path)
+    return Result(
+        "classification", model_name,
+        {"accuracy": round(float(accuracy), 4), "loss": round(float(loss), 4)},
+        files, time.time() - start, data_name,
+    )
+
+
+TASKS = {
+    "translation": Recipe(
+        "translation", ("transformer", "rnn"), run_translation, demo_epochs=6
+    ),
+    "classification": Recipe(
+        "classification", ("cbam_resnet", "vit"), run_classification, demo_epochs=15
+    ),
+}
+DEMO_ORDER = [t for t in ("classification", "translation", "detection", "node-classification") if t in TASKS]
+
+
+def format_result(result):
+    lines = [
+        f"{result.task} / {result.model} on {result.data} "
+        f"({result.seconds:.0f} s)",
+        "  metrics: " + ", ".join(f"{k}={v}" for k, v in result.metrics.items()),
+    ]
+    lines += [f"  {note}" for note in result.notes]
+    lines += [f"  wrote {path}" for path in result.files]
+    return "\n".join(lines)
+
+
+def write_report(results, out, seconds):
+    """`report.md` in `out`: each task's metrics, notes and pictures."""
+    path = os.path.join(out, "report.md")
+    lines = [
+        "# keras_attention demo",
+        "",
+        f"All applications on their embedded data, {seconds / 60:.1f} minutes in all.",
+        "",
+        "| task | model | data | metrics | seconds |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        metrics = ", ".join(f"{k} {v}" for k, v in r.metrics.items())
+        lines.append(f"| {r.task} | {r.model} | {r.data} | {metrics} | {r.seconds:.0f} |")
+    for r in results:
+        lines += ["", f"## {r.task} ({r.model})", ""]
+        lines += [f"- {note}" for note in r.notes]
+        for file in r.files:
+            rel = os.path.relpath(file, out)
+            if file.endswith(".png"):
+                lines.append(f"![{rel}]({rel})")
+            else:
+                lines.append(f"- model: `{rel}`")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
