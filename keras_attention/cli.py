@@ -71,6 +71,9 @@ def build_parser():
     run.add_argument("--epochs", type=_positive_int, help="training epochs")
     run.add_argument("--out", default="keras_attention_out", help="output folder")
     run.add_argument("--seed", type=int, default=0, help="random seed")
+    run.add_argument(
+        "--quick", action="store_true", help="a small slice of the data (a smoke test)"
+    )
 
     demo = commands.add_parser(
         "demo",
@@ -126,6 +129,7 @@ def command_run(args):
         epochs=args.epochs,
         out=args.out,
         seed=args.seed,
+        quick=args.quick,
     )
     print(recipes.format_result(result))
     return EXIT_OK

@@ -1,0 +1,53 @@
+"""The keras-attention command: help, errors, list, and a one-epoch run."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from keras_attention import cli
+
+
+def run_cli(*args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run(
+        [sys.executable, "-m", "keras_attention", *args],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+
+
+def test_help_and_bad_arguments(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--help"])
+    assert info.value.code == 0
+    assert "demo" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        cli.main(["run", "poetry"])
+    assert info.value.code == cli.EXIT_USAGE
+    assert "invalid choice" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        cli.main(["run", "classification", "--epochs", "0"])
+    assert info.value.code == cli.EXIT_USAGE
+    assert cli.main(["run", "classification", "--model", "alexnet"]) == cli.EXIT_USAGE
+    assert "--model" in capsys.readouterr().err
+    assert cli.main(["run", "classification", "--data", "/no/such/folder"]) == cli.EXIT_USAGE
+
+
+def test_list_shows_layers_applications_and_presets(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    for word in ("multi_head", "graph", "local_window", "translation", "vit_digits"):
+        assert word in out
+
+
+def test_module_entry_point_and_one_epoch_run(tmp_path):
+    result = run_cli(
+        "run", "classification", "--model", "cbam_resnet", "--epochs", "1",
+        "--quick", "--out", str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "accuracy=" in result.stdout
+    assert (tmp_path / "classification_cbam_resnet.keras").stat().st_size > 0
+    pictures = list(tmp_path.glob("*.png"))
+    assert pictures and all(p.stat().st_size > 0 for p in pictures)
