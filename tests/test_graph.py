@@ -18,6 +18,13 @@ def numpy(x):
     return keras.ops.convert_to_numpy(x)
 
 
+def compiled(fn):
+    """`fn` compiled with XLA on TensorFlow (other backends: eager)."""
+    if keras.backend.backend() == "tensorflow":
+        return tf.function(fn, jit_compile=True)
+    return fn
+
+
 def layer_for(inputs, seed=0, **kwargs):
     keras.utils.set_random_seed(seed)
     layer = GraphAttention(**{"units": 3, "num_heads": 2, **kwargs})
@@ -238,7 +245,7 @@ def test_dense_path_compiles_with_xla_and_mixed_precision():
     inputs = simple_graph(rng, edge_dim=2)
     dense = to_dense(inputs)
     layer = layer_for(inputs, version="v2", dropout=0.5, seed=1)
-    step = tf.function(lambda d: layer(d, training=True), jit_compile=True)
+    step = compiled(lambda d: layer(d, training=True))
     out = numpy(step(dense))
     assert np.all(np.isfinite(out)) and out.shape == (6, 6)
     low = GraphAttention(3, num_heads=2, version="v2", dtype="mixed_bfloat16")
@@ -259,7 +266,7 @@ def test_dropout_on_coefficients():
     assert not np.allclose(first, out) and not np.allclose(first, second)
     # Dropped coefficients are exactly zero, kept ones scaled by 1/(1-rate):
     # the expectation of the output is the output without dropout.
-    step = tf.function(lambda: layer(inputs, training=True))
+    step = compiled(lambda: layer(inputs, training=True))
     runs = np.mean([numpy(step()) for _ in range(200)], axis=0)
     assert np.abs(runs - out).mean() < 0.1 * np.abs(out).mean()
 
@@ -274,18 +281,28 @@ def numpy_lowbias32(x):
     return x
 
 
+def numpy_hash_bits(shape, seed):
+    """`hash_bits` for an int seed, in NumPy uint32 arithmetic."""
+    s0, s1 = np.uint32(seed), np.uint32(0)
+    multiplier = numpy_lowbias32(s0 ^ numpy_lowbias32(s1)) | np.uint32(1)
+    offset = numpy_lowbias32(multiplier + s1)
+    counter = np.arange(np.prod(shape), dtype="uint32").reshape(shape)
+    return numpy_lowbias32(counter * multiplier + offset).view("int32")
+
+
 def test_hash_bits_match_numpy_and_look_uniform():
     words = np.array([0, 1, 2, 12345, 2**31 - 1, -(2**31), -1], "int32")
     expected = numpy_lowbias32(words.view("uint32")).view("int32")
     np.testing.assert_array_equal(numpy(graph._mix32(words)), expected)
     bits = numpy(graph.hash_bits((200, 500), 7))
-    assert bits.min() >= 0
-    u = bits / 2.0**31
+    np.testing.assert_array_equal(bits, numpy_hash_bits((200, 500), 7))
+    u = (bits.astype("float64") + 2.0**31) / 2.0**32
     assert abs(u.mean() - 0.5) < 0.005 and abs(u.var() - 1 / 12) < 0.005
     # Neighbouring elements are uncorrelated; the same seed repeats.
     assert abs(np.corrcoef(u.ravel()[:-1], u.ravel()[1:])[0, 1]) < 0.01
+    assert abs(np.corrcoef(u.ravel()[:-500], u.ravel()[500:])[0, 1]) < 0.01
     np.testing.assert_array_equal(numpy(graph.hash_bits((200, 500), 7)), bits)
-    other = numpy(graph.hash_bits((200, 500), 8)) / 2.0**31
+    other = (numpy(graph.hash_bits((200, 500), 8)) + 2.0**31) / 2.0**32
     assert abs(np.corrcoef(u.ravel(), other.ravel())[0, 1]) < 0.01
 
 
@@ -298,6 +315,11 @@ def test_hash_dropout_keeps_the_expected_share_and_changes_per_step():
     np.testing.assert_allclose(a[a > 0], 1 / 0.4, rtol=1e-6)
     agree = ((a > 0) == (b > 0)).mean()
     assert abs(agree - (0.4**2 + 0.6**2)) < 0.01  # independent masks
+    # ... also up to a shift (two steps are not shifted copies of one stream).
+    flat_a, flat_b = a.ravel() > 0, b.ravel() > 0
+    for shift in range(1, 64):
+        agree = (flat_a[shift:] == flat_b[:-shift]).mean()
+        assert abs(agree - 0.52) < 0.01, shift
     layer = HashDropout(0.3, seed=1)
     np.testing.assert_array_equal(numpy(layer(x)), x)
     assert abs((numpy(layer(x, training=True)) > 0).mean() - 0.7) < 0.01

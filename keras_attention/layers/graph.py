@@ -56,12 +56,14 @@ def _seed_words(seed):
 
 
 def hash_bits(shape, seed):
-    """31 uniform random bits per element, as non-negative int32 `shape`.
+    """32 uniform random bits per element, as an int32 tensor of `shape`.
 
-    A counter-based generator: the bits of element `i` are a hash of `i` and
-    the seed (two rounds of `lowbias32`, the seed mixed into each), so the
-    whole tensor is a few element-wise integer operations that XLA fuses
-    into one loop, with no random-number state beyond the seed.
+    A counter-based generator: element `i` gets `lowbias32(i * a + b)`,
+    where the odd multiplier `a` and the offset `b` are hashes of the seed.
+    Two seeds map the counters to unrelated arithmetic progressions modulo
+    `2**32`, so their bits are unrelated; the whole tensor is a dozen
+    element-wise integer operations that XLA fuses into one loop, with no
+    random-number state beyond the seed.
 
     Args:
         shape: a static shape (tuple of ints).
@@ -69,12 +71,11 @@ def hash_bits(shape, seed):
             an int, or a `(2,)` int tensor.
     """
     s0, s1 = _seed_words(seed)
-    k0 = _mix32(ops.add(_mix32(ops.bitwise_xor(s1, np.int32(0x3C6EF372))), s0))
-    k1 = _mix32(ops.bitwise_xor(k0, ops.add(s1, np.int32(0x1B873593))))
+    multiplier = ops.bitwise_or(_mix32(ops.bitwise_xor(s0, _mix32(s1))), 1)
+    offset = _mix32(ops.add(multiplier, s1))
     size = int(np.prod(shape, dtype="int64"))
     counter = ops.reshape(ops.arange(size, dtype="int32"), shape)
-    bits = _mix32(ops.add(_mix32(ops.bitwise_xor(counter, k0)), k1))
-    return _shift_right(bits, 1)
+    return _mix32(ops.add(ops.multiply(counter, multiplier), offset))
 
 
 def hash_dropout(inputs, rate, seed):
@@ -114,7 +115,8 @@ def hash_dropout(inputs, rate, seed):
             "Received an invalid value for argument `inputs`, expected a "
             f"tensor with a static shape. Received: inputs.shape={shape}"
         )
-    threshold = int(round(rate * (1 << 31)))
+    # The bits are uniform over the int32 range [-2**31, 2**31).
+    threshold = int(round(rate * (1 << 32))) - (1 << 31)
     keep = ops.greater_equal(hash_bits(shape, seed), threshold)
     scale = ops.cast(1.0 / (1.0 - rate), inputs.dtype)
     return ops.where(keep, inputs * scale, ops.zeros_like(inputs))
