@@ -9,6 +9,23 @@ from keras_attention.visualization import maps as maps_lib
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
+def _check_options(head_fusion, discard_ratio):
+    if head_fusion not in HEAD_FUSIONS:
+        raise ValueError(
+            "Received an invalid value for argument `head_fusion`, expected "
+            f"one of {HEAD_FUSIONS}. Received: head_fusion={head_fusion!r}"
+        )
+    if (
+        isinstance(discard_ratio, bool)
+        or not isinstance(discard_ratio, (int, float))
+        or not 0.0 <= discard_ratio < 1.0
+    ):
+        raise ValueError(
+            "Received an invalid value for argument `discard_ratio`, expected "
+            f"a float in [0, 1). Received: discard_ratio={discard_ratio!r}"
+        )
+
+
 def rollout_matrices(attentions, head_fusion="mean", discard_ratio=0.0):
     """The rolled-out attention `(B, N, N)` of a list of layers' weights.
 
@@ -28,20 +45,7 @@ def rollout_matrices(attentions, head_fusion="mean", discard_ratio=0.0):
     Returns:
         A NumPy array `(B, N, N)`.
     """
-    if head_fusion not in HEAD_FUSIONS:
-        raise ValueError(
-            "Received an invalid value for argument `head_fusion`, expected "
-            f"one of {HEAD_FUSIONS}. Received: head_fusion={head_fusion!r}"
-        )
-    if (
-        isinstance(discard_ratio, bool)
-        or not isinstance(discard_ratio, (int, float))
-        or not 0.0 <= discard_ratio < 1.0
-    ):
-        raise ValueError(
-            "Received an invalid value for argument `discard_ratio`, expected "
-            f"a float in [0, 1). Received: discard_ratio={discard_ratio!r}"
-        )
+    _check_options(head_fusion, discard_ratio)
     if not attentions:
         raise ValueError(
             "Received an invalid value for argument `attentions`, expected a "
@@ -139,6 +143,7 @@ def attention_rollout(
         - Abnar & Zuidema, Quantifying Attention Flow in Transformers, ACL
           2020. https://arxiv.org/abs/2005.00928
     """
+    _check_options(head_fusion, discard_ratio)
     images = np.asarray(images)
     if images.ndim != 4:
         raise ValueError(

@@ -1,0 +1,490 @@
+"""Attention maps of any model, rollout, Grad-CAM and the plots."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from keras_attention import layers as ka_layers
+from keras_attention import visualization as vis
+from keras_attention.applications import CBAMResNet
+from keras_attention.applications import VisionTransformer
+from keras_attention.datasets import box_to_mask
+from keras_attention.datasets import load_digits_images
+from keras_attention.datasets import place_digit_on_canvas
+from keras_attention.layers.graph import GraphAttention
+from keras_attention.layers.graph import with_self_loops
+from keras_attention.visualization import cam as cam_lib
+
+
+def np_(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def rand(*shape, seed=0):
+    return np.random.default_rng(seed).random(shape).astype("float32")
+
+
+def two_mha_sequential():
+    return keras.Sequential(
+        [
+            keras.Input((6, 8)),
+            ka_layers.MultiHeadAttention(2, 4, name="mha_1"),
+            ka_layers.MultiHeadAttention(2, 4, name="mha_2"),
+        ],
+        name="encoder",
+    )
+
+
+def cbam_cnn(activation=None, size=12, seed=0):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((size, size, 1))
+    x = keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="conv")(
+        inputs
+    )
+    x = ka_layers.CBAM(reduction=2, kernel_size=3, name="cbam")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    outputs = keras.layers.Dense(3, activation=activation, name="logits")(x)
+    return keras.Model(inputs, outputs)
+
+
+def tiny_vit(pooling="auto", seed=0):
+    keras.utils.set_random_seed(seed)
+    return VisionTransformer(
+        image_size=8, patch_size=2, num_classes=3, hidden_dim=16, depth=3,
+        num_heads=2, mlp_dim=16, num_channels=1, pooling=pooling,
+    )
+
+
+@pytest.fixture(scope="module")
+def vit():
+    return tiny_vit()
+
+
+@pytest.fixture(scope="module")
+def vit_mean():
+    return tiny_vit(pooling="mean")
+
+
+def no_leftover_patches(model):
+    return not any(
+        "call" in layer.__dict__ for _, layer in vis._hooks.walk(model)
+    )
+
+
+# attention_maps ----------------------------------------------------------------
+
+
+def test_attention_maps_sequential_matches_layer_calls():
+    model = two_mha_sequential()
+    x = rand(3, 6, 8)
+    before = np_(model(x))
+    maps = vis.attention_maps(model, x)
+    assert list(maps) == ["mha_1", "mha_2"]
+    h, w1 = model.layers[0](x, return_attention_scores=True)
+    _, w2 = model.layers[1](h, return_attention_scores=True)
+    np.testing.assert_allclose(maps["mha_1"], np_(w1), atol=1e-6)
+    np.testing.assert_allclose(maps["mha_2"], np_(w2), atol=1e-6)
+    assert maps["mha_2"].shape == (3, 2, 6, 6)
+    # The model is left as it was.
+    assert no_leftover_patches(model)
+    np.testing.assert_allclose(np_(model(x)), before, atol=1e-6)
+
+
+def test_attention_maps_functional_cbam_gives_both_maps():
+    model = cbam_cnn()
+    x = rand(2, 12, 12, 1)
+    maps = vis.attention_maps(model, x)
+    channel, spatial = maps["cbam"]
+    assert channel.shape == (2, 8) and spatial.shape == (2, 12, 12, 1)
+    features = model.get_layer("conv")(x)
+    _, (c_ref, s_ref) = model.get_layer("cbam")(features, return_attention_scores=True)
+    np.testing.assert_allclose(channel, np_(c_ref), atol=1e-6)
+    np.testing.assert_allclose(spatial, np_(s_ref), atol=1e-6)
+
+
+def test_attention_maps_nested_model_uses_paths():
+    inner = two_mha_sequential()
+    inputs = keras.Input((6, 8))
+    x = inner(inputs)
+    x = ka_layers.AdditiveAttention(4, name="additive")([x, x])
+    model = keras.Model(inputs, x)
+    x = rand(2, 6, 8)
+    maps = vis.attention_maps(model, x)
+    assert list(maps) == ["encoder/mha_1", "encoder/mha_2", "additive"]
+    inner_maps = vis.attention_maps(inner, x)
+    np.testing.assert_allclose(maps["encoder/mha_2"], inner_maps["mha_2"], atol=1e-6)
+    assert maps["additive"].shape == (2, 6, 6)
+    assert list(vis.attention_maps(model, x, layers=["mha_1"])) == ["encoder/mha_1"]
+
+
+class SharedAttention(keras.Model):
+    """Calls one layer twice and asks for the scores itself once."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = ka_layers.MultiHeadAttention(2, 4, name="shared")
+
+    def call(self, x):
+        y, scores = self.attention(x, return_attention_scores=True)
+        return self.attention(y) + keras.ops.mean(scores)
+
+
+def test_attention_maps_subclassed_shared_layer_and_caller_scores():
+    model = SharedAttention()
+    x = rand(2, 5, 8)
+    before = np_(model(x))
+    maps = vis.attention_maps(model, x)
+    assert isinstance(maps["shared"], list) and len(maps["shared"]) == 2
+    assert maps["shared"][1].shape == (2, 2, 5, 5)
+    np.testing.assert_allclose(np_(model(x)), before, atol=1e-6)
+    assert no_leftover_patches(model)
+
+
+def test_attention_maps_window_and_graph_layers():
+    inputs = keras.Input((8, 8, 4))
+    x = ka_layers.LocalWindowAttention(2, window_size=4, name="window")(inputs)
+    windows = vis.attention_maps(keras.Model(inputs, x), rand(2, 8, 8, 4))
+    assert windows["window"].shape == (2, 4, 2, 16, 16)  # (B, nW, H, T, T)
+
+    class Gat(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.gat = GraphAttention(4, num_heads=2, name="gat")
+
+        def call(self, inputs):
+            return self.gat(inputs)
+
+    edges = np.array([[0, 1, 2, 3], [1, 2, 3, 0]], "int32")
+    coefficients = vis.attention_maps(Gat(), [rand(4, 3), edges])["gat"]
+    assert coefficients.shape == (4 + 4, 2)  # edges, then self loops
+    # Each node's incoming coefficients sum to 1.
+    targets = np_(with_self_loops(edges, 4))[1]
+    np.testing.assert_allclose(
+        np.bincount(targets, coefficients[:, 0]), np.ones(4), atol=1e-5
+    )
+
+
+def test_attention_maps_vit_matches_the_application(vit):
+    model = vit
+    x = rand(2, 8, 8, 1)
+    maps = vis.attention_maps(model, x)
+    assert list(maps) == [f"backbone/block_{i}/attention" for i in range(3)]
+    for got, expected in zip(maps.values(), model.attention_scores(x)):
+        np.testing.assert_allclose(got, np_(expected), atol=1e-6)
+
+
+def test_attention_maps_without_attention_layers_raises():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="no attention layer"):
+        vis.attention_maps(model, rand(1, 3))
+
+
+# attention_rollout -------------------------------------------------------------
+
+
+def numpy_rollout(weights, fusion="mean", discard=0.0):
+    """Abnar & Zuidema's rollout, one example and one matrix at a time."""
+    batch, n = weights[0].shape[0], weights[0].shape[-1]
+    result = np.zeros((batch, n, n))
+    for b in range(batch):
+        rolled = np.eye(n)
+        for layer in weights:
+            a = {"mean": np.mean, "max": np.max, "min": np.min}[fusion](
+                layer[b].astype("float64"), axis=0
+            )
+            count = int(n * (n - 1) * discard)
+            pairs = sorted(
+                ((a[i, j], i * n + j) for i in range(n) for j in range(n) if i != j),
+                key=lambda pair: pair[0],
+            )
+            for _, index in pairs[:count]:
+                a[index // n, index % n] = 0.0
+            a = 0.5 * a + 0.5 * np.eye(n)
+            a = a / a.sum(axis=1, keepdims=True)
+            rolled = a @ rolled
+        result[b] = rolled
+    return result
+
+
+@pytest.mark.parametrize(
+    "fusion, discard", [("mean", 0.0), ("max", 0.3), ("min", 0.0)]
+)
+def test_rollout_matches_numpy(vit, fusion, discard):
+    model = vit
+    x = rand(2, 8, 8, 1)
+    weights = [np_(w) for w in model.attention_scores(x)]
+    expected = numpy_rollout(weights, fusion, discard)[:, 0, 1:].reshape(2, 4, 4)
+    got = vis.attention_rollout(model, x, head_fusion=fusion, discard_ratio=discard)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_rollout_without_class_token_averages_rows_and_upsamples(vit_mean):
+    model = vit_mean
+    x = rand(2, 8, 8, 1)
+    weights = [np_(w) for w in model.attention_scores(x)]
+    expected = numpy_rollout(weights).mean(axis=1).reshape(2, 4, 4)
+    np.testing.assert_allclose(vis.attention_rollout(model, x), expected, atol=1e-5)
+    up = vis.attention_rollout(model, x, upsample=True)
+    assert up.shape == (2, 8, 8)
+    # Bilinear upsampling keeps the mean of a 2x upscaled map.
+    np.testing.assert_allclose(up.mean(axis=(1, 2)), expected.mean(axis=(1, 2)), rtol=0.05)
+
+
+def test_rollout_rejects_bad_arguments(vit):
+    model = vit
+    with pytest.raises(ValueError, match="head_fusion"):
+        vis.attention_rollout(model, rand(1, 8, 8, 1), head_fusion="sum")
+    with pytest.raises(ValueError, match="discard_ratio"):
+        vis.attention_rollout(model, rand(1, 8, 8, 1), discard_ratio=1.0)
+
+
+# grad_cam -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", cam_lib.METHODS)
+def test_grad_cam_tape_path_matches_tf_keras_vis(method):
+    model = cbam_cnn(activation="softmax")
+    x = rand(3, 12, 12, 1)
+    target = vis.find_cam_target(model, x)
+    assert target.path == "cbam" and cam_lib._tf_keras_vis_applies(model, target)
+    indices = cam_lib.class_indices(model, x)
+    for options in (dict(), dict(expand=False, normalize=False)):
+        reference = cam_lib.tf_keras_vis_cam(model, x, indices, target, method, **options)
+        got = cam_lib.tape_cam(model, x, indices, target, method, **options)
+        scale = max(float(np.abs(reference).max()), 1e-12)
+        np.testing.assert_allclose(got / scale, reference / scale, atol=1e-4)
+    assert model.get_layer("logits").activation is keras.activations.softmax
+
+
+def test_grad_cam_is_the_class_activation_map_for_gap_models():
+    # conv -> GAP -> linear: Grad-CAM = ReLU(sum_k W[k, c] A_k) / (h w).
+    model = cbam_cnn()
+    x = rand(2, 12, 12, 1)
+    cam = vis.grad_cam(model, x, class_index=[0, 2], expand=False, normalize=False)
+    features = np_(model.get_layer("cbam")(model.get_layer("conv")(x)))
+    kernel = np_(model.get_layer("logits").kernel)
+    expected = np.maximum(features @ kernel[:, [0, 2]], 0)
+    expected = np.stack([expected[0, ..., 0], expected[1, ..., 1]]) / 144
+    np.testing.assert_allclose(cam, expected, rtol=1e-4, atol=1e-8)
+
+
+def test_grad_cam_of_tokens_matches_the_feature_map():
+    # Tokens reshaped from a conv map: the map of the tokens (tape path)
+    # equals tf-keras-vis's map of the conv layer.
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((8, 8, 1))
+    grid = keras.layers.Conv2D(8, 2, strides=2, name="patches")(inputs)
+    tokens = keras.layers.Reshape((16, 8), name="tokens")(grid)
+    x = ka_layers.MultiHeadAttention(2, 4, name="mha")(tokens)
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    model = keras.Model(inputs, keras.layers.Dense(3)(x))
+    x = rand(2, 8, 8, 1)
+    on_tokens = vis.grad_cam(model, x, layer="tokens")
+    on_grid = vis.grad_cam(model, x, layer="patches")
+    np.testing.assert_allclose(on_tokens, on_grid, atol=1e-5)
+    # By default a token model uses the tokens entering its last attention.
+    assert vis.find_cam_target(model, x).path == "mha"
+    assert vis.find_cam_target(model, x).use_input
+
+
+def test_grad_cam_on_applications_and_subclassed_models(vit):
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.conv = keras.layers.Conv2D(4, 3, padding="same", activation="relu")
+            self.attention = ka_layers.CBAM(
+                reduction=2, kernel_size=3, name="attention"
+            )
+            self.pool = keras.layers.GlobalAveragePooling2D()
+            self.head = keras.layers.Dense(3)
+
+        def call(self, x):
+            return self.head(self.pool(self.attention(self.conv(x))))
+
+    keras.utils.set_random_seed(0)
+    resnet = CBAMResNet(image_size=8, num_classes=3, num_channels=1, filters=(4, 8))
+    x = rand(2, 8, 8, 1)
+    for model, path in [
+        (vit, "backbone/block_2/attention"),
+        (resnet, "backbone/block_1_0"),
+        (Subclassed(), "attention"),
+    ]:
+        assert vis.find_cam_target(model, x).path == path
+        for method in cam_lib.METHODS:
+            cam = vis.grad_cam(model, x, method=method, max_channels=4)
+            assert cam.shape == (2, 8, 8)
+            assert np.isfinite(cam).all()
+            assert cam.min() >= 0 and cam.max() <= 1 + 1e-6
+        assert no_leftover_patches(model)
+
+
+def test_grad_cam_rejects_bad_arguments():
+    model = cbam_cnn()
+    x = rand(2, 12, 12, 1)
+    with pytest.raises(ValueError, match="method"):
+        vis.grad_cam(model, x, method="cam")
+    with pytest.raises(ValueError, match="class_index"):
+        vis.grad_cam(model, x, class_index=[0, 1, 2])
+    with pytest.raises(ValueError, match="layer"):
+        vis.grad_cam(model, x, layer="nope")
+    with pytest.raises(ValueError, match="images"):
+        vis.grad_cam(model, x[0])
+
+
+def digits_on_canvas(digits, seed, size=32):
+    """Each digit at a random place, and a same-sized patch of random ink
+    elsewhere (a distractor: a saliency map that just follows the ink finds
+    the digit about half the time)."""
+    rng = np.random.default_rng(seed)
+    images, boxes = [], []
+    for i, digit in enumerate(digits):
+        canvas, box = place_digit_on_canvas(digit, size, seed=seed + i)
+        free = ~box_to_mask(box, size)
+        for _ in range(100):
+            top, left = rng.integers(0, size - 8 + 1, 2)
+            if free[max(top - 1, 0) : top + 9, max(left - 1, 0) : left + 9].all():
+                break
+        noise = (rng.random((8, 8)) < 0.35) * rng.uniform(0.5, 1.0, (8, 8))
+        region = canvas[top : top + 8, left : left + 8, 0]
+        region[...] = np.maximum(region, noise)
+        images.append(canvas)
+        boxes.append(box)
+    return np.stack(images).astype("float32"), np.stack(boxes)
+
+
+def peak_in_box(cams, boxes):
+    size = cams.shape[1]
+    return float(
+        np.mean(
+            [
+                box_to_mask(box, size)[np.unravel_index(np.argmax(cam), cam.shape)]
+                for cam, box in zip(cams, boxes)
+            ]
+        )
+    )
+
+
+def test_grad_cam_peak_falls_on_the_digit():
+    (x_train, y_train), (x_test, y_test) = load_digits_images()
+    images, _ = digits_on_canvas(x_train, seed=0)
+    test_images, boxes = digits_on_canvas(x_test[:100], seed=10_000)
+    labels = y_test[:100]
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((32, 32, 1))
+    x = keras.layers.Conv2D(32, 3, padding="same", activation="relu",
+                            kernel_initializer="he_normal")(inputs)
+    x = keras.layers.MaxPooling2D()(x)
+    x = keras.layers.Conv2D(64, 3, padding="same", activation="relu",
+                            kernel_initializer="he_normal")(x)
+    x = ka_layers.CBAM(reduction=4, name="cbam")(x)
+    x = keras.layers.GlobalMaxPooling2D()(x)
+    model = keras.Model(inputs, keras.layers.Dense(10)(x))
+    untrained = peak_in_box(vis.grad_cam(model, test_images, labels), boxes)
+    model.compile(
+        keras.optimizers.Adam(3e-3),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    model.fit(images, y_train, epochs=2, batch_size=32, verbose=0)
+    accuracy = model.evaluate(test_images, labels, verbose=0)[1]
+    grad = peak_in_box(vis.grad_cam(model, test_images, labels), boxes)
+    plus = peak_in_box(
+        vis.grad_cam(model, test_images, labels, method="gradcam++"), boxes
+    )
+    area = np.mean([box_to_mask(b, 32).mean() for b in boxes])
+    # Measured (seed 0): accuracy 0.79, box area 4.6 %, peak in the box for
+    # Grad-CAM 0.88 (untrained 0.30), Grad-CAM++ 0.98.
+    assert accuracy > 0.5, accuracy
+    assert grad >= 0.6 and plus >= 0.8, (grad, plus)
+    assert grad >= untrained + 0.2 and grad > 5 * area, (grad, untrained, area)
+
+
+# plots ------------------------------------------------------------------------
+
+
+def assert_png(path):
+    with open(path, "rb") as f:
+        head = f.read(8)
+    assert head == b"\x89PNG\r\n\x1a\n" and os.path.getsize(path) > 1000
+
+
+def test_plot_attention_heatmap(tmp_path):
+    weights = np.random.default_rng(0).dirichlet(np.ones(5), size=(2, 4))  # (H, T, S)
+    path = tmp_path / "out" / "heatmap.png"
+    fig = vis.plot_attention_heatmap(
+        weights, list("abcde"), ["w", "x", "y"], title="t", path=path
+    )
+    assert isinstance(fig, Figure)
+    assert_png(path)
+    shown = fig.axes[0].images[0].get_array()
+    # Heads averaged, the padded last target row cropped.
+    np.testing.assert_allclose(shown, weights.mean(axis=0)[:3], atol=1e-6)
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == list("abcde")
+    with pytest.raises(ValueError, match="source_tokens"):
+        vis.plot_attention_heatmap(weights[0], list("abcdefg"))
+
+
+def test_plot_image_overlay(tmp_path):
+    image = rand(16, 16, 1)
+    fig = vis.plot_image_overlay(image, rand(4, 4), alpha=0.3, path=tmp_path / "o.png")
+    assert isinstance(fig, Figure)
+    assert_png(tmp_path / "o.png")
+    overlay = fig.axes[0].images[1]
+    assert overlay.get_array().shape == (16, 16) and overlay.get_alpha() == 0.3
+    fig = vis.plot_image_overlay(
+        rand(16, 16, 3), {"a": rand(4, 4), "b": rand(16, 16)}, path=tmp_path / "m.png"
+    )
+    assert len(fig.axes) == 4  # image, two overlays, colour bar
+    assert_png(tmp_path / "m.png")
+    with pytest.raises(ValueError, match="alpha"):
+        vis.plot_image_overlay(image, rand(4, 4), alpha=2)
+
+
+def test_plot_detections(tmp_path):
+    image = rand(32, 32)
+    boxes = [[0.25, 0.25, 0.25, 0.25], [0.75, 0.5, 0.25, 0.5]]
+    fig = vis.plot_detections(
+        image, boxes, [3, 7], [0.9, 0.6], attention_maps=rand(2, 16),
+        path=tmp_path / "d.png",
+    )
+    assert isinstance(fig, Figure) and len(fig.axes) == 3
+    assert_png(tmp_path / "d.png")
+    rectangle = fig.axes[0].patches[1]
+    # (cx, cy, w, h) = (0.75, 0.5, 0.25, 0.5) on 32 pixels: x 20..28, y 8..24.
+    assert rectangle.get_width() == pytest.approx(8) and rectangle.get_height() == pytest.approx(16)
+    assert rectangle.get_x() == pytest.approx(19.5) and rectangle.get_y() == pytest.approx(7.5)
+    assert fig.axes[2].get_title() == "7 0.60"
+    fig = vis.plot_detections(image, boxes, [1, 2], box_format="xyxy")
+    assert len(fig.axes) == 1
+    with pytest.raises(ValueError, match="labels"):
+        vis.plot_detections(image, boxes, [1])
+
+
+def test_plot_graph_attention(tmp_path):
+    edges = np.array([[0, 1, 2, 3, 1], [1, 2, 3, 0, 0]], "int32")
+    layer = GraphAttention(4, num_heads=2)
+    features = rand(4, 3)
+    _, coefficients = layer([features, edges], return_attention_scores=True)
+    fig = vis.plot_graph_attention(
+        edges, np_(coefficients), labels=[0, 1, 1, 0], path=tmp_path / "g.png"
+    )
+    assert isinstance(fig, Figure)
+    assert_png(tmp_path / "g.png")
+    arrows = fig.axes[0].patches
+    assert len(arrows) == 5  # self loops are not drawn
+    widths = [a.get_linewidth() for a in arrows]
+    mean = np_(coefficients)[:5].mean(axis=1)
+    assert np.argsort(widths).tolist() == np.argsort(mean).tolist()
+    # A dense adjacency's (H, N, N) coefficients give the same drawing.
+    adjacency = np.zeros((4, 4), bool)
+    adjacency[edges[1], edges[0]] = True
+    _, dense = layer([features, adjacency], return_attention_scores=True)
+    fig = vis.plot_graph_attention(edges, np_(dense), labels=[0, 1, 1, 0])
+    np.testing.assert_allclose(
+        [a.get_linewidth() for a in fig.axes[0].patches], widths, rtol=1e-4
+    )
+    with pytest.raises(ValueError, match="coefficients"):
+        vis.plot_graph_attention(edges, np.ones(3))
