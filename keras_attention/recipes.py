@@ -172,12 +172,83 @@ def run_classification(model_name, data, epochs, out, seed, quick=False):
     )
 
 
+# Node classification ---------------------------------------------------------
+
+
+def run_node_classification(model_name, data, epochs, out, seed, quick=False):
+    from keras_attention import datasets, visualization
+    from keras_attention.applications import node_classification as nc
+
+    start = time.time()
+    keras.utils.set_random_seed(seed)
+    if data is None:
+        graph = datasets.load_karate_club(seed=seed)
+        data_name = "Zachary's karate club (networkx, embedded)"
+    else:
+        name = next(
+            (n for n in ("cora", "citeseer", "pubmed")
+             if os.path.exists(os.path.join(data, f"ind.{n}.graph"))),
+            None,
+        )
+        if name is None:
+            raise ValueError(
+                f"--data {data}: expected a Planetoid folder with "
+                "ind.<cora|citeseer|pubmed>.{x,y,tx,ty,allx,ally,graph,test.index}"
+            )
+        graph = datasets.load_planetoid(data, name, normalize_features=True)
+        data_name = f"{name} ({data})"
+    prepared = nc.node_classification_data(graph)
+    model = nc.GATNodeClassifier(
+        num_features=prepared.inputs[0].shape[-1],
+        num_classes=int(np.max(prepared.labels)) + 1,
+        version="v2" if model_name == "gatv2" else "v1",
+    )
+    model.compile()
+    model.fit(
+        prepared.inputs, prepared.labels, sample_weight=prepared.train_weights,
+        validation_data=(prepared.inputs, prepared.labels, prepared.val_weights),
+        epochs=epochs or (5 if quick else 300), verbose=0 if not quick else _verbose(),
+        callbacks=[nc.GATEarlyStopping(patience=100)],
+    )
+    _, accuracy = model.evaluate(
+        prepared.inputs, prepared.labels, sample_weight=prepared.test_weights, verbose=0
+    )
+    files = [_save(model, out, f"node_classification_{model_name}")]
+    first_layer = model.attention_scores(prepared.inputs)[0]
+    edges = visualization_edges(prepared.inputs[1][0], prepared.inputs[0].shape[1])
+    if prepared.inputs[0].shape[1] <= 200:  # draw small graphs only
+        path = os.path.join(out, "node_classification_attention.png")
+        fig = visualization.plot_graph_attention(
+            edges, keras.ops.convert_to_numpy(first_layer).mean(-1),
+            labels=np.asarray(graph.labels), num_nodes=prepared.inputs[0].shape[1],
+            path=path,
+        )
+        _close(fig)
+        files.append(path)
+    return Result(
+        "node-classification", model_name,
+        {"test_accuracy": round(float(accuracy), 4)},
+        files, time.time() - start, data_name,
+    )
+
+
+def visualization_edges(edges, num_nodes):
+    """The edge list the coefficients refer to (self loops appended)."""
+    from keras_attention.layers.graph import with_self_loops
+
+    return keras.ops.convert_to_numpy(with_self_loops(edges, num_nodes))
+
+
 TASKS = {
     "translation": Recipe(
         "translation", ("transformer", "rnn"), run_translation, demo_epochs=6
     ),
     "classification": Recipe(
         "classification", ("cbam_resnet", "vit"), run_classification, demo_epochs=15
+    ),
+    "node-classification": Recipe(
+        "node-classification", ("gat", "gatv2"), run_node_classification,
+        demo_epochs=200, quick_epochs=5,
     ),
 }
 DEMO_ORDER = [t for t in ("classification", "translation", "detection", "node-classification") if t in TASKS]
