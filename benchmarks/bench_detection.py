@@ -1,0 +1,192 @@
+"""DETR on generated digit canvases: train within a time budget, report mAP.
+
+Trains `DETR.from_preset("detr_digits")` with `fit(jit_compile=True)` on
+64x64 canvases holding 1-4 scikit-learn digits (`make_detection_set`, digit
+instances of the training split), then scores held-out canvases (digit
+instances of the test split, another seed) with COCO mAP through
+`faster-coco-eval`. Training stops at the end of the epoch budget or when the
+wall-clock budget (`--minutes`, compilation included) runs out, whichever
+comes first. Prints one line per epoch (losses, mAP@0.5 on a held-out
+subset, elapsed time) and a final summary; `--json` also writes it to a file.
+
+    python benchmarks/bench_detection.py                 # the documented recipe
+    python benchmarks/bench_detection.py --minutes 3 --train-images 2000
+    taskset -c 0,1 python benchmarks/bench_detection.py  # pin to 2 cores
+"""
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from keras_attention.applications.detection import DETR  # noqa: E402
+from keras_attention.applications.detection import evaluate_detections  # noqa: E402
+from keras_attention.datasets import make_detection_set  # noqa: E402
+
+
+class TimeBudget(keras.callbacks.Callback):
+    """Stops training once the wall-clock or the CPU-time budget is spent.
+
+    CPU time (all threads of this process, `time.process_time`) stands in
+    for wall-clock time on dedicated cores when the machine is shared:
+    20 minutes on 2 cores are 40 CPU-minutes.
+    """
+
+    def __init__(self, seconds, cpu_seconds, start, cpu_start):
+        super().__init__()
+        self.seconds = seconds
+        self.cpu_seconds = cpu_seconds
+        self.start = start
+        self.cpu_start = cpu_start
+
+    def on_train_batch_end(self, batch, logs=None):
+        if time.time() - self.start > self.seconds or (
+            self.cpu_seconds
+            and time.process_time() - self.cpu_start > self.cpu_seconds
+        ):
+            self.model.stop_training = True
+
+
+class EpochReport(keras.callbacks.Callback):
+    """Prints losses and held-out mAP after every `every` epochs."""
+
+    def __init__(self, data, start, cpu_start, every=1, history=None):
+        super().__init__()
+        self.data = data
+        self.start = start
+        self.cpu_start = cpu_start
+        self.every = every
+        self.history = history if history is not None else []
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = dict(logs or {})
+        row = {
+            "epoch": epoch + 1,
+            "elapsed_s": round(time.time() - self.start, 1),
+            "cpu_s": round(time.process_time() - self.cpu_start, 1),
+        }
+        row.update({k: round(float(v), 4) for k, v in logs.items()})
+        if self.every and (epoch + 1) % self.every == 0:
+            t = time.time()
+            scores = evaluate_detections(
+                self.model, self.data.images, self.data.boxes, self.data.labels
+            )
+            row["val_map50"] = round(scores["map50"], 4)
+            row["val_map"] = round(scores["map"], 4)
+            row["eval_s"] = round(time.time() - t, 1)
+        self.history.append(row)
+        print(json.dumps(row), flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--train-images", type=int, default=8000)
+    parser.add_argument("--test-images", type=int, default=1000)
+    parser.add_argument("--monitor-images", type=int, default=300,
+                        help="held-out images scored after every epoch")
+    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--weight-decay", type=float, default=1e-4)
+    parser.add_argument("--clipnorm", type=float, default=1.0)
+    parser.add_argument("--warmup-steps", type=int, default=200)
+    parser.add_argument("--minutes", type=float, default=20.0,
+                        help="wall-clock budget of data generation + training")
+    parser.add_argument("--cpu-minutes", type=float, default=0.0,
+                        help="CPU-time budget (all threads), 0 for none; "
+                        "40 = 20 minutes on 2 dedicated cores")
+    parser.add_argument("--eval-every", type=int, default=1)
+    parser.add_argument("--config", default="{}",
+                        help="JSON overrides of the preset's arguments")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save", default=None, help="write the model here")
+    parser.add_argument("--json", default=None, help="write the summary here")
+    args = parser.parse_args()
+
+    start = time.time()
+    cpu_start = time.process_time()
+    keras.utils.set_random_seed(args.seed)
+    train = make_detection_set(
+        args.train_images, seed=args.seed, digit_split="train"
+    )
+    test = make_detection_set(
+        args.test_images, seed=args.seed + 1000, digit_split="test"
+    )
+    monitor = test._replace(
+        **{f: getattr(test, f)[: args.monitor_images] for f in test._fields}
+    )
+    print(f"data: {time.time() - start:.1f}s", flush=True)
+
+    model = DETR.from_preset("detr_digits", **json.loads(args.config))
+    steps_per_epoch = -(-args.train_images // args.batch_size)
+    total_steps = steps_per_epoch * args.epochs
+    schedule = keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0,
+        decay_steps=max(total_steps - args.warmup_steps, 1),
+        warmup_target=args.learning_rate,
+        warmup_steps=args.warmup_steps,
+        alpha=0.05,
+    )
+    model.compile(
+        optimizer=keras.optimizers.AdamW(
+            learning_rate=schedule,
+            weight_decay=args.weight_decay,
+            global_clipnorm=args.clipnorm or None,
+        ),
+        jit_compile=True,
+    )
+    history = []
+    budget = args.minutes * 60
+    model.fit(
+        train.images,
+        {"boxes": train.boxes, "labels": train.labels},
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        verbose=0,
+        callbacks=[
+            TimeBudget(budget, args.cpu_minutes * 60, start, cpu_start),
+            EpochReport(
+                monitor, start, cpu_start, every=args.eval_every,
+                history=history,
+            ),
+        ],
+    )
+    train_seconds = time.time() - start
+    train_cpu_seconds = time.process_time() - cpu_start
+    t = time.time()
+    scores = evaluate_detections(model, test.images, test.boxes, test.labels)
+    summary = {
+        "train_seconds": round(train_seconds, 1),
+        "train_cpu_seconds": round(train_cpu_seconds, 1),
+        "epochs_run": len(history),
+        "test_images": args.test_images,
+        "map50": round(scores["map50"], 4),
+        "map": round(scores["map"], 4),
+        "map75": round(scores["map75"], 4),
+        "mar100": round(scores["mar100"], 4),
+        "eval_seconds": round(time.time() - t, 1),
+        "config": {**model.get_config(), "dtype": None},
+        "args": vars(args),
+        "load_average": os.getloadavg(),
+        "cpu_count": os.cpu_count(),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "history": history,
+    }
+    print(json.dumps({k: summary[k] for k in (
+        "train_seconds", "train_cpu_seconds", "epochs_run", "map50", "map", "map75", "mar100",
+        "load_average",
+    )}), flush=True)
+    if args.save:
+        model.save(args.save)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1131 @@
+"""DETR: object detection as set prediction with transformers.
+
+Carion et al., End-to-End Object Detection with Transformers, ECCV 2020.
+
+A small residual CNN (optionally with CBAM in every block) turns an image into
+a grid of features; a transformer encoder of the registry's
+`MultiHeadAttention` refines them with 2-D sine position encodings; a decoder
+turns `num_queries` learned object queries into `num_queries` predictions,
+each a class (or "no object") and a box. Training matches predictions to the
+ground-truth objects one-to-one (exact Hungarian matching, inside the
+compiled train step) and applies `detection_loss.set_prediction_loss` to the
+output of every decoder layer.
+
+Shape letters: `B` images, `N` object queries, `M` ground-truth objects
+(padded), `K` classes, `L` decoder layers, `h, w` the feature grid,
+`S = h * w`, `H` attention heads, `D` model width.
+"""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+import keras_attention.registry as registry
+from keras_attention.applications import detection_loss
+from keras_attention.applications.detection_loss import PAD_LABEL
+from keras_attention.applications.detection_loss import validate_targets
+from keras_attention.layers import base
+
+PACKAGE = "keras_attention"
+
+PRESETS = {
+    # Digits on 64x64 canvases (`make_detection_set`): 10 classes, 1-4
+    # objects per image. See benchmarks/bench_detection.py for its recipe.
+    "detr_digits": {
+        "num_classes": 10,
+        "num_queries": 10,
+        "hidden_dim": 64,
+        "num_heads": 4,
+        "num_encoder_layers": 2,
+        "num_decoder_layers": 2,
+        "feedforward_dim": 128,
+        "backbone_filters": (32, 64),
+        "blocks_per_stage": 1,
+        "stem_strides": 2,
+    },
+}
+
+
+def sine_position_encoding(height, width, dim, temperature=10000.0):
+    """DETR's 2-D sine position encoding of an `height x width` grid.
+
+    Half the channels encode the row, half the column: for position `p`
+    normalised to `(0, 2 pi]` and channel pair `k`,
+    `sin(p / t^(2k / (D/2)))`, `cos(p / t^(2k / (D/2)))`.
+
+    Args:
+        height, width: the grid size.
+        dim: `D`, a multiple of 4.
+        temperature: `t`.
+
+    Returns:
+        float32 NumPy array `(height * width, dim)`, rows in row-major order.
+    """
+    if dim % 4:
+        raise base.invalid("hidden_dim", "a multiple of 4", dim)
+    half = dim // 2
+    rows = (np.arange(height, dtype="float64") + 1) / height * 2 * math.pi
+    cols = (np.arange(width, dtype="float64") + 1) / width * 2 * math.pi
+    freq = temperature ** (2 * (np.arange(half) // 2) / half)
+
+    def encode(positions):
+        angles = positions[:, None] / freq  # P, D/2
+        out = np.empty_like(angles)
+        out[:, 0::2] = np.sin(angles[:, 0::2])
+        out[:, 1::2] = np.cos(angles[:, 1::2])
+        return out
+
+    pos_y = np.repeat(encode(rows), width, axis=0)  # S, D/2
+    pos_x = np.tile(encode(cols), (height, 1))
+    return np.concatenate([pos_y, pos_x], axis=1).astype("float32")
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class ResidualBlock(keras.layers.Layer):
+    """A ResNet basic block, with an optional attention module (e.g. CBAM).
+
+    `relu(shortcut(x) + A(bn(conv(relu(bn(conv(x)))))))`, `A` the attention
+    module built by name from the registry (identity when `None`), placed on
+    the residual branch before the addition as in CBAM-ResNet.
+    """
+
+    def __init__(
+        self,
+        filters,
+        strides=1,
+        attention_module=None,
+        attention_kwargs=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.filters = base.check_positive_int("filters", filters)
+        self.strides = base.check_positive_int("strides", strides)
+        self.attention_module = attention_module
+        self.attention_kwargs = dict(attention_kwargs or {})
+
+    def build(self, input_shape):
+        common = {"dtype": self.dtype_policy, "use_bias": False}
+        self.conv1 = keras.layers.Conv2D(
+            self.filters, 3, self.strides, padding="same", name="conv1",
+            **common,
+        )
+        self.bn1 = keras.layers.BatchNormalization(
+            name="bn1", dtype=self.dtype_policy
+        )
+        self.conv2 = keras.layers.Conv2D(
+            self.filters, 3, padding="same", name="conv2", **common
+        )
+        self.bn2 = keras.layers.BatchNormalization(
+            name="bn2", dtype=self.dtype_policy
+        )
+        self.conv1.build(input_shape)
+        out_shape = self.conv1.compute_output_shape(input_shape)
+        self.bn1.build(out_shape)
+        self.conv2.build(out_shape)
+        self.bn2.build(out_shape)
+        self.attention = None
+        if self.attention_module is not None:
+            # get_class: `get`'s first argument is itself called `name`.
+            self.attention = registry.get_class(self.attention_module)(
+                name="attention",
+                dtype=self.dtype_policy,
+                **self.attention_kwargs,
+            )
+            self.attention.build(out_shape)
+        self.shortcut = self.shortcut_bn = None
+        if self.strides != 1 or input_shape[-1] != self.filters:
+            self.shortcut = keras.layers.Conv2D(
+                self.filters, 1, self.strides, name="shortcut", **common
+            )
+            self.shortcut_bn = keras.layers.BatchNormalization(
+                name="shortcut_bn", dtype=self.dtype_policy
+            )
+            self.shortcut.build(input_shape)
+            self.shortcut_bn.build(out_shape)
+
+    def call(self, inputs, training=None):
+        x = ops.relu(self.bn1(self.conv1(inputs), training=training))
+        x = self.bn2(self.conv2(x), training=training)
+        if self.attention is not None:
+            x = self.attention(x)
+        shortcut = inputs
+        if self.shortcut is not None:
+            shortcut = self.shortcut_bn(self.shortcut(inputs), training=training)
+        return ops.relu(x + shortcut)
+
+    def compute_output_shape(self, input_shape):
+        return self.conv1.compute_output_shape(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "filters": self.filters,
+                "strides": self.strides,
+                "attention_module": self.attention_module,
+                "attention_kwargs": self.attention_kwargs,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class DETRBackbone(keras.layers.Layer):
+    """A small residual CNN: a stem, then one stride-2 stage per filter count.
+
+    `(B, height, width, C) -> (B, height / r, width / r, filters[-1])`,
+    `r = stem_strides * 2^s` for `s = len(filters)` stages of
+    `blocks_per_stage` `ResidualBlock`s.
+    """
+
+    def __init__(
+        self,
+        filters=(32, 64, 96),
+        blocks_per_stage=1,
+        stem_strides=1,
+        attention_module=None,
+        attention_kwargs=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        filters = tuple(filters)
+        if not filters:
+            raise base.invalid(
+                "backbone_filters", "a non-empty tuple of positive integers",
+                filters,
+            )
+        for f in filters:
+            base.check_positive_int("backbone_filters", f)
+        self.filters = filters
+        self.blocks_per_stage = base.check_positive_int(
+            "blocks_per_stage", blocks_per_stage
+        )
+        self.stem_strides = base.check_positive_int("stem_strides", stem_strides)
+        self.attention_module = attention_module
+        self.attention_kwargs = dict(attention_kwargs or {})
+
+    def build(self, input_shape):
+        self.stem = keras.layers.Conv2D(
+            self.filters[0], 3, self.stem_strides, padding="same",
+            use_bias=False, name="stem", dtype=self.dtype_policy,
+        )
+        self.stem_bn = keras.layers.BatchNormalization(
+            name="stem_bn", dtype=self.dtype_policy
+        )
+        self.stem.build(input_shape)
+        shape = self.stem.compute_output_shape(input_shape)
+        self.stem_bn.build(shape)
+        self.blocks = []
+        for stage, filters in enumerate(self.filters):
+            for index in range(self.blocks_per_stage):
+                block = ResidualBlock(
+                    filters,
+                    strides=2 if index == 0 else 1,
+                    attention_module=self.attention_module,
+                    attention_kwargs=self.attention_kwargs,
+                    name=f"stage{stage}_block{index}",
+                    dtype=self.dtype_policy,
+                )
+                block.build(shape)
+                shape = block.compute_output_shape(shape)
+                self.blocks.append(block)
+
+    def call(self, inputs, training=None):
+        x = ops.relu(self.stem_bn(self.stem(inputs), training=training))
+        for block in self.blocks:
+            x = block(x, training=training)
+        return x
+
+    def compute_output_shape(self, input_shape):
+        shape = list(input_shape)
+        for strides in (self.stem_strides,) + (2,) * len(self.filters):
+            for axis in (1, 2):
+                if shape[axis] is not None:
+                    shape[axis] = -(-shape[axis] // strides)
+        shape[-1] = self.filters[-1]
+        return tuple(shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "filters": self.filters,
+                "blocks_per_stage": self.blocks_per_stage,
+                "stem_strides": self.stem_strides,
+                "attention_module": self.attention_module,
+                "attention_kwargs": self.attention_kwargs,
+            }
+        )
+        return config
+
+
+class _TransformerSublayers(keras.layers.Layer):
+    """What encoder and decoder layers share: attention, FFN, norms."""
+
+    def __init__(
+        self,
+        hidden_dim,
+        num_heads,
+        feedforward_dim,
+        dropout=0.0,
+        norm_first=False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.hidden_dim = hidden_dim
+        self.num_heads = num_heads
+        self.feedforward_dim = feedforward_dim
+        self.dropout = dropout
+        self.norm_first = norm_first
+
+    def _attention(self, name):
+        return registry.get_class("multi_head")(
+            num_heads=self.num_heads,
+            key_dim=self.hidden_dim // self.num_heads,
+            dropout=self.dropout,
+            name=name,
+            dtype=self.dtype_policy,
+        )
+
+    def _norm(self, name):
+        return keras.layers.LayerNormalization(
+            epsilon=1e-5, name=name, dtype=self.dtype_policy
+        )
+
+    def _build_ffn(self, shape):
+        self.ffn_in = keras.layers.Dense(
+            self.feedforward_dim, activation="relu", name="ffn_in",
+            dtype=self.dtype_policy,
+        )
+        self.ffn_out = keras.layers.Dense(
+            self.hidden_dim, name="ffn_out", dtype=self.dtype_policy
+        )
+        self.ffn_in.build(shape)
+        self.ffn_out.build(tuple(shape[:-1]) + (self.feedforward_dim,))
+        self.drop = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def _residual(self, x, branch, norm, training):
+        """Post-norm `norm(x + f(x))` or pre-norm `x + f(norm(x))`."""
+        if self.norm_first:
+            return x + self.drop(branch(norm(x)), training=training)
+        return norm(x + self.drop(branch(x), training=training))
+
+    def _ffn(self, x, training):
+        return self.ffn_out(self.drop(self.ffn_in(x), training=training))
+
+    def compute_output_shape(self, input_shape, *args, **kwargs):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "hidden_dim": self.hidden_dim,
+                "num_heads": self.num_heads,
+                "feedforward_dim": self.feedforward_dim,
+                "dropout": self.dropout,
+                "norm_first": self.norm_first,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class DETREncoderLayer(_TransformerSublayers):
+    """Self-attention over the feature grid (positions added to q and k), FFN."""
+
+    def build(self, input_shape):
+        self.self_attention = self._attention("self_attention")
+        self.self_attention.build(input_shape, input_shape, input_shape)
+        self.norm1 = self._norm("norm1")
+        self.norm2 = self._norm("norm2")
+        self.norm1.build(input_shape)
+        self.norm2.build(input_shape)
+        self._build_ffn(input_shape)
+
+    def call(self, inputs, position, training=None):
+        def attend(x):
+            q = x + position
+            return self.self_attention(q, value=x, key=q, training=training)
+
+        x = self._residual(inputs, attend, self.norm1, training)
+        return self._residual(
+            x, lambda y: self._ffn(y, training), self.norm2, training
+        )
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class DETRDecoderLayer(_TransformerSublayers):
+    """Self-attention of the queries, cross-attention to the image, FFN."""
+
+    def build(self, input_shape, memory_shape=None):
+        memory_shape = memory_shape or input_shape
+        self.self_attention = self._attention("self_attention")
+        self.self_attention.build(input_shape, input_shape, input_shape)
+        self.cross_attention = self._attention("cross_attention")
+        self.cross_attention.build(input_shape, memory_shape, memory_shape)
+        self.norm1 = self._norm("norm1")
+        self.norm2 = self._norm("norm2")
+        self.norm3 = self._norm("norm3")
+        for norm in (self.norm1, self.norm2, self.norm3):
+            norm.build(input_shape)
+        self._build_ffn(input_shape)
+
+    def call(
+        self,
+        inputs,
+        memory,
+        position,
+        query_position,
+        training=None,
+        return_attention_scores=False,
+    ):
+        def self_attend(x):
+            q = x + query_position
+            return self.self_attention(q, value=x, key=q, training=training)
+
+        weights = []
+
+        def cross_attend(x):
+            out, w = self.cross_attention(
+                x + query_position,
+                value=memory,
+                key=memory + position,
+                return_attention_scores=True,
+                training=training,
+            )
+            weights.append(w)
+            return out
+
+        x = self._residual(inputs, self_attend, self.norm1, training)
+        if return_attention_scores:
+            x = self._residual(x, cross_attend, self.norm2, training)
+        else:
+            x = self._residual(
+                x,
+                lambda y: self.cross_attention(
+                    y + query_position,
+                    value=memory,
+                    key=memory + position,
+                    training=training,
+                ),
+                self.norm2,
+                training,
+            )
+        x = self._residual(
+            x, lambda y: self._ffn(y, training), self.norm3, training
+        )
+        if return_attention_scores:
+            return x, weights[0]
+        return x
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class DETR(keras.Model):
+    """DETR: end-to-end object detection with transformers (Carion, 2020).
+
+    `backbone -> 1x1 projection to D -> encoder (self-attention with 2-D
+    sine positions) -> decoder (N learned object queries, cross-attention
+    to the encoded grid) -> per query: class logits (K + 1, the last "no
+    object") and a box (sigmoid, normalised cx, cy, w, h)`. The heads are
+    applied to every decoder layer; the earlier layers' outputs feed the
+    auxiliary losses.
+
+    `fit` takes `y = {"boxes": (B, M, 4), "labels": (B, M)}`, normalised
+    `(cx, cy, w, h)` boxes and class ids, padded with label -1 (the layout
+    of `keras_attention.datasets.make_detection_set`); NumPy targets are
+    checked by `validate_targets` first. `compute_loss` matches predictions
+    to targets with an exact Hungarian assignment inside the compiled train
+    step (it works with `jit_compile=True`) and returns DETR's loss
+    (`detection_loss.set_prediction_loss`) summed over decoder layers.
+    Targets that reach the loss unchecked (a `tf.data` pipeline) are
+    sanitised there: invalid labels and non-finite boxes count as padding,
+    boxes are clipped to the image.
+
+    Args:
+        num_classes: `K`, the number of object classes.
+        num_queries: `N`, object queries = most objects per image.
+        hidden_dim: `D`, the transformer width (a multiple of 4 and of
+            `num_heads`).
+        num_heads: attention heads `H`.
+        num_encoder_layers: encoder depth (0 allowed).
+        num_decoder_layers: decoder depth `L >= 1`.
+        feedforward_dim: width of the transformer FFNs.
+        dropout: dropout in the transformer.
+        norm_first: pre-norm transformer layers (`False`: DETR's post-norm).
+        backbone_filters: filters of the backbone's stride-2 stages; the
+            feature grid is the image size over
+            `stem_strides * 2 ** len(backbone_filters)`.
+        blocks_per_stage: residual blocks per backbone stage.
+        stem_strides: strides of the backbone's first convolution.
+        attention_module: registry name of an attention module for every
+            backbone block (e.g. `"cbam"`), or `None`.
+        attention_kwargs: its constructor arguments.
+        aux_loss: add the losses of the earlier decoder layers.
+        eos_coef: weight of the "no object" class in the class loss.
+        class_loss_weight, bbox_loss_weight, giou_loss_weight: loss weights.
+        class_cost, bbox_cost, giou_cost: matching-cost weights.
+
+    Call arguments:
+        images: `(B, height, width, C)`.
+        training: whether batch norm and dropout train.
+        return_attention_scores: also return the last decoder layer's
+            cross-attention.
+
+    Returns:
+        A dict: `"logits"` `(B, N, K + 1)`, `"boxes"` `(B, N, 4)`; with
+        `aux_loss` and `L > 1` also `"aux_logits"` `(B, L - 1, N, K + 1)` and
+        `"aux_boxes"` `(B, L - 1, N, 4)`; with `return_attention_scores`,
+        `"cross_attention"` `(B, H, N, h, w)`.
+
+    Example:
+
+    ```python
+    from keras_attention.datasets import make_detection_set
+    data = make_detection_set(64, image_size=32, max_objects=3)
+    model = DETR(num_classes=10, num_queries=5, hidden_dim=32,
+                 backbone_filters=(16, 32))
+    model.compile(optimizer="adam", jit_compile=True)
+    model.fit(data.images, {"boxes": data.boxes, "labels": data.labels},
+              epochs=1, batch_size=16)
+    detections = model.predict_boxes(data.images[:2], score_threshold=0.5)
+    detections[0]["boxes"]  # (k, 4) pixels x1, y1, x2, y2
+    ```
+
+    References:
+        - Carion et al., End-to-End Object Detection with Transformers, 2020.
+          https://arxiv.org/abs/2005.12872
+        - Rezatofighi et al., Generalized Intersection over Union, 2019.
+          https://arxiv.org/abs/1902.09630
+    """
+
+    def __init__(
+        self,
+        num_classes,
+        num_queries=10,
+        hidden_dim=64,
+        num_heads=4,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        feedforward_dim=128,
+        dropout=0.0,
+        norm_first=False,
+        backbone_filters=(32, 64, 96),
+        blocks_per_stage=1,
+        stem_strides=1,
+        attention_module=None,
+        attention_kwargs=None,
+        aux_loss=True,
+        eos_coef=0.1,
+        class_loss_weight=1.0,
+        bbox_loss_weight=5.0,
+        giou_loss_weight=2.0,
+        class_cost=1.0,
+        bbox_cost=5.0,
+        giou_cost=2.0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_classes = base.check_positive_int("num_classes", num_classes)
+        self.num_queries = base.check_positive_int("num_queries", num_queries)
+        self.hidden_dim = base.check_positive_int("hidden_dim", hidden_dim)
+        self.num_heads = base.check_positive_int("num_heads", num_heads)
+        if hidden_dim % 4:
+            raise base.invalid("hidden_dim", "a multiple of 4", hidden_dim)
+        if hidden_dim % num_heads:
+            raise base.invalid(
+                "hidden_dim", f"a multiple of num_heads={num_heads}",
+                hidden_dim,
+            )
+        if (
+            isinstance(num_encoder_layers, bool)
+            or not isinstance(num_encoder_layers, int)
+            or num_encoder_layers < 0
+        ):
+            raise base.invalid(
+                "num_encoder_layers", "a non-negative integer",
+                num_encoder_layers,
+            )
+        self.num_encoder_layers = num_encoder_layers
+        self.num_decoder_layers = base.check_positive_int(
+            "num_decoder_layers", num_decoder_layers
+        )
+        self.feedforward_dim = base.check_positive_int(
+            "feedforward_dim", feedforward_dim
+        )
+        self.dropout = base.check_rate("dropout", dropout)
+        self.norm_first = bool(norm_first)
+        self.backbone_filters = tuple(backbone_filters)
+        self.blocks_per_stage = blocks_per_stage
+        self.stem_strides = stem_strides
+        if attention_module is not None:
+            registry.get_class(attention_module)  # fail early on a bad name
+        self.attention_module = attention_module
+        self.attention_kwargs = dict(attention_kwargs or {})
+        self.aux_loss = bool(aux_loss)
+        for name, value in (
+            ("eos_coef", eos_coef),
+            ("class_loss_weight", class_loss_weight),
+            ("bbox_loss_weight", bbox_loss_weight),
+            ("giou_loss_weight", giou_loss_weight),
+            ("class_cost", class_cost),
+            ("bbox_cost", bbox_cost),
+            ("giou_cost", giou_cost),
+        ):
+            if isinstance(value, bool) or not isinstance(
+                value, (int, float)
+            ) or not (value >= 0 and math.isfinite(value)):
+                raise base.invalid(name, "a non-negative float", value)
+        if eos_coef <= 0:
+            raise base.invalid("eos_coef", "a positive float", eos_coef)
+        self.eos_coef = float(eos_coef)
+        self.class_loss_weight = float(class_loss_weight)
+        self.bbox_loss_weight = float(bbox_loss_weight)
+        self.giou_loss_weight = float(giou_loss_weight)
+        self.class_cost = float(class_cost)
+        self.bbox_cost = float(bbox_cost)
+        self.giou_cost = float(giou_cost)
+
+        self.backbone = DETRBackbone(
+            self.backbone_filters,
+            blocks_per_stage=blocks_per_stage,
+            stem_strides=stem_strides,
+            attention_module=attention_module,
+            attention_kwargs=self.attention_kwargs,
+            name="backbone",
+            dtype=self.dtype_policy,
+        )
+        self.input_projection = keras.layers.Conv2D(
+            hidden_dim, 1, name="input_projection", dtype=self.dtype_policy
+        )
+        sublayer_args = dict(
+            hidden_dim=hidden_dim,
+            num_heads=num_heads,
+            feedforward_dim=feedforward_dim,
+            dropout=self.dropout,
+            norm_first=self.norm_first,
+            dtype=self.dtype_policy,
+        )
+        self.encoder_layers = [
+            DETREncoderLayer(name=f"encoder_{i}", **sublayer_args)
+            for i in range(num_encoder_layers)
+        ]
+        self.encoder_norm = (
+            keras.layers.LayerNormalization(
+                epsilon=1e-5, name="encoder_norm", dtype=self.dtype_policy
+            )
+            if self.norm_first and num_encoder_layers
+            else None
+        )
+        self.decoder_layers = [
+            DETRDecoderLayer(name=f"decoder_{i}", **sublayer_args)
+            for i in range(num_decoder_layers)
+        ]
+        self.decoder_norm = keras.layers.LayerNormalization(
+            epsilon=1e-5, name="decoder_norm", dtype=self.dtype_policy
+        )
+        self.class_head = keras.layers.Dense(
+            num_classes + 1, name="class_head", dtype=self.dtype_policy
+        )
+        self.box_head = [
+            keras.layers.Dense(
+                hidden_dim, activation="relu", name=f"box_head_{i}",
+                dtype=self.dtype_policy,
+            )
+            for i in range(2)
+        ] + [keras.layers.Dense(4, name="box_head_2", dtype=self.dtype_policy)]
+        # The last decoder layer's loss terms, shown next to the total loss.
+        self._class_loss_tracker = keras.metrics.Mean(name="class_loss")
+        self._l1_loss_tracker = keras.metrics.Mean(name="l1_loss")
+        self._giou_loss_tracker = keras.metrics.Mean(name="giou_loss")
+
+    @classmethod
+    def from_preset(cls, preset, **overrides):
+        """A fresh model of a named configuration (`PRESETS`)."""
+        if preset not in PRESETS:
+            raise base.invalid(
+                "preset", f"one of {sorted(PRESETS)}", preset
+            )
+        return cls(**{**PRESETS[preset], **overrides})
+
+    def build(self, input_shape):
+        input_shape = tuple(input_shape)
+        if len(input_shape) != 4 or None in input_shape[1:]:
+            raise ValueError(
+                "Received an invalid value for argument `images`, expected "
+                "shape (B, height, width, channels) with known height, width "
+                f"and channels. Received: images.shape={input_shape}"
+            )
+        self.backbone.build(input_shape)
+        feature_shape = self.backbone.compute_output_shape(input_shape)
+        self.input_projection.build(feature_shape)
+        grid = feature_shape[1] * feature_shape[2]
+        memory_shape = (None, grid, self.hidden_dim)
+        query_shape = (None, self.num_queries, self.hidden_dim)
+        for layer in self.encoder_layers:
+            layer.build(memory_shape)
+        if self.encoder_norm is not None:
+            self.encoder_norm.build(memory_shape)
+        for layer in self.decoder_layers:
+            layer.build(query_shape, memory_shape)
+        self.decoder_norm.build(query_shape)
+        self.class_head.build(query_shape)
+        for layer in self.box_head:
+            layer.build(query_shape)  # every layer reads D features
+        self.query_embedding = self.add_weight(
+            name="query_embedding",
+            shape=(self.num_queries, self.hidden_dim),
+            initializer=keras.initializers.RandomNormal(stddev=1.0),
+        )
+        self.feature_size = (feature_shape[1], feature_shape[2])
+        self.built = True
+
+    def call(self, images, training=None, return_attention_scores=False):
+        features = self.input_projection(
+            self.backbone(images, training=training)
+        )  # B, h, w, D
+        height, width = features.shape[1], features.shape[2]
+        memory = ops.reshape(features, (-1, height * width, self.hidden_dim))
+        position = ops.cast(
+            sine_position_encoding(height, width, self.hidden_dim)[None],
+            memory.dtype,
+        )
+        for layer in self.encoder_layers:
+            memory = layer(memory, position, training=training)
+        if self.encoder_norm is not None:
+            memory = self.encoder_norm(memory)
+
+        query_position = ops.cast(self.query_embedding, memory.dtype)[None]
+        # Zeros (B, N, D): the decoder starts from the query positions only.
+        x = ops.zeros_like(memory[:, :1, :1]) + ops.zeros_like(
+            query_position
+        )
+        outputs = []
+        weights = None
+        last = len(self.decoder_layers) - 1
+        for index, layer in enumerate(self.decoder_layers):
+            if return_attention_scores and index == last:
+                x, weights = layer(
+                    x,
+                    memory,
+                    position,
+                    query_position,
+                    training=training,
+                    return_attention_scores=True,
+                )
+            else:
+                x = layer(x, memory, position, query_position, training=training)
+            if self.aux_loss or index == last:
+                outputs.append(self.decoder_norm(x))
+        hidden = ops.stack(outputs, axis=1)  # B, L, N, D
+        logits = self.class_head(hidden)
+        boxes = hidden
+        for layer in self.box_head:
+            boxes = layer(boxes)
+        boxes = ops.sigmoid(ops.cast(boxes, "float32"))
+        result = {"logits": logits[:, -1], "boxes": boxes[:, -1]}
+        if len(outputs) > 1:
+            result["aux_logits"] = logits[:, :-1]
+            result["aux_boxes"] = boxes[:, :-1]
+        if return_attention_scores:
+            result["cross_attention"] = ops.reshape(
+                weights, (-1, self.num_heads, self.num_queries, height, width)
+            )
+        return result
+
+    # Training.
+
+    def _loss_terms(self, y, y_pred):
+        """The loss summed over decoder layers, and the last layer's terms."""
+        if not isinstance(y, dict) or not {"boxes", "labels"} <= set(y):
+            raise ValueError(
+                "Received an invalid value for argument `y`, expected a dict "
+                "with keys 'boxes' (B, M, 4) and 'labels' (B, M). "
+                f"Received: y={type(y).__name__}"
+                + (f" with keys {sorted(y)}" if isinstance(y, dict) else "")
+            )
+        boxes, labels = y["boxes"], y["labels"]
+        if boxes.shape[1] is not None and boxes.shape[1] > self.num_queries:
+            raise ValueError(
+                "Received an invalid value for argument `y`, expected at "
+                f"most num_queries={self.num_queries} target columns. "
+                f"Received: boxes.shape={tuple(boxes.shape)}; run "
+                "`validate_targets` on the data to trim the padding"
+            )
+        settings = dict(
+            num_classes=self.num_classes,
+            eos_coef=self.eos_coef,
+            class_loss_weight=self.class_loss_weight,
+            bbox_loss_weight=self.bbox_loss_weight,
+            giou_loss_weight=self.giou_loss_weight,
+            class_cost=self.class_cost,
+            bbox_cost=self.bbox_cost,
+            giou_cost=self.giou_cost,
+        )
+        logits, pred_boxes = y_pred["logits"], y_pred["boxes"]
+        layers = 1
+        if "aux_logits" in y_pred:
+            # All decoder layers in one matching: (B, L, ...) -> (B * L, ...),
+            # the targets repeated per layer.
+            layers = y_pred["aux_logits"].shape[1] + 1
+            logits = ops.concatenate(
+                [y_pred["aux_logits"], logits[:, None]], axis=1
+            )
+            pred_boxes = ops.concatenate(
+                [ops.cast(y_pred["aux_boxes"], pred_boxes.dtype),
+                 pred_boxes[:, None]],
+                axis=1,
+            )
+            logits = ops.reshape(logits, (-1,) + tuple(logits.shape[2:]))
+            pred_boxes = ops.reshape(pred_boxes, (-1, self.num_queries, 4))
+            boxes = ops.repeat(boxes, layers, axis=0)
+            labels = ops.repeat(labels, layers, axis=0)
+        terms = detection_loss.set_prediction_loss(
+            logits, pred_boxes, boxes, labels, num_layers=layers, **settings
+        )
+        last = {k: v[-1] for k, v in terms["per_layer"].items()}
+        return terms["loss"], last
+
+    def compute_loss(
+        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+    ):
+        """DETR's Hungarian loss, summed over decoder layers.
+
+        `sample_weight` is not supported (DETR normalises by the number of
+        boxes in the batch) and must be `None`.
+        """
+        if sample_weight is not None:
+            raise ValueError(
+                "DETR does not support `sample_weight`; weight images by "
+                "repeating them instead. Received: sample_weight="
+                f"{type(sample_weight).__name__}"
+            )
+        total, final = self._loss_terms(y, y_pred)
+        self._class_loss_tracker.update_state(final["class_loss"])
+        self._l1_loss_tracker.update_state(final["l1_loss"])
+        self._giou_loss_tracker.update_state(final["giou_loss"])
+        for loss in self.losses:
+            total = total + ops.cast(ops.sum(loss), total.dtype)
+        return total
+
+    def validate_targets(self, y):
+        """`validate_targets` with this model's classes and queries.
+
+        Args:
+            y: a dict with `"boxes"` and `"labels"`.
+
+        Returns:
+            The dict with checked (clipped, possibly trimmed) NumPy arrays.
+        """
+        if not isinstance(y, dict) or not {"boxes", "labels"} <= set(y):
+            raise ValueError(
+                "Received an invalid value for argument `y`, expected a dict "
+                "with keys 'boxes' (B, M, 4) and 'labels' (B, M). "
+                f"Received: y={type(y).__name__}"
+                + (f" with keys {sorted(y)}" if isinstance(y, dict) else "")
+            )
+        boxes, labels = validate_targets(
+            y["boxes"],
+            y["labels"],
+            self.num_classes,
+            num_queries=self.num_queries,
+        )
+        return {"boxes": boxes, "labels": labels}
+
+    def _checked(self, y):
+        # Array targets are checked here; a dataset or generator passes
+        # through (its targets are sanitised inside the loss).
+        if y is None:
+            return None
+        return self.validate_targets(y)
+
+    def _build_state(self, x):
+        # Without a distribution strategy Keras builds the optimizer inside
+        # the first traced train step, which makes TensorFlow trace it twice;
+        # building it here first halves the time to the first step.
+        if not self.built and hasattr(x, "shape") and len(x.shape) == 4:
+            self.build((None,) + tuple(x.shape[1:]))
+        if self.built and self.optimizer is not None and not self.optimizer.built:
+            self.optimizer.build(self.trainable_variables)
+
+    def fit(self, x=None, y=None, *args, **kwargs):
+        """`keras.Model.fit`, with array targets checked by `validate_targets`."""
+        y = self._checked(y)
+        validation = kwargs.get("validation_data")
+        if isinstance(validation, (tuple, list)) and len(validation) == 2:
+            kwargs["validation_data"] = (
+                validation[0], self._checked(validation[1])
+            )
+        self._build_state(x)
+        return super().fit(x, y, *args, **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        """`keras.Model.evaluate`, with array targets checked first."""
+        return super().evaluate(x, self._checked(y), *args, **kwargs)
+
+    # Inference.
+
+    def predict_boxes(
+        self,
+        images,
+        score_threshold=0.5,
+        batch_size=64,
+        return_attention=False,
+        upsample_attention=False,
+    ):
+        """Detections per image, in pixels.
+
+        A query's score is its most likely object class's probability
+        (softmax over the `K + 1` classes); queries scoring below
+        `score_threshold` are dropped (use 0 to keep all, e.g. for mAP).
+
+        Args:
+            images: `(B, height, width, C)`.
+            score_threshold: the least score kept.
+            batch_size: images per forward pass.
+            return_attention: also return, per detection, the last decoder
+                layer's cross-attention averaged over heads.
+            upsample_attention: resize those maps to the image size
+                (bilinear) instead of the `(h, w)` feature grid.
+
+        Returns:
+            A list of `B` dicts: `"boxes"` float32 `(k, 4)` pixel corners
+            `(x1, y1, x2, y2)` clipped to the image, `"scores"` `(k,)`,
+            `"labels"` int32 `(k,)`, sorted by decreasing score; with
+            `return_attention`, `"attention"` `(k, h, w)` (or
+            `(k, height, width)`), each map summing to 1 over the grid.
+        """
+        images = np.asarray(images, dtype="float32")
+        if images.ndim != 4:
+            raise ValueError(
+                "Received an invalid value for argument `images`, expected "
+                "shape (B, height, width, channels). "
+                f"Received: images.shape={images.shape}"
+            )
+        height, width = images.shape[1:3]
+        if return_attention:
+            outputs = {"logits": [], "boxes": [], "cross_attention": []}
+            for start in range(0, len(images), batch_size):
+                out = self(
+                    images[start : start + batch_size],
+                    training=False,
+                    return_attention_scores=True,
+                )
+                for key in outputs:
+                    outputs[key].append(ops.convert_to_numpy(out[key]))
+            outputs = {k: np.concatenate(v) for k, v in outputs.items()}
+        else:
+            outputs = self.predict(images, batch_size=batch_size, verbose=0)
+        logits = np.asarray(outputs["logits"], dtype="float64")
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        object_probs = probs[..., :-1]
+        labels = object_probs.argmax(-1).astype("int32")
+        scores = object_probs.max(-1).astype("float32")
+        scale = np.array([width, height, width, height], "float32")
+        corners = ops.convert_to_numpy(
+            detection_loss.cxcywh_to_xyxy(
+                ops.convert_to_tensor(outputs["boxes"], "float32")
+            )
+        )
+        corners = np.clip(corners, 0.0, 1.0) * scale
+        maps = None
+        if return_attention:
+            maps = outputs["cross_attention"].mean(axis=1)  # B, N, h, w
+            if upsample_attention:
+                b, n, h, w = maps.shape
+                resized = ops.image.resize(
+                    maps.reshape(b * n, h, w, 1), (height, width),
+                    interpolation="bilinear",
+                )
+                maps = ops.convert_to_numpy(resized).reshape(
+                    b, n, height, width
+                )
+                maps = maps / np.maximum(
+                    maps.sum(axis=(2, 3), keepdims=True), 1e-12
+                )
+        detections = []
+        for index in range(len(images)):
+            keep = np.flatnonzero(scores[index] >= score_threshold)
+            keep = keep[np.argsort(-scores[index, keep], kind="stable")]
+            item = {
+                "boxes": corners[index, keep].astype("float32"),
+                "scores": scores[index, keep],
+                "labels": labels[index, keep],
+            }
+            if maps is not None:
+                item["attention"] = maps[index, keep].astype("float32")
+            detections.append(item)
+        return detections
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_classes": self.num_classes,
+                "num_queries": self.num_queries,
+                "hidden_dim": self.hidden_dim,
+                "num_heads": self.num_heads,
+                "num_encoder_layers": self.num_encoder_layers,
+                "num_decoder_layers": self.num_decoder_layers,
+                "feedforward_dim": self.feedforward_dim,
+                "dropout": self.dropout,
+                "norm_first": self.norm_first,
+                "backbone_filters": self.backbone_filters,
+                "blocks_per_stage": self.blocks_per_stage,
+                "stem_strides": self.stem_strides,
+                "attention_module": self.attention_module,
+                "attention_kwargs": self.attention_kwargs,
+                "aux_loss": self.aux_loss,
+                "eos_coef": self.eos_coef,
+                "class_loss_weight": self.class_loss_weight,
+                "bbox_loss_weight": self.bbox_loss_weight,
+                "giou_loss_weight": self.giou_loss_weight,
+                "class_cost": self.class_cost,
+                "bbox_cost": self.bbox_cost,
+                "giou_cost": self.giou_cost,
+            }
+        )
+        return config
+
+
+def evaluate_detections(
+    model_or_predictions,
+    images,
+    boxes,
+    labels,
+    num_classes=None,
+    batch_size=64,
+    max_detections=100,
+):
+    """COCO mean average precision of detections, with `faster-coco-eval`.
+
+    Ground truth and detections are put into in-memory COCO dicts (boxes in
+    pixels) and scored by `faster_coco_eval.COCOeval_faster` (a maintained
+    pycocotools-compatible implementation): AP averaged over classes, at
+    IoU 0.5, 0.75 and over 0.5:0.05:0.95, at most `max_detections` per
+    image.
+
+    Args:
+        model_or_predictions: a `DETR` (all its queries are scored, no
+            threshold, as in DETR's evaluation), or a list of per-image
+            dicts as `DETR.predict_boxes` returns.
+        images: `(B, height, width, C)`; only their size is read when
+            predictions are given.
+        boxes: `(B, M, 4)` ground-truth normalised `(cx, cy, w, h)`.
+        labels: `(B, M)`, -1 for padding.
+        num_classes: the class ids are `0..num_classes - 1`; defaults to the
+            model's, else to one more than the largest label.
+        batch_size: for the model's predictions.
+        max_detections: detections kept per image (COCO uses 100).
+
+    Returns:
+        A dict of floats: `"map"` (AP@[.5:.95]), `"map50"`, `"map75"`,
+        `"mar100"` (recall with at most `max_detections`), and the counts
+        `"num_images"`, `"num_objects"`, `"num_detections"`.
+
+    Example:
+
+    ```python
+    scores = evaluate_detections(model, data.images, data.boxes, data.labels)
+    scores["map50"], scores["map"]
+    ```
+    """
+    from faster_coco_eval import COCO
+    from faster_coco_eval import COCOeval_faster
+
+    images = np.asarray(images)
+    boxes = np.asarray(boxes, dtype="float64")
+    labels = np.asarray(labels)
+    if images.ndim == 4:
+        height, width = images.shape[1:3]
+    else:
+        raise ValueError(
+            "Received an invalid value for argument `images`, expected "
+            "shape (B, height, width, channels). "
+            f"Received: images.shape={images.shape}"
+        )
+    if isinstance(model_or_predictions, keras.Model):
+        predictions = model_or_predictions.predict_boxes(
+            images, score_threshold=0.0, batch_size=batch_size
+        )
+        if num_classes is None:
+            num_classes = getattr(model_or_predictions, "num_classes", None)
+    else:
+        predictions = list(model_or_predictions)
+    if len(predictions) != len(boxes) or labels.shape != boxes.shape[:2]:
+        raise ValueError(
+            "Expected as many predictions, box rows and label rows as "
+            f"images. Received: {len(predictions)} predictions, "
+            f"boxes.shape={boxes.shape}, labels.shape={labels.shape}"
+        )
+    real = labels != PAD_LABEL
+    if num_classes is None:
+        num_classes = int(labels[real].max()) + 1 if real.any() else 1
+
+    # COCO ids start at 1: image i is i + 1, class c is c + 1.
+    scale = np.array([width, height, width, height], "float64")
+    pixel = boxes * scale
+    gt_annotations = []
+    for i, j in zip(*np.nonzero(real)):
+        cx, cy, w, h = pixel[i, j]
+        gt_annotations.append(
+            {
+                "id": len(gt_annotations) + 1,
+                "image_id": int(i) + 1,
+                "category_id": int(labels[i, j]) + 1,
+                "bbox": [cx - w / 2, cy - h / 2, w, h],
+                "area": w * h,
+                "iscrowd": 0,
+            }
+        )
+    image_entries = [
+        {"id": i + 1, "width": int(width), "height": int(height)}
+        for i in range(len(boxes))
+    ]
+    categories = [{"id": c + 1, "name": str(c)} for c in range(num_classes)]
+    ground_truth = COCO()
+    ground_truth.dataset = {
+        "images": image_entries,
+        "annotations": gt_annotations,
+        "categories": categories,
+    }
+    ground_truth.createIndex()
+
+    results = []
+    for i, detection in enumerate(predictions):
+        corners = np.asarray(detection["boxes"], dtype="float64").reshape(-1, 4)
+        order = np.argsort(-np.asarray(detection["scores"]), kind="stable")
+        for k in order[:max_detections]:
+            x1, y1, x2, y2 = corners[k]
+            results.append(
+                {
+                    "image_id": i + 1,
+                    "category_id": int(detection["labels"][k]) + 1,
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    "score": float(detection["scores"][k]),
+                }
+            )
+    detections = ground_truth.loadRes(results)
+    evaluator = COCOeval_faster(
+        ground_truth, detections, iouType="bbox", print_function=lambda *a: None
+    )
+    evaluator.params.maxDets = [1, 10, max_detections]
+    evaluator.evaluate()
+    evaluator.accumulate()
+    evaluator.summarize()
+    stats = evaluator.stats_as_dict
+    if callable(stats):
+        stats = stats()
+    recall_key = "AR_third" if max_detections == 100 else f"AR_{max_detections}"
+    return {
+        "map": max(float(stats["AP_all"]), 0.0),
+        "map50": max(float(stats["AP_50"]), 0.0),
+        "map75": max(float(stats["AP_75"]), 0.0),
+        "mar100": max(float(stats.get(recall_key, 0.0)), 0.0),
+        "num_images": len(boxes),
+        "num_objects": int(real.sum()),
+        "num_detections": len(results),
+    }
