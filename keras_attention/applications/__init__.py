@@ -11,3 +11,5 @@ from keras_attention.applications.node_classification import GATEarlyStopping
 from keras_attention.applications.node_classification import GATNodeClassifier
 from keras_attention.applications.node_classification import node_classification_data
 from keras_attention.applications.presets import preset_names
+from keras_attention.applications.detection import DETR
+from keras_attention.applications.detection import evaluate_detections
