@@ -457,8 +457,12 @@ def test_plot_detections(tmp_path):
     assert rectangle.get_width() == pytest.approx(8) and rectangle.get_height() == pytest.approx(16)
     assert rectangle.get_x() == pytest.approx(19.5) and rectangle.get_y() == pytest.approx(7.5)
     assert fig.axes[2].get_title() == "7 0.60"
-    fig = vis.plot_detections(image, boxes, [1, 2], box_format="xyxy")
+    pixels = [[4, 4, 12, 12], [20, 8, 28, 24]]  # what DETR.predict_boxes gives
+    fig = vis.plot_detections(image, pixels, [1, 2], box_format="xyxy", normalized=False)
     assert len(fig.axes) == 1
+    assert fig.axes[0].patches[1].get_bbox().bounds == pytest.approx(
+        rectangle.get_bbox().bounds
+    )
     with pytest.raises(ValueError, match="labels"):
         vis.plot_detections(image, boxes, [1])
 

@@ -151,6 +151,7 @@ def plot_detections(
     attention_maps=None,
     class_names=None,
     box_format="cxcywh",
+    normalized=True,
     grid_shape=None,
     alpha=0.5,
     title=None,
@@ -165,8 +166,11 @@ def plot_detections(
 
     Args:
         image: `(height, width)` or `(height, width, channels)`.
-        boxes: `(K, 4)` normalised to `[0, 1]`: `(cx, cy, w, h)` (DETR's
-            format) or `(x0, y0, x1, y1)` with `box_format="xyxy"`.
+        boxes: `(K, 4)`: `(cx, cy, w, h)` (DETR's training format) or
+            `(x0, y0, x1, y1)` with `box_format="xyxy"`; normalised to
+            `[0, 1]`, or in pixels with `normalized=False` (what
+            `DETR.predict_boxes` returns: `box_format="xyxy",
+            normalized=False`).
         labels: `K` class indices (or names).
         scores: optional `K` confidences.
         attention_maps: optional per-object maps: `(K, h, w)`, or `(K, S)`
@@ -174,6 +178,7 @@ def plot_detections(
             image's aspect ratio, or `grid_shape`).
         class_names: optional names of the class indices.
         box_format: `"cxcywh"` or `"xyxy"`.
+        normalized: whether the boxes are fractions of the image size.
         grid_shape: `(h, w)` of `(K, S)` attention maps.
         alpha: opacity of the attention maps.
         title: title of the picture.
@@ -185,9 +190,11 @@ def plot_detections(
     Example:
 
     ```python
+    found = detr.predict_boxes(images[:1], return_attention=True)[0]
     fig = plot_detections(
-        image, boxes=[[0.3, 0.3, 0.2, 0.2]], labels=[7], scores=[0.9],
-        attention_maps=cross_attention[:1], path="detections.png",
+        images[0], found["boxes"], found["labels"], found["scores"],
+        attention_maps=found["attention"], box_format="xyxy",
+        normalized=False, path="detections.png",
     )
     ```
     """
@@ -220,7 +227,8 @@ def plot_detections(
         )
     else:
         corners = boxes
-    corners = corners * np.array([width, height, width, height], "float32")
+    if normalized:
+        corners = corners * np.array([width, height, width, height], "float32")
     names = []
     for k, label in enumerate(labels):
         name = (
