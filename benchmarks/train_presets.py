@@ -1,0 +1,83 @@
+"""Trains the presets that ship weights and writes them into the package.
+
+For each preset with a weights file (`vit_digits`, `cbam_resnet_digits`),
+builds its configuration, trains it with the recipe of
+`bench_classification.RECIPES` on scikit-learn's digits (stratified 80/20
+split, seed 0), and writes `keras_attention/presets/<name>.weights.h5` and
+`<name>.json` (configuration, recipe, test accuracy, versions).
+
+    python benchmarks/train_presets.py            # all presets with weights
+    python benchmarks/train_presets.py vit_digits
+"""
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import bench_classification  # noqa: E402
+
+import keras_attention  # noqa: E402
+from keras_attention import datasets  # noqa: E402
+from keras_attention.applications import presets  # noqa: E402
+
+SHIPPED = {"vit_digits": "vit", "cbam_resnet_digits": "cbam_resnet"}
+
+
+def train_preset(name, seed=0):
+    spec = presets.get_preset(name)
+    kind = SHIPPED[name]
+    (x_train, y_train), (x_test, y_test) = datasets.load_digits_images(seed=0)
+    model, acc, wall, cpu = bench_classification.run_image(
+        kind, name, x_train, y_train, x_test, y_test, seed=seed
+    )
+    os.makedirs(presets.PRESET_DIR, exist_ok=True)
+    model.save_weights(spec.weights_path)
+    metadata = {
+        "name": name,
+        "class_name": spec.class_name,
+        "config": spec.config,
+        "weights": spec.weights,
+        "data": "sklearn.datasets.load_digits via "
+        "keras_attention.datasets.load_digits_images(seed=0, test_fraction=0.2)",
+        "recipe": bench_classification.RECIPES[name],
+        "seed": seed,
+        "test_accuracy": round(acc, 4),
+        "train_seconds": round(wall, 1),
+        "keras_version": keras.__version__,
+        "keras_attention_version": keras_attention.__version__,
+        "date": datetime.date.today().isoformat(),
+        "command": "python benchmarks/train_presets.py " + name,
+    }
+    with open(spec.metadata_path, "w", encoding="utf-8") as f:
+        json.dump(metadata, f, indent=2)
+        f.write("\n")
+    size = os.path.getsize(spec.weights_path) / 1e6
+    print(
+        f"{name}: test accuracy {acc:.4f}, fit {wall:.0f} s wall / {cpu:.0f} s "
+        f"CPU, {spec.weights_path} ({size:.2f} MB)",
+        flush=True,
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("names", nargs="*", default=sorted(SHIPPED))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    for name in args.names:
+        if name not in SHIPPED:
+            parser.error(f"{name!r} ships no weights; choose from {sorted(SHIPPED)}")
+        train_preset(name, args.seed)
+
+
+if __name__ == "__main__":
+    main()

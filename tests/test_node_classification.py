@@ -1,0 +1,110 @@
+"""Tests of GATNodeClassifier on the embedded karate club graph."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attention.applications.node_classification import GATEarlyStopping
+from keras_attention.applications.node_classification import GATNodeClassifier
+from keras_attention.applications.node_classification import node_classification_data
+from keras_attention.datasets import load_karate_club
+
+
+@pytest.fixture(scope="module")
+def karate():
+    return node_classification_data(load_karate_club(seed=0, num_train_per_class=4))
+
+
+def elu(x):
+    return np.where(x > 0, x, np.expm1(np.minimum(x, 0)))
+
+
+def reference_gat_layer(layer, x, edges, concat):
+    """GAT (v1) from the paper's equations, with one self loop per node."""
+    kernel, a_source, a_target, bias = layer.get_weights()
+    n = x.shape[0]
+    heads, units = a_source.shape
+    h = (x @ kernel).reshape(n, heads, units)
+    source = np.concatenate([edges[0], np.arange(n)])
+    target = np.concatenate([edges[1], np.arange(n)])
+    e = (h[source] * a_source).sum(-1) + (h[target] * a_target).sum(-1)
+    e = np.where(e > 0, e, 0.2 * e)  # LeakyReLU(0.2), (E + N, H)
+    out = np.zeros((n, heads, units))
+    for i in range(n):
+        incoming = target == i
+        alpha = np.exp(e[incoming] - e[incoming].max(0))
+        alpha /= alpha.sum(0)
+        out[i] = (alpha[:, :, None] * h[source[incoming]]).sum(0)
+    out = out.reshape(n, heads * units) if concat else out.mean(1)
+    return out + bias
+
+
+def test_gat_matches_the_paper_equations(karate):
+    model = GATNodeClassifier(
+        num_features=34, num_classes=2, hidden_units=4, num_heads=3, output_heads=2
+    )
+    features, edges = karate.inputs[0][0], karate.inputs[1][0]
+    hidden = elu(reference_gat_layer(model.get_layer("graph_attention_1"), features, edges, True))
+    logits = reference_gat_layer(model.get_layer("graph_attention_2"), hidden, edges, False)
+    out = keras.ops.convert_to_numpy(model(karate.inputs, training=False))
+    assert out.shape == (1, 34, 2)
+    np.testing.assert_allclose(out[0], logits, atol=1e-4)
+    first, second = model.attention_scores(karate.inputs)
+    assert tuple(first.shape) == (156 + 34, 3) and tuple(second.shape) == (190, 2)
+
+
+def test_gat_trains_with_early_stopping_and_saves(karate, tmp_path):
+    keras.utils.set_random_seed(0)
+    model = GATNodeClassifier.from_preset("gat_karate")
+    assert (model.hidden_units, model.num_heads, model.dropout) == (8, 8, 0.6)
+    model.compile(jit_compile=True)
+    stopper = GATEarlyStopping(patience=30)
+    history = model.fit(
+        karate.inputs,
+        karate.labels,
+        sample_weight=karate.train_weights,
+        validation_data=(karate.inputs, karate.labels, karate.val_weights),
+        epochs=40,
+        callbacks=[stopper],
+        verbose=0,
+    )
+    losses = history.history["loss"]
+    assert np.mean(losses[-5:]) < np.mean(losses[:5])
+    assert stopper.best_epoch is not None
+    path = os.path.join(tmp_path, "gat.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(loaded(karate.inputs)),
+        keras.ops.convert_to_numpy(model(karate.inputs)),
+        atol=1e-6,
+    )
+    # The weighted loss is the mean over the training nodes only.
+    assert karate.train_weights.sum() == pytest.approx(34.0)
+    assert (karate.train_weights > 0).sum() == 8
+
+
+def test_l2_is_half_weight_decay_times_squared_norm():
+    model = GATNodeClassifier(num_features=5, num_classes=2, weight_decay=5e-4)
+    kernel = model.get_layer("graph_attention_1").kernel
+    expected = 2.5e-4 * np.sum(keras.ops.convert_to_numpy(kernel) ** 2)
+    assert float(kernel.regularizer(kernel)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_bad_graphs_raise_expected_versus_received(karate):
+    model = GATNodeClassifier(num_features=34, num_classes=2)
+    features, edges = karate.inputs
+    bad = edges.copy()
+    bad[0, 1, 0] = 34
+    with pytest.raises(ValueError, match=r"node ids in \[0, 34\).*Received: edges with values in \[0, 34\]"):
+        model.predict([features, bad], verbose=0)
+    with pytest.raises(ValueError, match=r"expected a batch of one graph \(1, N, 34\)"):
+        model.predict([features[:, :, :30], edges], verbose=0)
+    with pytest.raises(ValueError, match=r"\(1, 2, E\).*Received: edges.shape=\(1, 3, 156\)"):
+        model([features, np.concatenate([edges, edges[:, :1]], 1)])
+    with pytest.raises(ValueError, match="Received: attention='gat'"):
+        GATNodeClassifier(num_features=34, num_classes=2, attention="gat")
+    with pytest.raises(ValueError, match="known presets"):
+        GATNodeClassifier.from_preset("gat_reddit")
