@@ -1,0 +1,603 @@
+"""Translation with attention: what the two translators share.
+
+`Translator` is the base of `Seq2SeqTranslator` (recurrent encoder-decoder
+with additive attention, Bahdanau et al. 2015; `translation_rnn.py`) and
+`TransformerTranslator` (Vaswani et al. 2017; `translation_transformer.py`).
+It owns the `TranslationPreprocessor` (keras-hub tokenizers), the default
+`compile` (masked cross-entropy, XLA), the presets, and the decoding: greedy
+search and beam search on `keras.ops` with a fixed maximum length, compiled
+with XLA, with the decoder's cross-attention weights of every generated token.
+
+A subclass provides four hooks:
+
+- `encode(source_ids, training)`: a dict of encoder tensors, batch first.
+- `decode_sequence(target_ids, encoded, training)`: teacher forcing;
+  `(logits (B, T, V), cross-attention weights (B, T, S))`.
+- `initial_cache(encoded, max_length)`: the decoder's incremental state.
+- `decode_step(tokens, index, cache, encoded)`: one generated token from the
+  cache; `(logits (B, V), new cache, weights (B, S))`.
+
+Every tensor of `encoded` and of the cache has the batch axis first, so beam
+search repeats and reorders them without knowing what they are.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attention.applications.text_preprocessing import (
+    TranslationPreprocessor,
+)
+from keras_attention.applications.text_preprocessing import corpus_bleu
+from keras_attention.layers.base import check_positive_int
+from keras_attention.layers.base import invalid
+
+_NEG_INF = -1e9
+
+
+def date_task_preprocessor():
+    """The character preprocessor of the date task (`make_date_task`).
+
+    Sources of up to 32 characters (the longest date the generator writes
+    has 30), lowercased; targets `YYYY-MM-DD` plus `[END]`.
+    """
+    return TranslationPreprocessor(
+        tokenizer="character",
+        source_length=32,
+        target_length=11,
+        lowercase_source=True,
+    )
+
+
+def load_translation_corpus(
+    path=None,
+    src="en",
+    tgt="de",
+    splits=None,
+    max_lines=None,
+    num_train=20000,
+    num_val=1000,
+    num_test=1000,
+    seed=0,
+):
+    """Sentence pairs split by split: the date task, or a corpus folder.
+
+    Args:
+        path: `None` for the generated date-normalisation task (no
+            download), or a folder of line-aligned `<split>.<src>` /
+            `<split>.<tgt>` files such as Multi30k.
+        src, tgt: language suffixes of the files.
+        splits: split names to read from `path` (all by default).
+        max_lines: read at most this many lines per file.
+        num_train, num_val, num_test, seed: size and seed of the date task
+            (disjoint calendar days per split).
+
+    Returns:
+        `{split: (sources, targets)}`; the date task has `"train"`, `"val"`
+        and `"test"`.
+
+    Raises:
+        FileNotFoundError (also a `ValueError`) naming a missing file, and
+        `ValueError` for files with different line counts or empty lines.
+    """
+    from keras_attention import datasets
+
+    if path is None:
+        return datasets.make_date_corpus(
+            num_train=num_train, num_val=num_val, num_test=num_test, seed=seed
+        )
+    return datasets.load_parallel_corpus(
+        path, src=src, tgt=tgt, splits=splits, max_lines=max_lines
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+def token_accuracy(y_true, y_pred):
+    """Share of non-padding target tokens predicted exactly (teacher forcing)."""
+    y_true = ops.cast(y_true, "int32")
+    predicted = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
+    real = ops.not_equal(y_true, 0)
+    hits = ops.logical_and(real, ops.equal(predicted, y_true))
+    count = ops.sum(ops.cast(real, "float32"))
+    return ops.sum(ops.cast(hits, "float32")) / ops.maximum(count, 1.0)
+
+
+def _next_power_of_two(n):
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+class Translator(keras.Model):
+    """Base of the translators: preprocessing, training defaults, decoding.
+
+    Not used directly; see `Seq2SeqTranslator` and `TransformerTranslator`.
+
+    Args:
+        preprocessor: a `TranslationPreprocessor` (or its config); defaults
+            to `date_task_preprocessor()`.
+    """
+
+    presets = {}
+    default_learning_rate = 1e-3
+
+    def __init__(self, preprocessor=None, **kwargs):
+        super().__init__(**kwargs)
+        if preprocessor is None:
+            preprocessor = date_task_preprocessor()
+        elif isinstance(preprocessor, dict):
+            preprocessor = keras.saving.deserialize_keras_object(preprocessor)
+        if not isinstance(preprocessor, TranslationPreprocessor):
+            raise invalid(
+                "preprocessor", "a TranslationPreprocessor", preprocessor
+            )
+        # A plain object, not a layer: its vocabularies travel in the config.
+        self.preprocessor = preprocessor
+        self._generate_functions = {}
+
+    # Hooks -----------------------------------------------------------------
+
+    def encode(self, source_ids, training=False):
+        raise NotImplementedError
+
+    def decode_sequence(self, target_ids, encoded, training=False):
+        raise NotImplementedError
+
+    def initial_cache(self, encoded, max_length):
+        raise NotImplementedError
+
+    def decode_step(self, tokens, index, cache, encoded):
+        raise NotImplementedError
+
+    def prepare_decoding(self, encoded):
+        """Hook: add what decoding reuses at every step (cross keys, ...)."""
+        return encoded
+
+    @property
+    def max_decode_length(self):
+        """The longest translation the model can write; `None`: no limit."""
+        return None
+
+    # Keras -------------------------------------------------------------------
+
+    @staticmethod
+    def _unpack(inputs):
+        if isinstance(inputs, dict):
+            missing = {"source_ids", "target_ids"} - set(inputs)
+            if missing:
+                raise ValueError(
+                    "Expected the inputs to be a dict with keys 'source_ids' "
+                    f"and 'target_ids'. Missing: {sorted(missing)}"
+                )
+            return inputs["source_ids"], inputs["target_ids"]
+        if isinstance(inputs, (list, tuple)) and len(inputs) == 2:
+            return inputs[0], inputs[1]
+        raise ValueError(
+            "Expected the inputs to be {'source_ids': (B, S), 'target_ids': "
+            "(B, T)} or a list of the two. "
+            f"Received: {inputs!r}"
+        )
+
+    def call(self, inputs, training=None):
+        source_ids, target_ids = self._unpack(inputs)
+        source_ids = ops.cast(source_ids, "int32")
+        target_ids = ops.cast(target_ids, "int32")
+        encoded = self.encode(source_ids, training=training)
+        logits, _ = self.decode_sequence(target_ids, encoded, training=training)
+        return logits
+
+    def cross_attention(self, inputs):
+        """Teacher-forced cross-attention weights `(B, T, S)` of a batch."""
+        source_ids, target_ids = self._unpack(inputs)
+        encoded = self.encode(ops.cast(source_ids, "int32"), training=False)
+        _, weights = self.decode_sequence(
+            ops.cast(target_ids, "int32"), encoded, training=False
+        )
+        return weights
+
+    def compile(
+        self,
+        optimizer="auto",
+        loss="auto",
+        metrics="auto",
+        jit_compile=True,
+        **kwargs,
+    ):
+        """`keras.Model.compile` with translation defaults.
+
+        `"auto"` gives Adam (`default_learning_rate`, gradient norm clipped
+        at 1), cross-entropy on logits that ignores padding (id 0), and
+        `token_accuracy`. XLA is on by default.
+        """
+        if optimizer == "auto":
+            optimizer = keras.optimizers.Adam(
+                learning_rate=self.default_learning_rate, clipnorm=1.0
+            )
+        if loss == "auto":
+            loss = keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, ignore_class=0
+            )
+        if metrics == "auto":
+            metrics = [token_accuracy]
+        super().compile(
+            optimizer=optimizer,
+            loss=loss,
+            metrics=metrics,
+            jit_compile=jit_compile,
+            **kwargs,
+        )
+
+    def compile_from_config(self, config):
+        # Keras skips this for an overridden `compile`; ours takes the same
+        # arguments, so a loaded model is compiled (optimizer state too).
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    def prepare(self, sources, targets):
+        """`(x, labels)` for `fit`/`evaluate` from sentence pairs."""
+        return self.preprocessor.encode_pairs(sources, targets)
+
+    def get_config(self):
+        config = super().get_config()
+        config["preprocessor"] = keras.saving.serialize_keras_object(
+            self.preprocessor
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        preprocessor = config.pop("preprocessor", None)
+        if isinstance(preprocessor, dict):
+            preprocessor = keras.saving.deserialize_keras_object(preprocessor)
+        return cls(preprocessor=preprocessor, **config)
+
+    @classmethod
+    def from_preset(cls, preset, preprocessor=None, **kwargs):
+        """A model of a named size; `kwargs` override the preset's values.
+
+        Args:
+            preset: a key of `cls.presets` (`"tiny"`, `"small"`).
+            preprocessor: a `TranslationPreprocessor`; the date task's by
+                default.
+        """
+        if preset not in cls.presets:
+            raise invalid("preset", f"one of {sorted(cls.presets)}", preset)
+        config = dict(cls.presets[preset])
+        config.update(kwargs)
+        return cls(preprocessor=preprocessor, **config)
+
+    # Decoding ----------------------------------------------------------------
+
+    def _uncached_step(self, tokens, index, buffer, encoded):
+        """One step by re-running the whole decoder on the prefix so far."""
+        length = buffer.shape[1]
+        here = ops.equal(ops.arange(length), index)[None, :]
+        buffer = ops.where(here, tokens[:, None], buffer)
+        logits, weights = self.decode_sequence(buffer, encoded, training=False)
+        return (
+            ops.take(logits, index, axis=1),
+            buffer,
+            ops.take(weights, index, axis=1),
+        )
+
+    def _step_function(self, encoded, batch, max_length, use_cache):
+        if use_cache:
+            return self.decode_step, self.initial_cache(encoded, max_length)
+        return self._uncached_step, ops.zeros((batch, max_length), "int32")
+
+    def _greedy(self, source_ids, max_length, use_cache):
+        p = self.preprocessor
+        encoded = self.prepare_decoding(self.encode(source_ids))
+        batch = ops.shape(source_ids)[0]
+        s_len = source_ids.shape[1]
+        step, cache = self._step_function(encoded, batch, max_length, use_cache)
+        positions = ops.arange(max_length)[None, :]
+
+        def cond(i, previous, tokens, weights, finished, cache):
+            return ops.logical_and(
+                i < max_length, ops.logical_not(ops.all(finished))
+            )
+
+        def body(i, previous, tokens, weights, finished, cache):
+            logits, cache, step_weights = step(previous, i, cache, encoded)
+            chosen = ops.cast(ops.argmax(logits, axis=-1), "int32")
+            chosen = ops.where(finished, p.pad_id, chosen)
+            # Finished rows write padding, and no attention.
+            step_weights = ops.where(
+                finished[:, None], 0.0, ops.cast(step_weights, "float32")
+            )
+            here = ops.equal(positions, i)  # (1, L)
+            tokens = ops.where(here, chosen[:, None], tokens)
+            weights = ops.where(
+                here[:, :, None], step_weights[:, None, :], weights
+            )
+            finished = ops.logical_or(finished, ops.equal(chosen, p.end_id))
+            return i + 1, chosen, tokens, weights, finished, cache
+
+        state = (
+            ops.convert_to_tensor(0, "int32"),
+            ops.full((batch,), p.start_id, "int32"),
+            ops.zeros((batch, max_length), "int32"),
+            ops.zeros((batch, max_length, s_len), "float32"),
+            ops.zeros((batch,), "bool"),
+            cache,
+        )
+        state = ops.while_loop(cond, body, state)
+        return state[2], state[3]
+
+    def _beam_search(
+        self, source_ids, max_length, beam_width, length_penalty, use_cache
+    ):
+        p = self.preprocessor
+        k = beam_width
+        batch = ops.shape(source_ids)[0]
+        s_len = source_ids.shape[1]
+        encoded = self.prepare_decoding(self.encode(source_ids))
+        # Beam j of sentence b is row b * k + j of every tensor.
+        encoded = keras.tree.map_structure(
+            lambda x: ops.repeat(x, k, axis=0), encoded
+        )
+        rows = batch * k
+        step, cache = self._step_function(encoded, rows, max_length, use_cache)
+        vocabulary = self.preprocessor.target_vocabulary_size
+        positions = ops.arange(max_length)[None, :]
+        # A finished beam can only continue with padding, at no cost.
+        pad_only = ops.where(
+            ops.equal(ops.arange(vocabulary), p.pad_id), 0.0, _NEG_INF
+        )[None, :]
+        offsets = ops.repeat(ops.arange(batch) * k, k)  # (B*k,)
+
+        def cond(i, previous, scores, tokens, weights, finished, cache):
+            return ops.logical_and(
+                i < max_length, ops.logical_not(ops.all(finished))
+            )
+
+        def body(i, previous, scores, tokens, weights, finished, cache):
+            logits, cache, step_weights = step(previous, i, cache, encoded)
+            log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+            log_probs = ops.where(finished[:, None], pad_only, log_probs)
+            step_weights = ops.where(
+                finished[:, None], 0.0, ops.cast(step_weights, "float32")
+            )
+            total = ops.reshape(scores, (-1, 1)) + log_probs  # (B*k, V)
+            total = ops.reshape(total, (-1, k * vocabulary))
+            best, index = ops.top_k(total, k)  # (B, k)
+            index = ops.cast(index, "int32")
+            origin = ops.reshape(index // vocabulary, (-1,)) + offsets
+            chosen = ops.reshape(index % vocabulary, (-1,))
+
+            def reorder(x):
+                return ops.take(x, origin, axis=0)
+
+            cache = keras.tree.map_structure(reorder, cache)
+            tokens = reorder(tokens)
+            weights = reorder(weights)
+            finished = reorder(finished)
+            step_weights = reorder(step_weights)
+            here = ops.equal(positions, i)
+            tokens = ops.where(here, chosen[:, None], tokens)
+            weights = ops.where(here[:, :, None], step_weights[:, None, :], weights)
+            finished = ops.logical_or(finished, ops.equal(chosen, p.end_id))
+            return i + 1, chosen, best, tokens, weights, finished, cache
+
+        # Only the first beam is live at the start, so the k beams do not
+        # all extend the same prefix.
+        first = ops.where(ops.equal(ops.arange(k), 0), 0.0, _NEG_INF)
+        state = (
+            ops.convert_to_tensor(0, "int32"),
+            ops.full((rows,), p.start_id, "int32"),
+            ops.tile(first[None, :], (batch, 1)),
+            ops.zeros((rows, max_length), "int32"),
+            ops.zeros((rows, max_length, s_len), "float32"),
+            ops.zeros((rows,), "bool"),
+            cache,
+        )
+        _, _, scores, tokens, weights, _, _ = ops.while_loop(cond, body, state)
+        # Length normalisation of Wu et al. (2016): ((5 + |y|) / 6) ** alpha.
+        lengths = ops.sum(ops.cast(ops.not_equal(tokens, p.pad_id), "float32"), -1)
+        penalty = ops.power((5.0 + lengths) / 6.0, length_penalty)
+        normalised = scores / ops.reshape(penalty, (-1, k))
+        winner = ops.cast(ops.argmax(normalised, axis=-1), "int32")
+        winner = winner + ops.arange(batch) * k
+        return ops.take(tokens, winner, axis=0), ops.take(weights, winner, axis=0)
+
+    def _generate_function(
+        self, search, beam_width, max_length, length_penalty, use_cache, jit_compile
+    ):
+        key = (
+            search, beam_width, max_length, float(length_penalty),
+            bool(use_cache), bool(jit_compile),
+        )
+        function = self._generate_functions.get(key)
+        if function is not None:
+            return function
+
+        def generate(source_ids):
+            if search == "greedy":
+                return self._greedy(source_ids, max_length, use_cache)
+            return self._beam_search(
+                source_ids, max_length, beam_width, length_penalty, use_cache
+            )
+
+        function = generate
+        if jit_compile and keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            function = tf.function(generate, jit_compile=True)
+        # Other backends run the same keras.ops loop eagerly.
+        self._generate_functions[key] = function
+        return function
+
+    def generate_ids(
+        self,
+        source_ids,
+        beam_width=1,
+        max_length=None,
+        length_penalty=0.6,
+        use_cache=True,
+        search=None,
+        jit_compile=True,
+    ):
+        """Generated target ids `(B, L)` and cross-attention `(B, L, S)`.
+
+        The decoding behind `translate`, on token ids: greedy search for
+        `beam_width=1`, beam search otherwise (`search="greedy"` or
+        `"beam"` forces one). Positions after `[END]` hold padding. With
+        `jit_compile=True` (TensorFlow) the whole loop is one XLA program,
+        compiled once per setting and input shape.
+        """
+        beam_width, max_length = self._check_decoding(beam_width, max_length)
+        if search is None:
+            search = "greedy" if beam_width == 1 else "beam"
+        if search not in ("greedy", "beam"):
+            raise invalid("search", "'greedy', 'beam' or None", search)
+        if search == "greedy" and beam_width != 1:
+            raise invalid("beam_width", "1 for greedy search", beam_width)
+        function = self._generate_function(
+            search, beam_width, max_length, length_penalty, use_cache, jit_compile
+        )
+        tokens, weights = function(ops.convert_to_tensor(source_ids, "int32"))
+        return ops.convert_to_numpy(tokens), ops.convert_to_numpy(weights)
+
+    def _check_decoding(self, beam_width, max_length):
+        beam_width = check_positive_int("beam_width", beam_width)
+        limit = self.max_decode_length
+        if max_length is None:
+            max_length = self.preprocessor.target_length
+        max_length = check_positive_int("max_length", max_length)
+        if limit is not None and max_length > limit:
+            raise invalid(
+                "max_length",
+                f"at most {limit} (the model's target positions)",
+                max_length,
+            )
+        return beam_width, max_length
+
+    def translate(
+        self,
+        sentences,
+        beam_width=1,
+        max_length=None,
+        return_attention=False,
+        length_penalty=0.6,
+        batch_size=64,
+        use_cache=True,
+        jit_compile=True,
+    ):
+        """Translates sentences: greedy search, or beam search of `beam_width`.
+
+        Args:
+            sentences: a string or a list of non-empty strings. Sentences
+                longer than `preprocessor.source_length` tokens are
+                truncated with a warning; unknown characters/word pieces are
+                read as the unknown token.
+            beam_width: 1 for greedy search, `k > 1` for beam search.
+            max_length: most tokens to generate, `[END]` included; defaults
+                to `preprocessor.target_length`.
+            return_attention: also return, per sentence, the decoder's
+                cross-attention for every generated token.
+            length_penalty: the exponent `alpha` of the length normalisation
+                that picks the best finished beam (beam search only).
+            batch_size: sentences decoded at once.
+            use_cache: decode from the cached decoder state (`True`), or
+                re-run the decoder on the whole prefix at every step.
+            jit_compile: compile the decoding loop with XLA (TensorFlow);
+                `False` runs it eagerly (no compilation; slower per token).
+
+        Returns:
+            The translations (a string for a string input, a list
+            otherwise). With `return_attention=True`, also a list of dicts
+            `{"weights": (generated tokens, source tokens) float32 array,
+            "source_tokens": [...], "target_tokens": [...]}` (the generated
+            tokens include `[END]` when it was written).
+        """
+        single = isinstance(sentences, str)
+        if single:
+            sentences = [sentences]
+        batch_size = check_positive_int("batch_size", batch_size)
+        self._check_decoding(beam_width, max_length)
+        source_ids = self.preprocessor.encode_sources(sentences)
+        count = len(source_ids)
+        chunk = min(batch_size, _next_power_of_two(max(count, 1)))
+        tokens, weights = [], []
+        for start in range(0, count, chunk):
+            part = source_ids[start : start + chunk]
+            padded = np.zeros((chunk, part.shape[1]), "int32")
+            padded[: len(part)] = part
+            t, w = self.generate_ids(
+                padded,
+                beam_width,
+                max_length,
+                length_penalty,
+                use_cache,
+                jit_compile=jit_compile,
+            )
+            tokens.append(t[: len(part)])
+            weights.append(w[: len(part)])
+        if count:
+            tokens = np.concatenate(tokens)
+            weights = np.concatenate(weights)
+        texts = self.preprocessor.decode(tokens) if count else []
+        if not return_attention:
+            return texts[0] if single else texts
+        maps = []
+        for i in range(count):
+            source_tokens = self.preprocessor.token_strings(
+                source_ids[i], source=True
+            )
+            generated = self._generated_ids(tokens[i])
+            maps.append(
+                {
+                    "weights": weights[i, : len(generated), : len(source_tokens)],
+                    "source_tokens": source_tokens,
+                    "target_tokens": self.preprocessor.token_strings(
+                        generated, source=False
+                    ),
+                }
+            )
+        if single:
+            return texts[0], maps[0]
+        return texts, maps
+
+    def _generated_ids(self, row):
+        out = []
+        for i in row.tolist():
+            if i == self.preprocessor.pad_id:
+                break
+            out.append(i)
+            if i == self.preprocessor.end_id:
+                break
+        return out
+
+    def evaluate_translations(self, sources, references, beam_width=1, **kwargs):
+        """`{"bleu": corpus BLEU, "exact_match": share of exact translations}`."""
+        hypotheses = self.translate(list(sources), beam_width=beam_width, **kwargs)
+        exact = float(
+            np.mean([h == r for h, r in zip(hypotheses, references)])
+        ) if hypotheses else 0.0
+        return {
+            "bleu": corpus_bleu(list(references), hypotheses),
+            "exact_match": exact,
+        }
+
+
+# The two models build on `Translator` above; the package's __init__ imports
+# this module first, so these imports see it defined.
+from keras_attention.applications.translation_rnn import (  # noqa: E402
+    Seq2SeqTranslator,
+)
+from keras_attention.applications.translation_transformer import (  # noqa: E402
+    TransformerTranslator,
+)
+
+__all__ = [
+    "Seq2SeqTranslator",
+    "TransformerTranslator",
+    "TranslationPreprocessor",
+    "Translator",
+    "corpus_bleu",
+    "date_task_preprocessor",
+    "load_translation_corpus",
+    "token_accuracy",
+]

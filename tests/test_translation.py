@@ -1,0 +1,452 @@
+"""Tests of the translation applications (keras_attention/applications).
+
+Small configurations only. The two trained models (module fixtures) learn a
+character copy task with `jit_compile=True`; most checks reuse them and run
+the decoding eagerly, so each XLA compilation happens once.
+"""
+
+import os
+import warnings
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from keras import ops  # noqa: E402
+
+import keras_attention  # noqa: E402
+from keras_attention.applications import translation  # noqa: E402
+from keras_attention.applications.text_preprocessing import RESERVED_TOKENS  # noqa: E402
+from keras_attention.applications.translation import Seq2SeqTranslator  # noqa: E402
+from keras_attention.applications.translation import TransformerTranslator  # noqa: E402
+from keras_attention.applications.translation import TranslationPreprocessor  # noqa: E402
+from keras_attention.applications.translation import Translator  # noqa: E402
+from keras_attention.applications.translation import corpus_bleu  # noqa: E402
+
+ALPHABET = list("abcdefgh")
+
+
+def random_words(count, seed):
+    rng = np.random.default_rng(seed)
+    return [
+        "".join(rng.choice(ALPHABET, size=int(rng.integers(2, 7))))
+        for _ in range(count)
+    ]
+
+
+def copy_preprocessor():
+    return TranslationPreprocessor(source_length=8, target_length=8)
+
+
+def tiny_rnn(**kwargs):
+    kwargs.setdefault("embedding_dim", 16)
+    kwargs.setdefault("hidden_dim", 32)
+    return Seq2SeqTranslator(copy_preprocessor(), **kwargs)
+
+
+def tiny_transformer(**kwargs):
+    config = dict(num_layers=1, hidden_dim=32, num_heads=2, intermediate_dim=64)
+    config.update(dropout=0.0)
+    config.update(kwargs)
+    return TransformerTranslator(copy_preprocessor(), **config)
+
+
+def train_copy(model, learning_rate, epochs):
+    keras.utils.set_random_seed(0)
+    words = random_words(2048, seed=0)
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate), jit_compile=True
+    )
+    x, y = model.prepare(words, words)
+    history = model.fit(x, y, batch_size=64, epochs=epochs, verbose=0)
+    return history.history["loss"]
+
+
+@pytest.fixture(scope="module")
+def rnn():
+    keras.utils.set_random_seed(1)
+    model = tiny_rnn()
+    return model, train_copy(model, 0.01, epochs=6)
+
+
+@pytest.fixture(scope="module")
+def transformer():
+    keras.utils.set_random_seed(1)
+    model = tiny_transformer()
+    return model, train_copy(model, 0.005, epochs=4)
+
+
+MODELS = ["rnn", "transformer"]
+
+
+@pytest.fixture(params=MODELS)
+def trained(request):
+    return request.getfixturevalue(request.param)[0]
+
+
+def test_preprocessor_pairs_and_decoding():
+    p = copy_preprocessor()
+    x, labels = p.encode_pairs(["abc", "h"], ["cab", "hhhh"])
+    # Labels: tokens then [END]; inputs: [START] then the labels shifted.
+    np.testing.assert_array_equal(
+        labels[0], [ord("c"), ord("a"), ord("b"), p.end_id, 0, 0, 0, 0]
+    )
+    np.testing.assert_array_equal(x["target_ids"][:, 0], [p.start_id] * 2)
+    np.testing.assert_array_equal(x["target_ids"][:, 1:], labels[:, :-1])
+    np.testing.assert_array_equal(x["source_ids"][1], [ord("h")] + [0] * 7)
+    assert p.decode(labels) == ["cab", "hhhh"]
+    assert p.token_strings(labels[0], source=False) == ["c", "a", "b", "[END]"]
+
+
+def test_word_piece_vocabulary_from_corpus():
+    sources = ["a man rides a horse .", "two dogs play in the snow ."] * 4
+    targets = ["ein mann reitet ein pferd .", "zwei hunde spielen im schnee ."] * 4
+    p = TranslationPreprocessor.from_corpus(sources, targets, vocabulary_size=60)
+    assert p.tokenizer == "word_piece"
+    assert p.source_vocabulary[:4] == list(RESERVED_TOKENS)
+    assert p.target_vocabulary[:4] == list(RESERVED_TOKENS)
+    x, labels = p.encode_pairs(sources[:2], targets[:2])
+    # The lengths cover the longest sentence of the corpus (+ [END]).
+    assert ((labels == p.end_id).sum(axis=1) == 1).all()
+    assert (x["source_ids"][:, -1] != 0).any()
+    assert p.decode(labels) == targets[:2]
+    # An unknown word piece maps to [UNK], id 1.
+    assert p.unknown_id in p.encode_sources(["a zebra ☃"])[0]
+
+
+def test_bad_sentences():
+    p = copy_preprocessor()
+    with pytest.raises(ValueError, match=r"sentences\[1\]"):
+        p.encode_sources(["abc", "  "])
+    with pytest.raises(ValueError, match="not one string"):
+        p.encode_sources("abc")
+    with pytest.raises(ValueError, match=r"sentences\[0\]"):
+        p.encode_sources([3])
+    with pytest.raises(ValueError, match="as many targets"):
+        p.encode_pairs(["a", "b"], ["a"])
+    with pytest.warns(UserWarning, match="truncated to 8 tokens"):
+        ids = p.encode_sources(["abcdefghij"])
+    np.testing.assert_array_equal(ids[0], [ord(c) for c in "abcdefgh"])
+    with pytest.warns(UserWarning, match="truncated"):
+        _, labels = p.encode_targets(["abcdefghij"])
+    assert p.end_id not in labels[0]
+    # Unknown characters (beyond ASCII, control characters) are [UNK].
+    ids = p.encode_sources(["aé\x02日"])[0]
+    np.testing.assert_array_equal(ids[:4], [ord("a")] + [p.unknown_id] * 3)
+    with pytest.raises(ValueError, match="tokenizer"):
+        TranslationPreprocessor(tokenizer="bytes")
+    with pytest.raises(ValueError, match="source_vocabulary"):
+        TranslationPreprocessor(tokenizer="word_piece", source_vocabulary=["a"])
+
+
+def test_corpus_folder_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        translation.load_translation_corpus(tmp_path / "nowhere")
+    (tmp_path / "train.en").write_text("a man\na dog\n", encoding="utf-8")
+    with pytest.raises(FileNotFoundError, match="train.de"):
+        translation.load_translation_corpus(tmp_path)
+    (tmp_path / "train.de").write_text("ein mann\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="not aligned"):
+        translation.load_translation_corpus(tmp_path)
+    (tmp_path / "train.de").write_text("ein mann\nein hund\n", encoding="utf-8")
+    corpus = translation.load_translation_corpus(tmp_path)
+    assert corpus["train"] == (["a man", "a dog"], ["ein mann", "ein hund"])
+    dates = translation.load_translation_corpus(num_train=5, num_val=2, num_test=2)
+    assert len(dates["train"][0]) == 5 and len(dates["test"][1][0]) == 10
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_shapes_and_padding_do_not_change_outputs(name):
+    keras.utils.set_random_seed(2)
+    model = tiny_rnn() if name == "rnn" else tiny_transformer()
+    x, labels = model.prepare(["abc", "hgfedc"], ["cba", "cdefgh"])
+    logits = ops.convert_to_numpy(model(x))
+    v = model.preprocessor.target_vocabulary_size
+    assert logits.shape == (2, 8, v)
+    weights = ops.convert_to_numpy(model.cross_attention(x))
+    assert weights.shape == (2, 8, 8)
+    # No attention on padded source positions; each real row sums to 1.
+    np.testing.assert_allclose(weights[0, :, 3:], 0.0, atol=1e-7)
+    real = x["target_ids"] != 0
+    np.testing.assert_allclose(weights.sum(-1)[real], 1.0, atol=1e-5)
+    # Fewer padding columns in the source: identical outputs.
+    short = dict(x, source_ids=x["source_ids"][:, :6])
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(model(short)), logits, atol=1e-5
+    )
+    # A padded target position changes nothing before it (the first
+    # sentence's targets end at position 4; fill the rest with tokens).
+    filled = dict(x, target_ids=x["target_ids"].copy())
+    filled["target_ids"][0, 5:] = ord("a")
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(model(filled))[0, :5], logits[0, :5], atol=1e-5
+    )
+    # The padding embedding is not what keeps outputs equal: changing the
+    # real tokens does change them.
+    other = dict(x, source_ids=x["source_ids"].copy())
+    other["source_ids"][0, 0] = ord("h")
+    assert not np.allclose(ops.convert_to_numpy(model(other))[0], logits[0])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fit_with_xla_lowers_loss_and_learns_copy(name, request):
+    model, losses = request.getfixturevalue(name)
+    assert model.jit_compile is True
+    assert losses[-1] < 0.2 * losses[0], losses
+    words = random_words(48, seed=7)
+    translations = model.translate(words, jit_compile=False)
+    assert np.mean([t == w for t, w in zip(translations, words)]) >= 0.95
+
+
+def test_greedy_equals_beam_search_of_width_one(trained):
+    source_ids = trained.preprocessor.encode_sources(random_words(6, seed=3))
+    greedy = trained.generate_ids(source_ids, search="greedy", jit_compile=False)
+    beam = trained.generate_ids(
+        source_ids, beam_width=1, search="beam", jit_compile=False
+    )
+    np.testing.assert_array_equal(greedy[0], beam[0])
+    np.testing.assert_allclose(greedy[1], beam[1], atol=1e-6)
+
+
+def test_cached_decoding_equals_uncached(trained):
+    source_ids = trained.preprocessor.encode_sources(random_words(2, seed=4))
+    for beam_width in (1, 3):
+        cached = trained.generate_ids(
+            source_ids, beam_width, use_cache=True, jit_compile=False
+        )
+        uncached = trained.generate_ids(
+            source_ids, beam_width, use_cache=False, jit_compile=False
+        )
+        np.testing.assert_array_equal(cached[0], uncached[0])
+        np.testing.assert_allclose(cached[1], uncached[1], atol=1e-5)
+    # Step by step, the cached logits equal the teacher-forced ones.
+    x, _ = trained.prepare(["abcd", "hh"], ["abcd", "hh"])
+    source = ops.convert_to_tensor(x["source_ids"])
+    full_logits = ops.convert_to_numpy(trained(x))
+    encoded = trained.prepare_decoding(trained.encode(source))
+    cache = trained.initial_cache(encoded, 8)
+    for t in range(8):
+        tokens = ops.convert_to_tensor(x["target_ids"][:, t])
+        logits, cache, _ = trained.decode_step(tokens, t, cache, encoded)
+        # Padded positions differ: the full pass masks them as queries.
+        real = x["target_ids"][:, t] != 0
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(logits)[real], full_logits[real, t], atol=1e-4
+        )
+
+
+def test_transformer_cache_holds_past_keys(transformer):
+    model = transformer[0]
+    source = ops.convert_to_tensor(model.preprocessor.encode_sources(["abc"]))
+    encoded = model.prepare_decoding(model.encode(source))
+    cache = model.initial_cache(encoded, 8)
+    assert tuple(cache[0][0].shape) == (1, 8, 2, 16)  # (B, L, K, D)
+    token = ops.convert_to_tensor([model.preprocessor.start_id])
+    _, cache, _ = model.decode_step(token, 0, cache, encoded)
+    keys = ops.convert_to_numpy(cache[0][0])
+    assert np.abs(keys[0, 0]).sum() > 0 and np.abs(keys[0, 1:]).sum() == 0
+
+
+def test_xla_decoding_equals_eager(rnn, transformer):
+    words = random_words(5, seed=5)
+    for model, beam_width in ((rnn[0], 1), (transformer[0], 2)):
+        ids = model.preprocessor.encode_sources(words)
+        eager = model.generate_ids(ids, beam_width, jit_compile=False)
+        compiled = model.generate_ids(ids, beam_width, jit_compile=True)
+        np.testing.assert_array_equal(eager[0], compiled[0])
+        np.testing.assert_allclose(eager[1], compiled[1], atol=1e-4)
+
+
+class MarkovTranslator(Translator):
+    """A decoder with known probabilities: a fixed table P(next | previous)."""
+
+    def __init__(self, table, **kwargs):
+        super().__init__(
+            preprocessor=TranslationPreprocessor(source_length=2, target_length=4),
+            **kwargs,
+        )
+        self.table = np.asarray(table, "float32")
+
+    def encode(self, source_ids, training=False):
+        return {"source": ops.cast(source_ids, "float32")}
+
+    def initial_cache(self, encoded, max_length):
+        return ops.zeros_like(encoded["source"][:, :1])
+
+    def decode_step(self, tokens, index, cache, encoded):
+        logits = ops.take(ops.convert_to_tensor(self.table), tokens, axis=0)
+        weights = ops.zeros_like(encoded["source"])
+        return logits, cache, weights
+
+
+def test_beam_search_matches_exhaustive_search():
+    a, b, end = ord("a"), ord("b"), 3
+    v = 128
+    table = np.full((v, v), -1e4, "float32")
+    start = 2
+    # Greedy takes "a" first, but "b" leads to a much better completion.
+    for previous, options in {
+        start: {a: 0.6, b: 0.4},
+        a: {a: 0.35, b: 0.35, end: 0.3},
+        b: {end: 0.95, a: 0.05},
+    }.items():
+        for token, prob in options.items():
+            table[previous, token] = np.log(prob)
+    model = MarkovTranslator(table)
+    source = np.ones((1, 2), "int32")
+
+    def log_prob(sequence):
+        total, previous = 0.0, start
+        for token in sequence:
+            total += table[previous, token]
+            previous = token
+        return total
+
+    # Every sequence over {a, b} that ends with [END] within 4 tokens.
+    candidates = [[end]]
+    for length in range(1, 4):
+        for body in np.ndindex(*(2,) * length):
+            candidates.append([(a, b)[i] for i in body] + [end])
+    best = max(candidates, key=log_prob)
+    assert best == [b, end]
+    beam, _ = model.generate_ids(
+        source, beam_width=4, length_penalty=0.0, jit_compile=False
+    )
+    assert model._generated_ids(beam[0]) == best
+    greedy, _ = model.generate_ids(source, jit_compile=False)
+    assert model._generated_ids(greedy[0])[:2] == [a, a]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_save_and_load_translate_identically(name, request, tmp_path):
+    model = request.getfixturevalue(name)[0]
+    path = str(tmp_path / "translator.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)  # safe_mode, no custom_objects
+    assert type(loaded) is type(model)
+    assert loaded.get_config() == model.get_config()
+    words = random_words(8, seed=6)
+    kwargs = dict(beam_width=2, jit_compile=False)
+    assert loaded.translate(words, **kwargs) == model.translate(words, **kwargs)
+
+
+def test_word_piece_vocabulary_is_saved(tmp_path):
+    vocabulary = list(RESERVED_TOKENS) + ["a", "man", "dog", "##s", "."]
+    target = list(RESERVED_TOKENS) + ["ein", "mann", "hund", "##e", "."]
+    p = TranslationPreprocessor(
+        tokenizer="word_piece",
+        source_vocabulary=vocabulary,
+        target_vocabulary=target,
+        source_length=6,
+        target_length=6,
+    )
+    model = Seq2SeqTranslator(p, embedding_dim=8, hidden_dim=8)
+    path = str(tmp_path / "words.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert loaded.preprocessor.source_vocabulary == vocabulary
+    assert loaded.preprocessor.target_vocabulary == target
+    sentences = ["a man .", "dogs"]
+    assert loaded.translate(sentences, jit_compile=False) == model.translate(
+        sentences, jit_compile=False
+    )
+
+
+def test_return_attention(rnn):
+    model = rnn[0]
+    texts, maps = model.translate(
+        ["abcdef", "hg"], return_attention=True, jit_compile=False
+    )
+    for text, item in zip(texts, maps):
+        weights = item["weights"]
+        assert item["target_tokens"] == list(text) + ["[END]"]
+        assert weights.shape == (len(text) + 1, len(item["source_tokens"]))
+        np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    assert maps[0]["source_tokens"] == list("abcdef")
+    # Copying: output character i attends mostly to source character i.
+    weights = maps[0]["weights"][:6]
+    assert np.mean(weights.argmax(-1) == np.arange(6)) >= 0.8
+    single, single_map = model.translate(
+        "abcdef", return_attention=True, jit_compile=False
+    )
+    assert single == texts[0]
+    np.testing.assert_allclose(single_map["weights"], maps[0]["weights"], atol=1e-6)
+
+
+def test_attention_selected_by_name():
+    luong = tiny_rnn(attention="scaled_dot_product", cell="lstm")
+    layer = luong.attention_layer
+    assert isinstance(layer, keras_attention.layers.ScaledDotProductAttention)
+    assert layer.score_mode == "general"
+    assert isinstance(
+        tiny_rnn().attention_layer, keras_attention.layers.AdditiveAttention
+    )
+    plain = tiny_rnn(attention=None)
+    assert plain.attention_layer is None
+    x, _ = plain.prepare(["abc"], ["abc"])
+    for model in (luong, plain):
+        assert ops.convert_to_numpy(model(x)).shape == (1, 8, 128)
+    # Without attention the context is the same at every step: no weights.
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(plain.cross_attention(x)), 0.0
+    )
+    _, maps = plain.translate(["abc"], return_attention=True, jit_compile=False)
+    assert maps[0]["weights"].shape[1] == 3
+
+
+def test_presets_and_invalid_arguments():
+    tiny = Seq2SeqTranslator.from_preset("tiny")
+    small = Seq2SeqTranslator.from_preset("small", dropout=0.0)
+    assert tiny.count_params() < small.count_params()
+    assert small.dropout == 0.0
+    assert tiny.preprocessor.source_length == 32  # the date task's
+    t_tiny = TransformerTranslator.from_preset("tiny")
+    assert t_tiny.num_layers == 2 and t_tiny.hidden_dim == 64
+    with pytest.raises(ValueError, match="preset"):
+        Seq2SeqTranslator.from_preset("huge")
+    with pytest.raises(ValueError, match="attention"):
+        tiny_rnn(attention="no_such_layer")
+    with pytest.raises(ValueError, match="cell"):
+        tiny_rnn(cell="rnn")
+    with pytest.raises(ValueError, match="num_heads"):
+        tiny_transformer(num_heads=5)
+    with pytest.raises(ValueError, match="max_length"):
+        t_tiny.translate(["1 May 2000"], max_length=12)
+    with pytest.raises(ValueError, match="beam_width"):
+        tiny.translate(["1 May 2000"], beam_width=0)
+    with pytest.raises(ValueError, match="source_ids"):
+        t_tiny(
+            {
+                "source_ids": np.ones((1, 40), "int32"),
+                "target_ids": np.ones((1, 11), "int32"),
+            }
+        )
+
+
+def test_corpus_bleu():
+    assert corpus_bleu(["a man rides a horse ."], ["a man rides a horse ."]) == (
+        pytest.approx(100.0)
+    )
+    assert corpus_bleu(["a b c d"], ["e f g h"]) == 0.0
+    # By hand: 3 of 4 unigrams, 2 of 3 bigrams, 1 of 2 trigrams match; equal
+    # lengths, so no brevity penalty.
+    import keras_hub
+
+    metric = keras_hub.metrics.Bleu(max_order=3)
+    metric.update_state([["a b c d"]], ["a b c e"])
+    expected = np.exp((np.log(3 / 4) + np.log(2 / 3) + np.log(1 / 2)) / 3)
+    assert float(metric.result()) == pytest.approx(expected, rel=1e-5)
+    with pytest.raises(ValueError, match="as many"):
+        corpus_bleu(["a"], [])
+
+
+def test_warns_when_translating_long_sentences(rnn):
+    model = rnn[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = model.translate(["abcdefghabcd"], jit_compile=False)
+    assert any("truncated" in str(w.message) for w in caught)
+    assert isinstance(out, list) and len(out) == 1
+    with pytest.raises(ValueError, match="empty"):
+        model.translate(["abc", ""])
