@@ -172,6 +172,60 @@ def run_classification(model_name, data, epochs, out, seed, quick=False):
     )
 
 
+# Detection -------------------------------------------------------------------
+
+
+def run_detection(model_name, data, epochs, out, seed, quick=False):
+    from keras_attention import datasets, visualization
+    from keras_attention.applications import detection
+
+    if data is not None:
+        raise ValueError(
+            "--data: the detection task trains on the generated digit canvases "
+            "only (no folder format is read yet)."
+        )
+    start = time.time()
+    keras.utils.set_random_seed(seed)
+    sizes = (256, 64) if quick else (4000, 300)
+    train = datasets.make_detection_set(sizes[0], seed=seed, digit_split="train")
+    test = datasets.make_detection_set(sizes[1], seed=seed + 1000, digit_split="test")
+    overrides = {"attention_module": "cbam"} if model_name == "detr_cbam" else {}
+    model = detection.DETR.from_preset("detr_digits", **overrides)
+    epochs = epochs or (1 if quick else 40)
+    steps = epochs * -(-len(train.images) // 32)
+    schedule = keras.optimizers.schedules.CosineDecay(
+        0.0, max(steps - 100, 1), warmup_target=1e-3, warmup_steps=min(100, steps),
+        alpha=0.05,
+    )
+    model.compile(
+        optimizer=keras.optimizers.AdamW(schedule, weight_decay=1e-4, global_clipnorm=1.0),
+        jit_compile=True,
+    )
+    model.fit(
+        train.images, {"boxes": train.boxes, "labels": train.labels},
+        epochs=epochs, batch_size=32, verbose=_verbose(),
+    )
+    metrics = detection.evaluate_detections(model, test.images, test.boxes, test.labels)
+    files = [_save(model, out, f"detection_{model_name}")]
+    found = model.predict_boxes(
+        test.images[:3], score_threshold=0.5, return_attention=True
+    )
+    for i, item in enumerate(found):
+        path = os.path.join(out, f"detection_{i}.png")
+        fig = visualization.plot_detections(
+            test.images[i], item["boxes"], item["labels"], item["scores"],
+            attention_maps=item["attention"], box_format="xyxy", normalized=False,
+            path=path,
+        )
+        _close(fig)
+        files.append(path)
+    return Result(
+        "detection", model_name,
+        {k: round(float(metrics[k]), 4) for k in ("map50", "map") if k in metrics},
+        files, time.time() - start, "generated digit canvases 64x64 (embedded)",
+    )
+
+
 # Node classification ---------------------------------------------------------
 
 
@@ -245,6 +299,9 @@ TASKS = {
     ),
     "classification": Recipe(
         "classification", ("cbam_resnet", "vit"), run_classification, demo_epochs=15
+    ),
+    "detection": Recipe(
+        "detection", ("detr", "detr_cbam"), run_detection, demo_epochs=8
     ),
     "node-classification": Recipe(
         "node-classification", ("gat", "gatv2"), run_node_classification,
