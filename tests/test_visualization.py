@@ -143,6 +143,22 @@ def test_attention_maps_subclassed_shared_layer_and_caller_scores():
     assert no_leftover_patches(model)
 
 
+class BuildsLater(keras.Model):
+    """Creates its attention layer on the first call, like DETR."""
+
+    def build(self, input_shape):
+        self.attention = ka_layers.MultiHeadAttention(2, 4, name="late")
+        self.attention.build(input_shape)
+
+    def call(self, x):
+        return self.attention(x)
+
+
+def test_attention_maps_of_a_model_that_builds_its_layers_late():
+    maps = vis.attention_maps(BuildsLater(), rand(2, 5, 8))
+    assert maps["late"].shape == (2, 2, 5, 5)
+
+
 def test_attention_maps_window_and_graph_layers():
     inputs = keras.Input((8, 8, 4))
     x = ka_layers.LocalWindowAttention(2, window_size=4, name="window")(inputs)
@@ -230,7 +246,9 @@ def test_rollout_without_class_token_averages_rows_and_upsamples(vit_mean):
     up = vis.attention_rollout(model, x, upsample=True)
     assert up.shape == (2, 8, 8)
     # Bilinear upsampling keeps the mean of a 2x upscaled map.
-    np.testing.assert_allclose(up.mean(axis=(1, 2)), expected.mean(axis=(1, 2)), rtol=0.05)
+    np.testing.assert_allclose(
+        up.mean(axis=(1, 2)), expected.mean(axis=(1, 2)), rtol=0.05
+    )
 
 
 def test_rollout_rejects_bad_arguments(vit):
@@ -252,7 +270,9 @@ def test_grad_cam_tape_path_matches_tf_keras_vis(method):
     assert target.path == "cbam" and cam_lib._tf_keras_vis_applies(model, target)
     indices = cam_lib.class_indices(model, x)
     for options in (dict(), dict(expand=False, normalize=False)):
-        reference = cam_lib.tf_keras_vis_cam(model, x, indices, target, method, **options)
+        reference = cam_lib.tf_keras_vis_cam(
+            model, x, indices, target, method, **options
+        )
         got = cam_lib.tape_cam(model, x, indices, target, method, **options)
         scale = max(float(np.abs(reference).max()), 1e-12)
         np.testing.assert_allclose(got / scale, reference / scale, atol=1e-4)
@@ -395,10 +415,12 @@ def test_grad_cam_peak_falls_on_the_digit():
         vis.grad_cam(model, test_images, labels, method="gradcam++"), boxes
     )
     area = np.mean([box_to_mask(b, 32).mean() for b in boxes])
-    # Measured (seed 0): accuracy 0.79, box area 4.6 %, peak in the box for
-    # Grad-CAM 0.88 (untrained 0.30), Grad-CAM++ 0.98.
+    # Measured, weight seeds 0 / 1 / 2 / 3 (this test uses 0): accuracy
+    # 0.79 / 0.80 / 0.87 / 0.80; the box is 4.6 % of the canvas; the peak is
+    # in the box for Grad-CAM 0.88 / 0.67 / 0.70 / 0.57 (untrained 0.30 /
+    # 0.26 / 0.28 / 0.28) and Grad-CAM++ 0.98 / 0.90 / 0.99 / 0.90.
     assert accuracy > 0.5, accuracy
-    assert grad >= 0.6 and plus >= 0.8, (grad, plus)
+    assert grad >= 0.5 and plus >= 0.8, (grad, plus)
     assert grad >= untrained + 0.2 and grad > 5 * area, (grad, untrained, area)
 
 
@@ -454,11 +476,12 @@ def test_plot_detections(tmp_path):
     assert_png(tmp_path / "d.png")
     rectangle = fig.axes[0].patches[1]
     # (cx, cy, w, h) = (0.75, 0.5, 0.25, 0.5) on 32 pixels: x 20..28, y 8..24.
-    assert rectangle.get_width() == pytest.approx(8) and rectangle.get_height() == pytest.approx(16)
-    assert rectangle.get_x() == pytest.approx(19.5) and rectangle.get_y() == pytest.approx(7.5)
+    assert rectangle.get_bbox().bounds == pytest.approx((19.5, 7.5, 8, 16))
     assert fig.axes[2].get_title() == "7 0.60"
     pixels = [[4, 4, 12, 12], [20, 8, 28, 24]]  # what DETR.predict_boxes gives
-    fig = vis.plot_detections(image, pixels, [1, 2], box_format="xyxy", normalized=False)
+    fig = vis.plot_detections(
+        image, pixels, [1, 2], box_format="xyxy", normalized=False
+    )
     assert len(fig.axes) == 1
     assert fig.axes[0].patches[1].get_bbox().bounds == pytest.approx(
         rectangle.get_bbox().bounds

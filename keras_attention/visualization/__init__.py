@@ -1,13 +1,28 @@
-"""Attention pictures: attention maps of any model, rollout, Grad-CAM, plots."""
+"""Attention pictures: attention maps of any model, rollout, Grad-CAM, plots.
 
+- `attention_maps(model, inputs)`: every registry attention layer's weights
+  for one forward pass, keyed by the layer's path, from any Keras model
+  (`Sequential`, functional, nested, subclassed) without changing it.
+- `attention_rollout(model, images)`: Abnar & Zuidema's rollout of a
+  Vision Transformer, on the patch grid.
+- `grad_cam(model, images, method=...)`: Grad-CAM, Grad-CAM++ and Score-CAM
+  (tf-keras-vis, or the same formulas on a `GradientTape` where tf-keras-vis
+  cannot reach the feature map), for CNNs and ViTs.
+- `plot_attention_heatmap`, `plot_image_overlay`, `plot_detections`,
+  `plot_graph_attention`: Matplotlib figures (Agg), saved as PNG with `path`.
+
+`grad_cam` needs TensorFlow (tf-keras-vis, `tf.GradientTape`); the rest is
+written on `keras` and NumPy only (tested on the TensorFlow backend).
+"""
+
+from keras_attention.visualization.cam import find_cam_target
+from keras_attention.visualization.cam import grad_cam
 from keras_attention.visualization.maps import attention_layers
 from keras_attention.visualization.maps import attention_maps
 from keras_attention.visualization.maps import capture_attention
-from keras_attention.visualization.rollout import attention_rollout
-from keras_attention.visualization.rollout import rollout_matrices
-from keras_attention.visualization.cam import find_cam_target
-from keras_attention.visualization.cam import grad_cam
 from keras_attention.visualization.plots import plot_attention_heatmap
 from keras_attention.visualization.plots import plot_detections
 from keras_attention.visualization.plots import plot_graph_attention
 from keras_attention.visualization.plots import plot_image_overlay
+from keras_attention.visualization.rollout import attention_rollout
+from keras_attention.visualization.rollout import rollout_matrices

@@ -44,6 +44,19 @@ def walk(model, stop=None):
     return result
 
 
+def ensure_built(model, inputs, **call_kwargs):
+    """Run `model` once if it or a sublayer is not built yet.
+
+    Subclassed models (and layers) often create their sublayers in `build`,
+    on the first call; only then can they be found and patched.
+    """
+    if getattr(model, "built", True) and all(
+        getattr(layer, "built", True) for _, layer in walk(model)
+    ):
+        return
+    model(inputs, **call_kwargs)
+
+
 def call_accepts(layer, argument):
     """Whether `layer.call` takes `argument` by name."""
     try:

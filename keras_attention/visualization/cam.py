@@ -75,6 +75,7 @@ def find_cam_target(model, images, layer=None):
     Returns:
         A `CamTarget`.
     """
+    _hooks.ensure_built(model, _as_tensor(images), training=False)
     walked = _hooks.walk(model)
     if layer is not None:
         for path, candidate in walked:

@@ -147,6 +147,7 @@ def attention_maps(model, inputs, layers=None, training=False, **call_kwargs):
     maps["mha_2"].shape  # (3, 2, 6, 6)
     ```
     """
+    _hooks.ensure_built(model, inputs, training=training, **call_kwargs)
     with capture_attention(model, layers=layers) as records:
         model(inputs, training=training, **call_kwargs)
     if not records and not attention_layers(model):
