@@ -162,6 +162,17 @@ def test_registry_and_config():
     assert mean.compute_output_shape([(7, 5), (2, 9)]) == (7, 4)
 
 
+def test_seeded_initializer_gives_distinct_weights():
+    inputs = random_graph(np.random.default_rng(0))
+    layer = GraphAttention(3, num_heads=2, kernel_initializer=keras.initializers.GlorotUniform(seed=5))
+    layer(inputs)
+    assert not np.allclose(numpy(layer.attention_source), numpy(layer.attention_target))
+    again = GraphAttention(3, num_heads=2, kernel_initializer=keras.initializers.GlorotUniform(seed=5))
+    again(inputs)
+    for a, b in zip(layer.get_weights(), again.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 def cora_like(rng, n=40, f=12, classes=3):
     """A small graph whose labels follow the features and the edges."""
     labels = rng.integers(0, classes, size=n)
