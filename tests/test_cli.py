@@ -43,11 +43,10 @@ def test_list_shows_layers_applications_and_presets(capsys):
 
 def test_module_entry_point_and_one_epoch_run(tmp_path):
     result = run_cli(
-        "run", "classification", "--model", "cbam_resnet", "--epochs", "1",
-        "--quick", "--out", str(tmp_path),
+        "run", "node-classification", "--epochs", "2", "--quick", "--out", str(tmp_path),
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "accuracy=" in result.stdout
-    assert (tmp_path / "classification_cbam_resnet.keras").stat().st_size > 0
+    assert "test_accuracy=" in result.stdout
+    assert (tmp_path / "node_classification_gat.keras").stat().st_size > 0
     pictures = list(tmp_path.glob("*.png"))
     assert pictures and all(p.stat().st_size > 0 for p in pictures)
