@@ -11,5 +11,11 @@ from keras_attention.applications.node_classification import GATEarlyStopping
 from keras_attention.applications.node_classification import GATNodeClassifier
 from keras_attention.applications.node_classification import node_classification_data
 from keras_attention.applications.presets import preset_names
+from keras_attention.applications.translation import Seq2SeqTranslator
+from keras_attention.applications.translation import TransformerTranslator
+from keras_attention.applications.translation import TranslationPreprocessor
+from keras_attention.applications.translation import Translator
+from keras_attention.applications.translation import corpus_bleu
+from keras_attention.applications.translation import load_translation_corpus
 from keras_attention.applications.detection import DETR
 from keras_attention.applications.detection import evaluate_detections
