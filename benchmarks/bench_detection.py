@@ -85,16 +85,16 @@ class EpochReport(keras.callbacks.Callback):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--train-images", type=int, default=8000)
+    parser.add_argument("--train-images", type=int, default=4000)
     parser.add_argument("--test-images", type=int, default=1000)
     parser.add_argument("--monitor-images", type=int, default=300,
                         help="held-out images scored after every epoch")
-    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--weight-decay", type=float, default=1e-4)
     parser.add_argument("--clipnorm", type=float, default=1.0)
-    parser.add_argument("--warmup-steps", type=int, default=200)
+    parser.add_argument("--warmup-steps", type=int, default=100)
     parser.add_argument("--minutes", type=float, default=20.0,
                         help="wall-clock budget of data generation + training")
     parser.add_argument("--cpu-minutes", type=float, default=0.0,
