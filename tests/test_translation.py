@@ -54,7 +54,7 @@ def tiny_transformer(**kwargs):
 
 def train_copy(model, learning_rate, epochs):
     keras.utils.set_random_seed(0)
-    words = random_words(2000, seed=0)  # a partial last batch too
+    words = random_words(2048, seed=0)
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate), jit_compile=True
     )
