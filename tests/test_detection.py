@@ -329,6 +329,17 @@ def test_output_shapes_and_attention():
     assert set(single(images)) == {"logits", "boxes"}
 
 
+def test_pre_norm_and_mixed_precision_give_finite_losses():
+    images, boxes, labels = tiny_data(4)
+    y = {"boxes": boxes, "labels": labels}
+    for kwargs in ({"norm_first": True}, {"dtype": "mixed_bfloat16"}):
+        model = DETR(**TINY, **kwargs)
+        out = model(images)
+        loss = model.compute_loss(images, y, out)
+        assert np.isfinite(float(numpy(loss))), kwargs
+        assert numpy(out["boxes"]).dtype == np.float32
+
+
 def test_cbam_backbone():
     model = DETR(**TINY, attention_module="cbam", attention_kwargs={"reduction": 4})
     images, _, _ = tiny_data(2)

@@ -393,31 +393,20 @@ class DETRDecoderLayer(_TransformerSublayers):
         weights = []
 
         def cross_attend(x):
-            out, w = self.cross_attention(
+            result = self.cross_attention(
                 x + query_position,
                 value=memory,
                 key=memory + position,
-                return_attention_scores=True,
+                return_attention_scores=return_attention_scores,
                 training=training,
             )
-            weights.append(w)
-            return out
+            if return_attention_scores:
+                weights.append(result[1])  # B, H, N, S
+                return result[0]
+            return result
 
         x = self._residual(inputs, self_attend, self.norm1, training)
-        if return_attention_scores:
-            x = self._residual(x, cross_attend, self.norm2, training)
-        else:
-            x = self._residual(
-                x,
-                lambda y: self.cross_attention(
-                    y + query_position,
-                    value=memory,
-                    key=memory + position,
-                    training=training,
-                ),
-                self.norm2,
-                training,
-            )
+        x = self._residual(x, cross_attend, self.norm2, training)
         x = self._residual(
             x, lambda y: self._ffn(y, training), self.norm3, training
         )
