@@ -25,7 +25,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from keras_attention.applications.detection import DETR  # noqa: E402
-from keras_attention.applications.detection import evaluate_detections  # noqa: E402
+from keras_attention.applications.detection import (  # noqa: E402
+    evaluate_detections,
+)
 from keras_attention.datasets import make_detection_set  # noqa: E402
 
 
@@ -177,10 +179,11 @@ def main():
         "affinity": sorted(os.sched_getaffinity(0)),
         "history": history,
     }
-    print(json.dumps({k: summary[k] for k in (
-        "train_seconds", "train_cpu_seconds", "epochs_run", "map50", "map", "map75", "mar100",
-        "load_average",
-    )}), flush=True)
+    shown = (
+        "train_seconds", "train_cpu_seconds", "epochs_run", "map50", "map",
+        "map75", "mar100", "load_average",
+    )
+    print(json.dumps({k: summary[k] for k in shown}), flush=True)
     if args.save:
         model.save(args.save)
     if args.json:

@@ -213,7 +213,10 @@ def test_loss_sanitises_unchecked_targets():
 def test_loss_gradients_are_finite_for_degenerate_boxes():
     logits = keras.Variable(np.zeros((1, 3, NUM_CLASSES + 1), "float32"))
     pred = keras.Variable(
-        np.array([[[0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.3, 0.3, 0.1, 0.1]]], "float32")
+        np.array(
+            [[[0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.3, 0.3, 0.1, 0.1]]],
+            "float32",
+        )
     )
     boxes = np.array([[[0.5, 0.5, 0.2, 0.2], [0.7, 0.7, 0.1, 0.1]]], "float32")
     labels = np.array([[0, 2]], "int32")
@@ -460,7 +463,10 @@ def test_evaluate_detections_against_known_answers(trained):
     # Right boxes, wrong classes: nothing found.
     wrong = [dict(p, labels=(p["labels"] + 1) % NUM_CLASSES) for p in perfect]
     assert evaluate_detections(wrong, images, boxes, labels)["map50"] == 0.0
-    empty = [{"boxes": np.zeros((0, 4)), "scores": np.zeros(0), "labels": np.zeros(0, int)}] * len(images)
+    nothing = {
+        "boxes": np.zeros((0, 4)), "scores": np.zeros(0), "labels": np.zeros(0, int)
+    }
+    empty = [nothing] * len(images)
     assert evaluate_detections(empty, images, boxes, labels)["map50"] == 0.0
 
 

@@ -156,7 +156,9 @@ class ResidualBlock(keras.layers.Layer):
             x = self.attention(x)
         shortcut = inputs
         if self.shortcut is not None:
-            shortcut = self.shortcut_bn(self.shortcut(inputs), training=training)
+            shortcut = self.shortcut_bn(
+                self.shortcut(inputs), training=training
+            )
         return ops.relu(x + shortcut)
 
     def compute_output_shape(self, input_shape):
@@ -206,7 +208,9 @@ class DETRBackbone(keras.layers.Layer):
         self.blocks_per_stage = base.check_positive_int(
             "blocks_per_stage", blocks_per_stage
         )
-        self.stem_strides = base.check_positive_int("stem_strides", stem_strides)
+        self.stem_strides = base.check_positive_int(
+            "stem_strides", stem_strides
+        )
         self.attention_module = attention_module
         self.attention_kwargs = dict(attention_kwargs or {})
 
@@ -338,7 +342,7 @@ class _TransformerSublayers(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class DETREncoderLayer(_TransformerSublayers):
-    """Self-attention over the feature grid (positions added to q and k), FFN."""
+    """Self-attention over the grid (positions added to q and k), FFN."""
 
     def build(self, input_shape):
         self.self_attention = self._attention("self_attention")
@@ -709,7 +713,9 @@ class DETR(keras.Model):
                     return_attention_scores=True,
                 )
             else:
-                x = layer(x, memory, position, query_position, training=training)
+                x = layer(
+                    x, memory, position, query_position, training=training
+                )
             if self.aux_loss or index == last:
                 outputs.append(self.decoder_norm(x))
         hidden = ops.stack(outputs, axis=1)  # B, L, N, D
@@ -840,11 +846,12 @@ class DETR(keras.Model):
         # building it here first halves the time to the first step.
         if not self.built and hasattr(x, "shape") and len(x.shape) == 4:
             self.build((None,) + tuple(x.shape[1:]))
-        if self.built and self.optimizer is not None and not self.optimizer.built:
-            self.optimizer.build(self.trainable_variables)
+        optimizer = getattr(self, "optimizer", None)  # None before compile
+        if self.built and optimizer is not None and not optimizer.built:
+            optimizer.build(self.trainable_variables)
 
     def fit(self, x=None, y=None, *args, **kwargs):
-        """`keras.Model.fit`, with array targets checked by `validate_targets`."""
+        """`keras.Model.fit`; array targets checked by `validate_targets`."""
         y = self._checked(y)
         validation = kwargs.get("validation_data")
         if isinstance(validation, (tuple, list)) and len(validation) == 2:
