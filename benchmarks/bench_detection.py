@@ -12,6 +12,17 @@ subset, elapsed time) and a final summary; `--json` also writes it to a file.
     python benchmarks/bench_detection.py                 # the documented recipe
     python benchmarks/bench_detection.py --minutes 3 --train-images 2000
     taskset -c 0,1 python benchmarks/bench_detection.py  # pin to 2 cores
+
+Measured on 2 cores shared with other jobs (load average 6-10, so this
+process got about half a core; TF 2.21, Keras 3.15, XLA on CPU):
+
+- defaults (20-minute wall budget): stopped in epoch 18 of 30 after 1202 s
+  (611 CPU-seconds): held-out mAP@0.5 0.856, mAP@[.5:.95] 0.537 on 1,000
+  canvases. mAP@0.5 passed 0.7 in epoch 12 (862 s, 450 CPU-seconds).
+- all 30 epochs (`--minutes 60 --test-images 500`): 989 CPU-seconds,
+  mAP@0.5 0.901, mAP 0.650, mAP@0.75 0.792 on 500 canvases.
+- DETR's own weights (class loss weight 1, learning rate 1e-3): mAP@0.5
+  0.699 after 30 epochs; class learning started only in epoch 13.
 """
 
 import argparse
