@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from keras_attention import datasets  # noqa: E402
+from keras_attention.applications import presets  # noqa: E402
 from keras_attention.applications.cbam_resnet import CBAMResNet  # noqa: E402
 from keras_attention.applications.vision_transformer import VisionTransformer  # noqa: E402
 
@@ -44,16 +45,16 @@ MODELS = {"vit": VisionTransformer, "cbam_resnet": CBAMResNet}
 # shifts of up to `shift` pixels (zero fill) as the only augmentation.
 RECIPES = {
     "vit_digits": dict(
-        epochs=60, batch_size=32, learning_rate=1e-3, weight_decay=0.05, shift=1
+        epochs=60, batch_size=64, learning_rate=2e-3, weight_decay=0.05, shift=1
     ),
     "cbam_resnet_digits": dict(
-        epochs=30, batch_size=32, learning_rate=2e-3, weight_decay=1e-4, shift=1
+        epochs=20, batch_size=64, learning_rate=3e-3, weight_decay=1e-4, shift=1
     ),
     "vit_mnist": dict(
-        epochs=30, batch_size=64, learning_rate=1e-3, weight_decay=0.05, shift=2
+        epochs=25, batch_size=64, learning_rate=2e-3, weight_decay=0.05, shift=2
     ),
     "cbam_resnet_mnist": dict(
-        epochs=12, batch_size=64, learning_rate=2e-3, weight_decay=1e-4, shift=2
+        epochs=10, batch_size=64, learning_rate=3e-3, weight_decay=1e-4, shift=2
     ),
 }
 
@@ -120,6 +121,12 @@ def accuracy(model, x, y):
     return float((np.argmax(logits, -1) == y).mean())
 
 
+def load_digits_for(preset):
+    """The digits split (seed 0, 20 % test), resized to the preset's input."""
+    size = presets.get_preset(preset).config["image_size"]
+    return datasets.load_digits_images(seed=0, image_size=None if size == 8 else size)
+
+
 def run_image(kind, preset, x_train, y_train, x_test, y_test, seed=0, **overrides):
     keras.utils.set_random_seed(seed)
     model = MODELS[kind].from_preset(preset, load_weights=False, **overrides)
@@ -128,9 +135,12 @@ def run_image(kind, preset, x_train, y_train, x_test, y_test, seed=0, **override
 
 
 def digits_task(args):
-    (x_train, y_train), (x_test, y_test) = datasets.load_digits_images(seed=0)
-    print(f"digits: {len(x_train)} train / {len(x_test)} test images of 8x8")
     for kind in ("vit", "cbam_resnet"):
+        (x_train, y_train), (x_test, y_test) = load_digits_for(f"{kind}_digits")
+        print(
+            f"digits: {len(x_train)} train / {len(x_test)} test images of "
+            f"{x_train.shape[1]}x{x_train.shape[2]}"
+        )
         _, acc, wall, cpu = run_image(
             kind, f"{kind}_digits", x_train, y_train, x_test, y_test
         )
@@ -142,7 +152,7 @@ def digits_task(args):
 
 
 def ablation_task(args):
-    (x_train, y_train), (x_test, y_test) = datasets.load_digits_images(seed=0)
+    (x_train, y_train), (x_test, y_test) = load_digits_for("cbam_resnet_digits")
     rows = []
     for attention in ("cbam", "channel", "spatial", "non_local", None):
         accuracies, walls = [], []
@@ -189,11 +199,10 @@ def mnist_task(args):
 
 
 def finetune_task(args):
-    (x_train, y_train), (x_test, y_test) = datasets.load_digits_images(seed=0)
-    binary_train, binary_test = (y_train >= 5).astype("int32"), (y_test >= 5).astype(
-        "int32"
-    )
     for kind in ("vit", "cbam_resnet"):
+        (x_train, y_train), (x_test, y_test) = load_digits_for(f"{kind}_digits")
+        binary_train = (y_train >= 5).astype("int32")
+        binary_test = (y_test >= 5).astype("int32")
         keras.utils.set_random_seed(0)
         model = MODELS[kind].from_preset(f"{kind}_digits", num_classes=2)
         model.backbone.trainable = False

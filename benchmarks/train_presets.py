@@ -26,28 +26,39 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench_classification  # noqa: E402
 
 import keras_attention  # noqa: E402
-from keras_attention import datasets  # noqa: E402
 from keras_attention.applications import presets  # noqa: E402
 
 SHIPPED = {"vit_digits": "vit", "cbam_resnet_digits": "cbam_resnet"}
 
 
+def save_model_weights(model, spec):
+    """Writes the weights of `model` without its optimizer's state.
+
+    (`save_weights` of a compiled model also writes the optimizer's
+    variables, which would triple the size of an Adam-trained file.)
+    """
+    clean = type(model).from_preset(spec.name, load_weights=False)
+    clean.set_weights(model.get_weights())
+    clean.save_weights(spec.weights_path)
+
+
 def train_preset(name, seed=0):
     spec = presets.get_preset(name)
     kind = SHIPPED[name]
-    (x_train, y_train), (x_test, y_test) = datasets.load_digits_images(seed=0)
+    (x_train, y_train), (x_test, y_test) = bench_classification.load_digits_for(name)
     model, acc, wall, cpu = bench_classification.run_image(
         kind, name, x_train, y_train, x_test, y_test, seed=seed
     )
     os.makedirs(presets.PRESET_DIR, exist_ok=True)
-    model.save_weights(spec.weights_path)
+    save_model_weights(model, spec)
     metadata = {
         "name": name,
         "class_name": spec.class_name,
         "config": spec.config,
         "weights": spec.weights,
         "data": "sklearn.datasets.load_digits via "
-        "keras_attention.datasets.load_digits_images(seed=0, test_fraction=0.2)",
+        "keras_attention.datasets.load_digits_images(seed=0, test_fraction=0.2, "
+        f"image_size={spec.config['image_size']})",
         "recipe": bench_classification.RECIPES[name],
         "seed": seed,
         "test_accuracy": round(acc, 4),

@@ -57,21 +57,23 @@ def test_gat_matches_the_paper_equations(karate):
 
 def test_gat_trains_with_early_stopping_and_saves(karate, tmp_path):
     keras.utils.set_random_seed(0)
-    model = GATNodeClassifier.from_preset("gat_karate")
-    assert (model.hidden_units, model.num_heads, model.dropout) == (8, 8, 0.6)
-    model.compile(jit_compile=True)
-    stopper = GATEarlyStopping(patience=30)
+    assert GATNodeClassifier.from_preset("gat_karate").dropout == 0.6
+    # Less dropout than the paper's 0.6, so 15 epochs show the loss falling.
+    model = GATNodeClassifier.from_preset("gat_karate", dropout=0.2)
+    assert (model.hidden_units, model.num_heads) == (8, 8)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), jit_compile=True)
+    stopper = GATEarlyStopping(patience=10)
     history = model.fit(
         karate.inputs,
         karate.labels,
         sample_weight=karate.train_weights,
         validation_data=(karate.inputs, karate.labels, karate.val_weights),
-        epochs=40,
+        epochs=15,
         callbacks=[stopper],
         verbose=0,
     )
     losses = history.history["loss"]
-    assert np.mean(losses[-5:]) < np.mean(losses[:5])
+    assert np.mean(losses[-3:]) < 0.9 * np.mean(losses[:3]), losses
     assert stopper.best_epoch is not None
     path = os.path.join(tmp_path, "gat.keras")
     model.save(path)

@@ -200,6 +200,8 @@ class CBAMResNetBackbone(presets.Backbone):
             stage).
         stem_filters: channels of the stem convolution; defaults to
             `filters[0]`.
+        stem_strides: stride of the stem convolution (2 halves large
+            images before the first stage).
         attention: registry name of the module in every block (`"cbam"`,
             `"channel"`, `"spatial"`, `"non_local"`, a plugin's name), or
             `None` for the plain ResNet.
@@ -235,12 +237,14 @@ class CBAMResNetBackbone(presets.Backbone):
         filters=(32, 64, 128),
         blocks_per_stage=1,
         stem_filters=None,
+        stem_strides=1,
         attention="cbam",
         attention_kwargs=None,
         weight_decay=0.0,
         **kwargs,
     ):
         image_size = _pair("image_size", image_size)
+        base.check_positive_int("stem_strides", stem_strides)
         base.check_positive_int("num_channels", num_channels)
         filters = list(filters) if isinstance(filters, (list, tuple)) else [filters]
         if not filters:
@@ -273,6 +277,7 @@ class CBAMResNetBackbone(presets.Backbone):
         x = keras.layers.Conv2D(
             stem_filters,
             3,
+            strides=stem_strides,
             padding="same",
             use_bias=False,
             kernel_initializer="he_normal",
@@ -302,6 +307,7 @@ class CBAMResNetBackbone(presets.Backbone):
         self.filters = filters
         self.blocks_per_stage = blocks_per_stage
         self.stem_filters = stem_filters
+        self.stem_strides = stem_strides
         self.attention = attention
         self.attention_kwargs = dict(attention_kwargs or {})
         self.weight_decay = weight_decay
@@ -343,6 +349,7 @@ class CBAMResNetBackbone(presets.Backbone):
                 "filters": self.filters,
                 "blocks_per_stage": self.blocks_per_stage,
                 "stem_filters": self.stem_filters,
+                "stem_strides": self.stem_strides,
                 "attention": self.attention,
                 "attention_kwargs": self.attention_kwargs,
                 "weight_decay": self.weight_decay,
@@ -357,8 +364,9 @@ class CBAMResNet(presets.Classifier):
 
     Args:
         image_size, num_channels, filters, blocks_per_stage, stem_filters,
-        attention, attention_kwargs, weight_decay: the backbone's arguments
-            (see `CBAMResNetBackbone`); ignored when `backbone` is given.
+        stem_strides, attention, attention_kwargs, weight_decay: the
+            backbone's arguments (see `CBAMResNetBackbone`); ignored when
+            `backbone` is given.
         num_classes: number of classes.
         backbone: an existing `CBAMResNetBackbone` (fine-tuning).
         activation: output activation; `None` gives logits.
@@ -396,6 +404,7 @@ class CBAMResNet(presets.Classifier):
         filters=(32, 64, 128),
         blocks_per_stage=1,
         stem_filters=None,
+        stem_strides=1,
         attention="cbam",
         attention_kwargs=None,
         weight_decay=0.0,
@@ -416,6 +425,7 @@ class CBAMResNet(presets.Classifier):
                 filters=filters,
                 blocks_per_stage=blocks_per_stage,
                 stem_filters=stem_filters,
+                stem_strides=stem_strides,
                 attention=attention,
                 attention_kwargs=attention_kwargs,
                 weight_decay=weight_decay,
@@ -459,8 +469,9 @@ presets.register_preset(
         num_channels=1,
         num_classes=10,
         filters=(32, 64, 128),
+        stem_strides=2,
         attention="cbam",
     ),
-    description="ResNet with CBAM in each of 3 blocks for 28x28 MNIST "
-    "digits (configuration only).",
+    description="ResNet with CBAM in each of 3 blocks and a strided stem "
+    "for 28x28 MNIST digits (configuration only).",
 )

@@ -531,10 +531,16 @@ class TextClassifier(presets.Classifier):
             )
         return self._preprocessor
 
-    def predict_texts(self, texts, **kwargs):
+    def predict_texts(self, texts, batch_size=256):
         """Class probabilities (or activations) `(B, num_classes)` of texts."""
         ids = self._require_preprocessor()(texts)
-        outputs = self.predict(ids, verbose=0, **kwargs)
+        # Eager batches: no compilation for the few texts this is meant for.
+        outputs = np.concatenate(
+            [
+                ops.convert_to_numpy(self(ids[i : i + batch_size], training=False))
+                for i in range(0, len(ids), batch_size)
+            ]
+        )
         if self.activation is keras.activations.linear:
             outputs = ops.convert_to_numpy(ops.softmax(outputs, axis=-1))
         return outputs

@@ -777,19 +777,19 @@ presets.register_preset(
     "vit_digits",
     "VisionTransformer",
     dict(
-        image_size=8,
-        patch_size=2,
+        image_size=16,
+        patch_size=4,
         num_classes=10,
         hidden_dim=64,
         depth=4,
         num_heads=4,
         mlp_dim=128,
-        dropout=0.1,
         num_channels=1,
     ),
     weights="vit_digits.weights.h5",
-    description="ViT, 16 patches of 2x2, 4 blocks of width 64, trained on "
-    "scikit-learn's 8x8 digits.",
+    description="ViT, 16 patches of 4x4, 4 blocks of width 64, trained on "
+    "scikit-learn's 8x8 digits resized to 16x16 (bilinear; "
+    "`load_digits_images(image_size=16)`).",
 )
 presets.register_preset(
     "swin_digits",
@@ -820,7 +820,6 @@ presets.register_preset(
         depth=4,
         num_heads=4,
         mlp_dim=128,
-        dropout=0.1,
         num_channels=1,
     ),
     description="ViT, 49 patches of 4x4, for 28x28 MNIST digits "
