@@ -178,7 +178,6 @@ def test_swin_style_hierarchy_with_local_window():
     assert model(x).shape == (2, 3)
 
 
-@registry.register("test_token_plugin")
 class TokenPlugin(keras.layers.Layer):
     """A test plugin: tokens `(B, N, C)` scaled by a learned gate."""
 
@@ -197,7 +196,6 @@ class TokenPlugin(keras.layers.Layer):
         return {**super().get_config(), "num_heads": self.num_heads}
 
 
-@registry.register("test_grid_plugin")
 class GridPlugin(TokenPlugin):
     """A test plugin that asks for the patch grid `(B, h, w, C)`."""
 
@@ -206,6 +204,10 @@ class GridPlugin(TokenPlugin):
 
 @pytest.fixture
 def plugins():
+    # Registered for this test only (the shared harness, parametrized over
+    # the registry at collection time, should not see them).
+    registry.register("test_token_plugin")(TokenPlugin)
+    registry.register("test_grid_plugin")(GridPlugin)
     yield
     # Keep the registry as the other tests expect it.
     for name in ("test_token_plugin", "test_grid_plugin"):
