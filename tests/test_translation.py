@@ -199,6 +199,20 @@ def test_fit_with_xla_lowers_loss_and_learns_copy(name, request):
     assert np.mean([t == w for t, w in zip(translations, words)]) >= 0.95
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_xla_fit_with_a_partial_last_batch(name):
+    # 100 pairs in batches of 64: the last batch has 36, so the compiled
+    # step sees a second batch size (XLA cannot differentiate a `while`
+    # loop over a dynamic batch; the RNN decoder's loop is unrolled).
+    keras.utils.set_random_seed(3)
+    model = tiny_rnn() if name == "rnn" else tiny_transformer()
+    model.compile(optimizer=keras.optimizers.Adam(0.01), jit_compile=True)
+    words = random_words(100, seed=4)
+    x, y = model.prepare(words, words)
+    losses = model.fit(x, y, batch_size=64, epochs=3, verbose=0).history["loss"]
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+
+
 def test_greedy_equals_beam_search_of_width_one(trained):
     source_ids = trained.preprocessor.encode_sources(random_words(6, seed=3))
     greedy = trained.generate_ids(source_ids, search="greedy", jit_compile=False)
