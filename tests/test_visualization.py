@@ -424,6 +424,70 @@ def test_grad_cam_peak_falls_on_the_digit():
     assert grad >= untrained + 0.2 and grad > 5 * area, (grad, untrained, area)
 
 
+DATE_FORMATS = [
+    "day_month_year", "us_slash_long", "european_dot", "iso_slash",
+    "month_day_comma_year",
+]
+
+
+def alignment_scores(translator, sources):
+    """Exact match, attention mass inside the expected source span, and the
+    share of rows whose peak lies in that span (digits and dashes of the ISO
+    target; the dashes depend on no source character and are skipped)."""
+    from keras_attention.datasets import date_alignment
+    from keras_attention.datasets import parse_date
+
+    texts, maps = translator.translate(
+        sources, return_attention=True, jit_compile=False
+    )
+    exact = np.mean([t == parse_date(s) for t, s in zip(texts, sources)])
+    mass, peak, uniform = [], [], []
+    for source, attention in zip(sources, maps):
+        # Character tokens (lowercased): token i is source character i.
+        assert attention["source_tokens"] == list(source.lower())
+        for row, span in enumerate(date_alignment(source)):
+            if span is None or row >= len(attention["weights"]):
+                continue
+            weights = attention["weights"][row]
+            mass.append(weights[span[0] : span[1]].sum())
+            peak.append(span[0] <= np.argmax(weights) < span[1])
+            uniform.append((span[1] - span[0]) / len(source))
+    return exact, np.mean(mass), np.mean(peak), np.mean(uniform)
+
+
+def test_translation_attention_follows_the_date_alignment(seed=0):
+    # Bahdanau's RNN with additive attention on five spellings of dates
+    # (the year first, last, or in between): after training, writing the
+    # year, month or day of the ISO date looks at that part of the source.
+    from keras_attention.applications import Seq2SeqTranslator
+    from keras_attention.applications.translation import date_task_preprocessor
+    from keras_attention.datasets import make_date_task
+
+    keras.utils.set_random_seed(seed)
+    sources, targets = make_date_task(4000, seed=seed, formats=DATE_FORMATS)
+    model = Seq2SeqTranslator(
+        date_task_preprocessor(), embedding_dim=16, hidden_dim=64,
+        attention_units=64,
+    )
+    held_out, _ = make_date_task(64, seed=99, formats=DATE_FORMATS)
+    before = alignment_scores(model, held_out)
+    # Without XLA: compiling the unrolled decoder costs more than it saves.
+    model.compile(optimizer=keras.optimizers.Adam(0.01), jit_compile=False)
+    model.fit(*model.prepare(sources, targets), batch_size=64, epochs=3,
+              verbose=0)
+    exact, mass, peak, uniform = alignment_scores(model, held_out)
+    # Measured, seeds 0 / 1 / 2 (this test uses 0): exact match 1.0 /
+    # 0.875 / 0.984; attention mass in the expected span 0.85 / 0.74 /
+    # 0.85 (untrained 0.30, an even spread 0.30); peak in the span 0.92 /
+    # 0.85 / 0.90.
+    print(f"seed {seed}: exact {exact:.3f}, mass {mass:.3f}, peak {peak:.3f}, "
+          f"uniform {uniform:.3f}, untrained {before[1]:.3f}")
+    assert exact >= 0.8, exact
+    assert mass >= 0.6 and mass >= 2 * uniform, (mass, uniform)
+    assert peak >= 0.75, peak
+    assert mass >= before[1] + 0.3, (mass, before)
+
+
 # plots ------------------------------------------------------------------------
 
 
