@@ -52,6 +52,21 @@ PRESETS = {
 }
 
 
+def _scale_for_replicas(loss):
+    """`loss` divided by the replicas of the current `tf.distribute` strategy.
+
+    The replicas' gradients are summed, so each replica's loss is divided by
+    their number, as Keras's own losses are; a `compute_loss` override must
+    do it itself (without it, two replicas take steps twice too large).
+    """
+    if keras.backend.backend() != "tensorflow":
+        return loss
+    import tensorflow as tf
+
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return loss / replicas if replicas > 1 else loss
+
+
 def sine_position_encoding(height, width, dim, temperature=10000.0):
     """DETR's 2-D sine position encoding of an `height x width` grid.
 
@@ -441,6 +456,13 @@ class DETR(keras.Model):
     sanitised there: invalid labels and non-finite boxes count as padding,
     boxes are clipped to the image.
 
+    Under a `tf.distribute` strategy each replica's loss is divided by the
+    number of replicas (their gradients are summed), as Keras's losses are.
+    Boxes and "no object" weights are counted per replica, and batch norm
+    uses each replica's share of the batch unless its layers are set to
+    `synchronized=True`; with both, and replicas holding as many boxes as
+    each other, training matches one device (`tests/test_distributed.py`).
+
     Args:
         num_classes: `K`, the number of object classes.
         num_queries: `N`, object queries = most objects per image.
@@ -807,7 +829,7 @@ class DETR(keras.Model):
         self._giou_loss_tracker.update_state(final["giou_loss"])
         for loss in self.losses:
             total = total + ops.cast(ops.sum(loss), total.dtype)
-        return total
+        return _scale_for_replicas(total)
 
     def validate_targets(self, y):
         """`validate_targets` with this model's classes and queries.

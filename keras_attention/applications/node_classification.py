@@ -99,6 +99,17 @@ class GraphBatch(keras.layers.Layer):
         return (1,) + tuple(input_shape)
 
 
+def _is_symbolic(x):
+    """Whether `x` is a traced tensor, not data (a KerasTensor, a TF graph tensor)."""
+    if isinstance(x, keras.KerasTensor):
+        return True
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.is_symbolic_tensor(x)
+    return False
+
+
 @keras.saving.register_keras_serializable(package=presets.PACKAGE)
 class GATNodeClassifier(presets.InputChecks, keras.Model):
     """The two-layer graph attention network of Veličković et al. (2018).
@@ -135,6 +146,13 @@ class GATNodeClassifier(presets.InputChecks, keras.Model):
 
     Returns:
         Logits `(1, N, num_classes)`.
+
+    Under a `tf.distribute` strategy with `R` replicas, feed each replica
+    its own copy of the graph: a `tf.data.Dataset` of batches of `R` copies
+    (`Dataset.from_tensors(((features[0], edges[0]), labels[0],
+    weights[0])).repeat(R).batch(R)`); a batch of one graph cannot be split
+    over replicas. Training then matches one device
+    (`tests/test_distributed.py`).
 
     Example:
 
@@ -229,6 +247,19 @@ class GATNodeClassifier(presets.InputChecks, keras.Model):
         self.version = version
         self.attention = attention
         self.attention_kwargs = dict(attention_kwargs or {})
+
+    def call(self, inputs, training=None, mask=None):
+        if (
+            isinstance(inputs, (list, tuple))
+            and len(inputs) == 2
+            and _is_symbolic(inputs[1])
+            and "float" in keras.backend.standardize_dtype(inputs[1].dtype)
+        ):
+            # Under a tf.distribute strategy Keras builds the model on a
+            # symbolic batch averaged over the replicas, which makes the
+            # edge ids floats; real data is checked by `fit` and eager calls.
+            inputs = [inputs[0], ops.cast(inputs[1], "int32")]
+        return super().call(inputs, training=training, mask=mask)
 
     def check_inputs(self, inputs):
         if not isinstance(inputs, (list, tuple)) or len(inputs) != 2:

@@ -1,0 +1,135 @@
+"""Mixed precision with huge attention logits, through the layers.
+
+`mixed_float16` computes in float16, whose largest value is 65504: a naive
+softmax of logits around 1e4 overflows (`exp(8192) = inf`, then `inf / inf`
+is NaN). The layers take the softmax in float32 (`ops.masked_softmax`), so
+their outputs stay finite and equal the float32 layer's.
+
+The inputs are built so that every logit is exactly representable in both
+dtypes (entries `+-64`, identity projections, logits in
+`{0, +-4096, +-8192}`): the float16 and float32 layers then see the same
+scores, ties included, and must agree up to float16 rounding of the
+weighted sum of values (relative tolerance `RTOL`).
+
+`mixed_bfloat16` against float32 is checked for every layer by the shared
+harness (`tests/test_harness.py::test_mixed_precision`, tolerance
+`LayerCase.low_precision_atol`, 5e-2 relative to the output's scale).
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attention.layers import MultiHeadAttention, ScaledDotProductAttention
+
+MAGNITUDE = 64.0  # entries of the inputs
+HEAD_DIM = 4
+RTOL = 2e-3  # of the largest |output|: float16 rounds at 2**-11 ~ 4.9e-4
+
+
+def signs(seed, shape):
+    rng = np.random.default_rng(seed)
+    return (rng.choice([-1.0, 1.0], size=shape) * MAGNITUDE).astype("float32")
+
+
+def padding_mask(seed, batch, length):
+    rng = np.random.default_rng(seed + 100)
+    mask = rng.random((batch, length)) < 0.7
+    mask[0] = False  # one fully masked element
+    return mask
+
+
+def identity_mha(dtype, num_heads=2, implementation="dense"):
+    """Multi-head attention whose projections copy features to heads."""
+    dim = num_heads * HEAD_DIM
+    layer = MultiHeadAttention(
+        num_heads=num_heads, key_dim=HEAD_DIM, dtype=dtype,
+        implementation=implementation,
+    )
+    layer.build((None, None, dim))
+    eye = np.eye(dim, dtype="float32")
+    kernel = eye.reshape(dim, num_heads, HEAD_DIM)
+    weights = []
+    for w in layer.weights:
+        if w.path.endswith("output_kernel"):
+            weights.append(eye.reshape(num_heads, HEAD_DIM, dim))
+        elif "kernel" in w.path:
+            weights.append(kernel)
+        else:
+            weights.append(np.zeros(w.shape, "float32"))
+    layer.set_weights(weights)
+    return layer
+
+
+def logits_of(x, scale):
+    # (B, T, H*D) -> per-head logits (B, H, T, T), as the layer computes them.
+    b, t, _ = x.shape
+    heads = x.reshape(b, t, -1, HEAD_DIM).transpose(0, 2, 1, 3)
+    return (heads * scale) @ heads.transpose(0, 1, 3, 2)
+
+
+def assert_matches(low, high):
+    low = keras.ops.convert_to_numpy(low).astype("float32")
+    high = keras.ops.convert_to_numpy(high)
+    assert np.all(np.isfinite(low))
+    tolerance = RTOL * max(1.0, float(np.abs(high).max()))
+    error = float(np.abs(low - high).max())
+    assert error <= tolerance, f"max abs error {error:.3g} > {tolerance:.3g}"
+
+
+def test_the_inputs_overflow_a_naive_float16_softmax():
+    x = signs(0, (2, 6, 2 * HEAD_DIM))
+    logits = logits_of(x, 1.0 / np.sqrt(HEAD_DIM))
+    assert np.abs(logits).max() == 8192.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(logits.astype("float16"))
+        naive = e / e.sum(-1, keepdims=True)
+    assert not np.all(np.isfinite(naive))
+
+
+@pytest.mark.parametrize("implementation", ["dense", "blocked"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_multi_head_float16_with_logits_of_1e4(seed, implementation):
+    x = signs(seed, (3, 6, 2 * HEAD_DIM))
+    mask = padding_mask(seed, 3, 6)
+    causal = seed % 2 == 1
+    outputs = {}
+    for dtype in ("float32", "mixed_float16"):
+        layer = identity_mha(dtype, implementation=implementation)
+        outputs[dtype] = layer(x, value_mask=mask, use_causal_mask=causal)
+    assert keras.backend.standardize_dtype(outputs["mixed_float16"].dtype) == "float16"
+    assert_matches(outputs["mixed_float16"], outputs["float32"])
+    # The fully masked element attends to nothing: zeros (no output bias).
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(outputs["mixed_float16"])[0], 0.0
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_scaled_dot_product_float16_with_logits_of_1e4(seed):
+    query = signs(seed, (2, 5, HEAD_DIM))
+    value = signs(seed + 10, (2, 7, HEAD_DIM))
+    mask = padding_mask(seed, 2, 7)
+    outputs, scores = {}, {}
+    for dtype in ("float32", "mixed_float16"):
+        layer = ScaledDotProductAttention(dtype=dtype)
+        outputs[dtype], scores[dtype] = layer(
+            [query, value], value_mask=mask, return_attention_scores=True
+        )
+    # logits q.k / 2 reach 8192 here
+    assert np.abs(query @ value.transpose(0, 2, 1) / 2).max() == 8192.0
+    assert_matches(outputs["mixed_float16"], outputs["float32"])
+    assert_matches(scores["mixed_float16"], scores["float32"])
+
+
+def test_multi_head_float16_gradients_are_finite_with_logits_of_1e4():
+    x = tf.constant(signs(3, (2, 6, 2 * HEAD_DIM)))
+    layer = identity_mha("mixed_float16")
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        out = layer(x, use_causal_mask=True)
+        loss = tf.reduce_sum(tf.cast(out, "float32")) * 1e-3
+    grads = tape.gradient(loss, [x] + layer.trainable_variables)
+    for g in grads:
+        assert np.all(np.isfinite(keras.ops.convert_to_numpy(g)))
