@@ -25,7 +25,8 @@ _MASK_VALUE = -1e30
 
 # The dense path is used below this many scores per (batch, head) pair.
 DENSE_THRESHOLD = 1024 * 1024
-DEFAULT_BLOCK_SIZE = 512
+DEFAULT_BLOCK_SIZE = 256
+DEFAULT_QUERY_BLOCK_SIZE = 256
 
 
 def masked_softmax(scores, mask=None, axis=-1):
@@ -252,6 +253,7 @@ def dot_product_attention(
             is_causal=is_causal,
             scale=scale,
             block_size=block_size or DEFAULT_BLOCK_SIZE,
+            query_block_size=DEFAULT_QUERY_BLOCK_SIZE,
         )
 
     out_dtype = value.dtype
@@ -277,20 +279,30 @@ def dot_product_attention(
     return out
 
 
-def _block_mask(mask, start, size, t_len, is_causal):
-    """The `(B|1, H|1, T, size)` mask of key block `[start, start + size)`."""
+def _block_mask(mask, q_start, q_size, k_start, k_size, is_causal):
+    """The `(B|1, H|1, q_size|1, k_size|1)` mask of a query and key block."""
     block = None
     if mask is not None:
-        shape = list(mask.shape)
-        if shape[-1] == 1:
-            block = mask
-        else:
-            shape[-1] = size
-            block = ops.slice(mask, [0, 0, 0, start], shape)
+        starts, shape, sliced = [0, 0, 0, 0], list(ops.shape(mask)), False
+        if q_start is not None and mask.shape[2] != 1:
+            starts[2], shape[2], sliced = q_start, q_size, True
+        if mask.shape[3] != 1:
+            starts[3], shape[3], sliced = k_start, k_size, True
+        block = ops.slice(mask, starts, shape) if sliced else mask
     if is_causal:
-        causal = causal_mask(t_len, size, offset=-start)
+        offset = -k_start if q_start is None else q_start - k_start
+        causal = causal_mask(q_size, k_size, offset=offset)
         block = causal if block is None else ops.logical_and(block, causal)
     return block
+
+
+def _pick_query_block(t_len, query_block_size):
+    """The query block: `query_block_size` if it divides `T`, else all of `T`."""
+    if not query_block_size or query_block_size >= t_len:
+        return t_len
+    if t_len % int(query_block_size):
+        return t_len
+    return int(query_block_size)
 
 
 def blocked_attention(
@@ -301,6 +313,7 @@ def blocked_attention(
     is_causal=False,
     scale=None,
     block_size=DEFAULT_BLOCK_SIZE,
+    query_block_size=DEFAULT_QUERY_BLOCK_SIZE,
 ):
     """Memory-efficient attention: key blocks with an online softmax.
 
@@ -308,7 +321,10 @@ def blocked_attention(
     running maxima and sums (Milakov & Gimelshein 2018; Rabe & Staats 2021;
     Dao et al. 2022). The backward pass recomputes each block's weights from
     the saved log-sum-exp instead of storing them, so memory is
-    `O(T * block_size)` per head in both passes, never `O(T * S)`.
+    `O(T * block_size)` per head in both passes, never `O(T * S)`. Queries
+    are also taken `query_block_size` at a time when that divides `T`
+    (the working set of one step is then `query_block_size * block_size`
+    scores per head, which stays in cache on a CPU).
 
     Args: as `dot_product_attention` (the mask already of rank 4, and no
     bias, dropout or weights).
@@ -330,6 +346,8 @@ def blocked_attention(
     block = max(1, min(int(block_size), s_len))
     num_blocks = -(-s_len // block)
     padded = num_blocks * block
+    q_block = _pick_query_block(t_len, query_block_size)
+    num_q_blocks = t_len // q_block
     out_dtype = value.dtype
     key = _repeat_heads(key, num_heads)
     value = _repeat_heads(value, num_heads)
@@ -361,22 +379,37 @@ def blocked_attention(
             f"attention_mask.shape={tuple(mask.shape)}"
         )
     d_v = v.shape[-1]
+    # Without a mask every query has keys (a causal row sees at least its
+    # first key), so the "no key" bookkeeping can be skipped.
+    rows_may_be_empty = mask is not None
+
+    def rows(x, i):
+        if num_q_blocks == 1:
+            return x
+        shape = list(ops.shape(x))
+        shape[2] = q_block
+        return ops.slice(x, [0, 0, i * q_block, 0], shape)
 
     def block_kv(x, j):
         shape = list(ops.shape(x))
         shape[2] = block
         return ops.slice(x, [0, 0, j * block, 0], shape)
 
-    def scores_of(qq, kk, j):
-        s = ops.matmul(qq, ops.transpose(kk, (0, 1, 3, 2)))  # (B, H, T, blk)
-        m = _block_mask(mask, j * block, block, t_len, is_causal)
-        return s, m
+    def block_mask(i, j):
+        q_start = None if num_q_blocks == 1 else i * q_block
+        return _block_mask(mask, q_start, q_block, j * block, block, is_causal)
 
-    @ops.custom_gradient
-    def attend(qq, kk, vv):
+    def scores_of(q_i, kk, i, j):
+        s = ops.matmul(q_i, ops.transpose(kk, (0, 1, 3, 2)))  # (B, H, Tq, blk)
+        return s, block_mask(i, j)
+
+    def forward_rows(qq, kk, vv, i):
+        """Output and log-sum-exp of query block `i` over all key blocks."""
+        q_i = rows(qq, i)
+
         def forward_step(j, carry):
             acc, row_max, row_sum = carry
-            s, m = scores_of(qq, block_kv(kk, j), j)
+            s, m = scores_of(q_i, block_kv(kk, j), i, j)
             if m is not None:
                 s = ops.where(m, s, _MASK_VALUE)
             new_max = ops.maximum(row_max, ops.max(s, axis=-1, keepdims=True))
@@ -388,42 +421,89 @@ def blocked_attention(
             acc = acc * correction + ops.matmul(p, block_kv(vv, j))
             return acc, new_max, row_sum
 
-        row_zeros = ops.zeros_like(qq[..., :1])  # (B, H, T, 1)
+        row_zeros = ops.zeros_like(q_i[..., :1])  # (B, H, Tq, 1)
         init = (
             row_zeros + ops.zeros((d_v,), "float32"),
             row_zeros + _MASK_VALUE,
             row_zeros,
         )
         acc, row_max, row_sum = ops.fori_loop(0, num_blocks, forward_step, init)
+        if not rows_may_be_empty:
+            return acc / row_sum, row_max + ops.log(row_sum)
         has_keys = row_sum > 0.0
         safe_sum = ops.where(has_keys, row_sum, 1.0)
         out = ops.where(has_keys, acc / safe_sum, 0.0)
-        # log-sum-exp per row; rows without keys never contribute gradients.
+        # log-sum-exp per row; rows without keys never contribute gradients
+        # (their mask is False everywhere).
         lse = ops.where(has_keys, row_max + ops.log(safe_sum), 0.0)
+        return out, lse
+
+    def backward_rows(qq, kk, vv, d_out, delta, lse, i, d_k, d_v_all):
+        """d_q of query block `i`; adds its part of d_k, d_v."""
+        q_i, do_i, delta_i, lse_i = (rows(x, i) for x in (qq, d_out, delta, lse))
+
+        def backward_step(j, carry):
+            d_q_i, d_k, d_v_all = carry
+            k_j, v_j = block_kv(kk, j), block_kv(vv, j)
+            s, m = scores_of(q_i, k_j, i, j)
+            p = ops.exp(s - lse_i)
+            if m is not None:
+                p = ops.where(m, p, 0.0)
+            d_v_j = ops.matmul(ops.transpose(p, (0, 1, 3, 2)), do_i)
+            d_p = ops.matmul(do_i, ops.transpose(v_j, (0, 1, 3, 2)))
+            d_s = p * (d_p - delta_i)
+            d_q_i = d_q_i + ops.matmul(d_s, k_j)
+            d_k_j = ops.matmul(ops.transpose(d_s, (0, 1, 3, 2)), q_i)
+            if num_q_blocks > 1:
+                d_k_j = d_k_j + block_kv(d_k, j)
+                d_v_j = d_v_j + block_kv(d_v_all, j)
+            d_k = ops.slice_update(d_k, [0, 0, j * block, 0], d_k_j)
+            d_v_all = ops.slice_update(d_v_all, [0, 0, j * block, 0], d_v_j)
+            return d_q_i, d_k, d_v_all
+
+        init = (ops.zeros_like(q_i), d_k, d_v_all)
+        return ops.fori_loop(0, num_blocks, backward_step, init)
+
+    @ops.custom_gradient
+    def attend(qq, kk, vv):
+        if num_q_blocks == 1:
+            out, lse = forward_rows(qq, kk, vv, 0)
+        else:
+
+            def forward_block(i, carry):
+                out_all, lse_all = carry
+                out_i, lse_i = forward_rows(qq, kk, vv, i)
+                out_all = ops.slice_update(out_all, [0, 0, i * q_block, 0], out_i)
+                lse_all = ops.slice_update(lse_all, [0, 0, i * q_block, 0], lse_i)
+                return out_all, lse_all
+
+            row_zeros = ops.zeros_like(qq[..., :1])
+            out, lse = ops.fori_loop(
+                0,
+                num_q_blocks,
+                forward_block,
+                (row_zeros + ops.zeros((d_v,), "float32"), row_zeros),
+            )
 
         def grad(*args, upstream=None):
             d_out = upstream if upstream is not None else args[0]
             d_out = ops.cast(d_out, "float32")
             delta = ops.sum(d_out * out, axis=-1, keepdims=True)
+            d_k, d_v_all = ops.zeros_like(kk), ops.zeros_like(vv)
+            if num_q_blocks == 1:
+                return backward_rows(qq, kk, vv, d_out, delta, lse, 0, d_k, d_v_all)
 
-            def backward_step(j, carry):
+            def backward_block(i, carry):
                 d_q, d_k, d_v_all = carry
-                k_j, v_j = block_kv(kk, j), block_kv(vv, j)
-                s, m = scores_of(qq, k_j, j)
-                p = ops.exp(s - lse)
-                keep = has_keys if m is None else ops.logical_and(m, has_keys)
-                p = ops.where(keep, p, 0.0)
-                d_v_j = ops.matmul(ops.transpose(p, (0, 1, 3, 2)), d_out)
-                d_p = ops.matmul(d_out, ops.transpose(v_j, (0, 1, 3, 2)))
-                d_s = p * (d_p - delta)
-                d_q = d_q + ops.matmul(d_s, k_j)
-                d_k_j = ops.matmul(ops.transpose(d_s, (0, 1, 3, 2)), qq)
-                d_k = ops.slice_update(d_k, [0, 0, j * block, 0], d_k_j)
-                d_v_all = ops.slice_update(d_v_all, [0, 0, j * block, 0], d_v_j)
+                d_q_i, d_k, d_v_all = backward_rows(
+                    qq, kk, vv, d_out, delta, lse, i, d_k, d_v_all
+                )
+                d_q = ops.slice_update(d_q, [0, 0, i * q_block, 0], d_q_i)
                 return d_q, d_k, d_v_all
 
-            init_grads = (ops.zeros_like(qq), ops.zeros_like(kk), ops.zeros_like(vv))
-            return ops.fori_loop(0, num_blocks, backward_step, init_grads)
+            return ops.fori_loop(
+                0, num_q_blocks, backward_block, (ops.zeros_like(qq), d_k, d_v_all)
+            )
 
         return out, grad
 
