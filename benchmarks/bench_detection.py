@@ -135,7 +135,9 @@ def main():
     )
     print(f"data: {time.time() - start:.1f}s", flush=True)
 
-    model = DETR.from_preset("detr_digits", **json.loads(args.config))
+    model = DETR.from_preset(
+        "detr_digits", load_weights=False, **json.loads(args.config)
+    )
     steps_per_epoch = -(-args.train_images // args.batch_size)
     total_steps = steps_per_epoch * args.epochs
     schedule = keras.optimizers.schedules.CosineDecay(

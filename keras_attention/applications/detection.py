@@ -18,6 +18,8 @@ Shape letters: `B` images, `N` object queries, `M` ground-truth objects
 
 import math
 
+import os
+
 import keras
 import numpy as np
 from keras import ops
@@ -65,6 +67,12 @@ def _scale_for_replicas(loss):
 
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     return loss / replicas if replicas > 1 else loss
+
+
+# Weights shipped in keras_attention/presets/: `detr_digits` trained by
+# `python benchmarks/bench_detection.py --save ...` (the 20-minute recipe,
+# stopped in epoch 18 of 30): held-out mAP@0.5 0.856, mAP 0.537.
+PRESET_WEIGHTS = {"detr_digits": "detr_digits.weights.h5"}
 
 
 def sine_position_encoding(height, width, dim, temperature=10000.0):
@@ -661,13 +669,44 @@ class DETR(keras.Model):
         self._giou_loss_tracker = keras.metrics.Mean(name="giou_loss")
 
     @classmethod
-    def from_preset(cls, preset, **overrides):
-        """A fresh model of a named configuration (`PRESETS`)."""
+    def from_preset(cls, preset, load_weights=True, **overrides):
+        """A model of a named configuration (`PRESETS`).
+
+        Args:
+            preset: a name in `PRESETS`.
+            load_weights: load the weights shipped in the package for the
+                presets that have them (`PRESET_WEIGHTS`); they need the
+                preset's own configuration, so overrides that change a
+                weight's shape make loading fail.
+            **overrides: constructor arguments that replace the preset's.
+
+        Example:
+
+        ```python
+        model = DETR.from_preset("detr_digits")  # trained weights
+        found = model.predict_boxes(images, score_threshold=0.5)
+        ```
+        """
         if preset not in PRESETS:
             raise base.invalid(
                 "preset", f"one of {sorted(PRESETS)}", preset
             )
-        return cls(**{**PRESETS[preset], **overrides})
+        model = cls(**{**PRESETS[preset], **overrides})
+        weights = PRESET_WEIGHTS.get(preset)
+        if load_weights and weights is not None:
+            path = os.path.join(
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                "presets", weights,
+            )
+            if not os.path.isfile(path):
+                raise ValueError(
+                    f"The weights of preset {preset!r} are missing: expected "
+                    f"the file {path} (made by benchmarks/bench_detection.py "
+                    "--save)."
+                )
+            model.build((None, 64, 64, 1))
+            model.load_weights(path)
+        return model
 
     def build(self, input_shape):
         input_shape = tuple(input_shape)
