@@ -206,9 +206,12 @@ def dot_product_attention(
         seed: a `keras.random.SeedGenerator` or an int, for the dropout.
         training: whether dropout is active.
         return_weights: also return the weights `(B, H, T, S)`.
-        implementation: `"auto"` (the memory-efficient path when the weights
-            are not requested, no bias or dropout applies, and `T * S` is
-            large), `"dense"` or `"blocked"`.
+        implementation: `"auto"`, `"dense"`, `"blocked"` or `"fused"`.
+            `"auto"`, when the weights are not requested and no bias or
+            dropout applies, takes the backend's fused kernel on a GPU
+            (`keras.ops.dot_product_attention`: cuDNN / PyTorch SDPA, on
+            the JAX and torch backends) and elsewhere the memory-efficient
+            blocked path once `T * S` is large; otherwise the dense path.
         block_size: key block length of the memory-efficient path.
 
     Returns:
@@ -216,10 +219,10 @@ def dot_product_attention(
         `(B, H, T, S)` if `return_weights`.
     """
     _check_attention_inputs(query, key, value)
-    if implementation not in ("auto", "dense", "blocked"):
+    if implementation not in ("auto", "dense", "blocked", "fused"):
         raise ValueError(
             "Received an invalid value for argument `implementation`, "
-            "expected one of 'auto', 'dense', 'blocked'. "
+            "expected one of 'auto', 'dense', 'blocked', 'fused'. "
             f"Received: implementation={implementation!r}"
         )
     num_heads = query.shape[2]
@@ -235,13 +238,27 @@ def dot_product_attention(
         and t_len * s_len > DENSE_THRESHOLD
     )
     can_block = not return_weights and bias is None and not dropout_active
-    if implementation == "blocked" and not can_block:
+    if implementation in ("blocked", "fused") and not can_block:
         raise ValueError(
-            "The blocked implementation returns no weights and supports no "
-            "bias or dropout. Received: "
+            f"The {implementation} implementation returns no weights and "
+            "supports no bias or dropout. Received: "
             f"return_weights={return_weights}, bias={bias is not None}, "
             f"dropout_rate={dropout_rate}, training={training}"
         )
+    same_dims = value.shape[-1] == head_dim  # the fused kernels need it
+    if implementation == "fused" and not same_dims:
+        raise ValueError(
+            "The fused implementation needs values of the queries' head size. "
+            f"Received: query.shape={tuple(query.shape)}, "
+            f"value.shape={tuple(value.shape)}"
+        )
+    if implementation == "fused" or (
+        implementation == "auto"
+        and can_block
+        and same_dims
+        and _fused_kernel_available()
+    ):
+        return fused_attention(query, key, value, mask, is_causal, scale)
     if implementation == "blocked" or (
         implementation == "auto" and can_block and long_enough
     ):
@@ -277,6 +294,69 @@ def dot_product_attention(
     if return_weights:
         return out, weights
     return out
+
+
+_FUSED = {}
+
+
+def _fused_kernel_available():
+    """Whether `keras.ops.dot_product_attention` runs a fused GPU kernel.
+
+    True on the JAX backend with a GPU (cuDNN's flash attention through
+    `jax.nn.dot_product_attention`) and on the torch backend with CUDA
+    (`scaled_dot_product_attention`). TensorFlow's version is a chain of
+    plain ops, so there the blocked path stays.
+    """
+    backend = keras.backend.backend()
+    if backend not in _FUSED:
+        available = False
+        try:
+            if backend == "jax":
+                import jax
+
+                available = jax.default_backend() == "gpu"
+            elif backend == "torch":
+                import torch
+
+                available = torch.cuda.is_available()
+        except Exception:  # pragma: no cover - a broken accelerator stack
+            available = False
+        _FUSED[backend] = available
+    return _FUSED[backend]
+
+
+def fused_attention(query, key, value, mask=None, is_causal=False, scale=None):
+    """`keras.ops.dot_product_attention` with this module's semantics.
+
+    Same layout and arguments as `dot_product_attention` (boolean `mask`
+    broadcastable to `(B, H, T, S)`); grouped key/value heads are repeated
+    first, and a query whose keys are all masked outputs zeros (the fused
+    kernels would average the masked values).
+    """
+    num_heads = query.shape[2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    out_dtype = value.dtype
+    key = _repeat_heads(key, num_heads)
+    value = _repeat_heads(value, num_heads)
+    out = ops.dot_product_attention(
+        query, key, value, mask=mask, scale=scale, is_causal=is_causal
+    )
+    if mask is not None:
+        # Does query t see any key at all? (B, 1|H, 1|T) from the mask.
+        seen = ops.any(mask, axis=-1)
+        if is_causal:
+            # With the causal mask it must see a key s <= t: the first
+            # unmasked key (per row of the mask) must come no later than t.
+            first = ops.argmax(ops.cast(mask, "int32"), axis=-1)
+            t_index = ops.arange(ops.shape(out)[1])
+            seen = ops.logical_and(seen, first <= t_index)
+        seen = ops.broadcast_to(
+            seen, (ops.shape(out)[0], num_heads, ops.shape(out)[1])
+        )
+        seen = ops.transpose(seen, (0, 2, 1))  # (B, T, H)
+        out = ops.where(seen[..., None], out, ops.zeros_like(out))
+    return ops.cast(out, out_dtype)
 
 
 def _block_mask(mask, q_start, q_size, k_start, k_size, is_causal):

@@ -118,6 +118,74 @@ def test_blocked_equals_dense_forward_and_gradient(block_size, causal, mask_kind
         np.testing.assert_allclose(blocked.numpy(), dense.numpy(), atol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask_kind", [None, "keys", "full", "late_keys"])
+def test_fused_equals_dense_forward_and_gradient(causal, mask_kind):
+    # The GPU fast path (keras.ops.dot_product_attention) keeps the core's
+    # semantics: grouped heads, T != S, and zeros for queries that see no key.
+    rng = np.random.default_rng(5)
+    q, k, v = (tf.constant(x) for x in random_qkv(rng, dv=8))
+    mask = None
+    if mask_kind == "keys":
+        mask = rng.random((2, 13)) > 0.3
+        mask[1] = False  # every query of example 1 sees nothing
+    elif mask_kind == "full":
+        mask = rng.random((2, 1, 9, 13)) > 0.5
+        mask[0, 0, 3] = False
+    elif mask_kind == "late_keys":
+        # Only keys 4.. are real: under the causal mask queries 0-3 see none.
+        mask = np.arange(13)[None, :].repeat(2, 0) >= 4
+    results = {}
+    for impl in ("dense", "fused"):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = attention_ops.dot_product_attention(
+                q, k, v, attention_mask=mask, is_causal=causal,
+                implementation=impl,
+            )
+            loss = tf.reduce_sum(out * tf.cos(out))
+        results[impl] = [out] + tape.gradient(loss, [q, k, v])
+    ref, _ = attention_reference(q, k, v, mask=mask, causal=causal)
+    np.testing.assert_allclose(results["fused"][0].numpy(), ref, atol=1e-5)
+    for dense, fused in zip(results["dense"], results["fused"]):
+        np.testing.assert_allclose(fused.numpy(), dense.numpy(), atol=1e-5)
+
+
+def test_auto_takes_the_fused_kernel_only_where_a_gpu_offers_one(monkeypatch):
+    rng = np.random.default_rng(6)
+    q, k, v = random_qkv(rng, dv=8)
+    calls = []
+    original = attention_ops.fused_attention
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention_ops, "fused_attention", spy)
+    attention_ops.dot_product_attention(q, k, v)
+    assert not calls  # TensorFlow on a CPU: no fused kernel
+    monkeypatch.setattr(attention_ops, "_fused_kernel_available", lambda: True)
+    out = attention_ops.dot_product_attention(q, k, v)
+    assert calls
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(out), attention_reference(q, k, v)[0], atol=1e-5
+    )
+    # Weights, a bias or dropout need the dense path.
+    calls.clear()
+    attention_ops.dot_product_attention(q, k, v, return_weights=True)
+    assert not calls
+    with pytest.raises(ValueError, match="fused implementation returns no weights"):
+        attention_ops.dot_product_attention(
+            q, k, v, implementation="fused", return_weights=True
+        )
+    # Values of another head size than the queries': not for the kernels.
+    q, k, v = random_qkv(rng, dv=5)
+    attention_ops.dot_product_attention(q, k, v)
+    assert not calls
+    with pytest.raises(ValueError, match="head size"):
+        attention_ops.dot_product_attention(q, k, v, implementation="fused")
+
+
 def test_blocked_path_compiles_with_xla_and_is_chosen_for_long_sequences(monkeypatch):
     rng = np.random.default_rng(4)
     q, k, v = random_qkv(rng, t=40, s=40, h=2, k=2, d=4, dv=4)

@@ -42,7 +42,7 @@ class MultiHeadAttention(base.SequenceAttention):
         bias_regularizer, kernel_constraint, bias_constraint: as for
             `keras.layers.Dense`.
         seed: seed of the dropout.
-        implementation: `"auto"`, `"dense"` or `"blocked"` (see
+        implementation: `"auto"`, `"dense"`, `"blocked"` or `"fused"` (see
             `keras_attention.ops.dot_product_attention`).
 
     Call arguments:
@@ -129,9 +129,9 @@ class MultiHeadAttention(base.SequenceAttention):
                 num_key_value_heads,
             )
         self.use_causal_mask = bool(use_causal_mask)
-        if implementation not in ("auto", "dense", "blocked"):
+        if implementation not in ("auto", "dense", "blocked", "fused"):
             raise base.invalid(
-                "implementation", "one of 'auto', 'dense', 'blocked'",
+                "implementation", "one of 'auto', 'dense', 'blocked', 'fused'",
                 implementation,
             )
         self.implementation = implementation
