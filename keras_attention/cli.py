@@ -146,6 +146,7 @@ def command_demo(args):
         print(f"\n=== {task} ({recipe.models[0]}) ===", flush=True)
         task_out = os.path.join(args.out, task)
         os.makedirs(task_out, exist_ok=True)
+        cpu = time.process_time()
         result = recipe.run(
             model_name=recipe.models[0],
             data=None,
@@ -154,9 +155,12 @@ def command_demo(args):
             seed=args.seed,
             quick=args.quick,
         )
+        result.cpu_seconds = time.process_time() - cpu
         print(recipes.format_result(result), flush=True)
         results.append(result)
-    report = recipes.write_report(results, args.out, time.time() - start)
+    report = recipes.write_report(
+        results, args.out, time.time() - start, time.process_time()
+    )
     print(f"\nReport: {os.path.abspath(report)}")
     return EXIT_OK
 
