@@ -4,10 +4,17 @@ For each preset with a weights file (`vit_digits`, `cbam_resnet_digits`),
 builds its configuration, trains it with the recipe of
 `bench_classification.RECIPES` on scikit-learn's digits (stratified 80/20
 split, seed 0), and writes `keras_attention/presets/<name>.weights.h5` and
-`<name>.json` (configuration, recipe, test accuracy, versions).
+`<name>.json` (configuration, recipe, test accuracy, wall and CPU
+seconds of `fit`, load average, versions).
 
     python benchmarks/train_presets.py            # all presets with weights
     python benchmarks/train_presets.py vit_digits
+
+The shipped files: `vit_digits` 0.9777 and `cbam_resnet_digits` 0.9889 test
+accuracy (0.65 and 1.35 MB, weights only, no optimizer state). Training is
+deterministic here: `bench_classification.py --tasks digits` retrains both
+recipes from scratch to the same accuracies, in 142 and 105 CPU seconds of
+`fit` (budget: 360, "3 minutes on 2 cores"; 2 shared cores, load about 8).
 """
 
 import argparse
@@ -46,9 +53,10 @@ def train_preset(name, seed=0):
     spec = presets.get_preset(name)
     kind = SHIPPED[name]
     (x_train, y_train), (x_test, y_test) = bench_classification.load_digits_for(name)
-    model, acc, wall, cpu = bench_classification.run_image(
-        kind, name, x_train, y_train, x_test, y_test, seed=seed
+    model, acc, figures = bench_classification.run_image(
+        kind, name, x_train, y_train, x_test, y_test, seed=seed, verbose=True
     )
+    wall, cpu = figures["wall"], figures["cpu"]
     os.makedirs(presets.PRESET_DIR, exist_ok=True)
     save_model_weights(model, spec)
     metadata = {
@@ -63,6 +71,8 @@ def train_preset(name, seed=0):
         "seed": seed,
         "test_accuracy": round(acc, 4),
         "train_seconds": round(wall, 1),
+        "train_cpu_seconds": round(cpu, 1),
+        "load_average": [round(v, 1) for v in figures["load"]],
         "keras_version": keras.__version__,
         "keras_attention_version": keras_attention.__version__,
         "date": datetime.date.today().isoformat(),
