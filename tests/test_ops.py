@@ -31,6 +31,19 @@ def attention_reference(q, k, v, mask=None, causal=False, bias=None, scale=None)
     return np.einsum("bhts,bshd->bthd", w, v), w
 
 
+def count_calls(monkeypatch, name):
+    """Wraps `attention_ops.<name>`; returns the list that grows per call."""
+    calls = []
+    original = getattr(attention_ops, name)
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention_ops, name, spy)
+    return calls
+
+
 def random_qkv(rng, b=2, t=9, s=13, h=4, k=2, d=8, dv=5):
     return (
         rng.normal(size=(b, t, h, d)).astype("float32"),
@@ -154,14 +167,7 @@ def test_fused_equals_dense_forward_and_gradient(causal, mask_kind):
 def test_auto_takes_the_fused_kernel_only_where_a_gpu_offers_one(monkeypatch):
     rng = np.random.default_rng(6)
     q, k, v = random_qkv(rng, dv=8)
-    calls = []
-    original = attention_ops.fused_attention
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(attention_ops, "fused_attention", spy)
+    calls = count_calls(monkeypatch, "fused_attention")
     attention_ops.dot_product_attention(q, k, v)
     assert not calls  # TensorFlow on a CPU: no fused kernel
     monkeypatch.setattr(attention_ops, "_fused_kernel_available", lambda: True)
@@ -189,14 +195,7 @@ def test_auto_takes_the_fused_kernel_only_where_a_gpu_offers_one(monkeypatch):
 def test_blocked_path_compiles_with_xla_and_is_chosen_for_long_sequences(monkeypatch):
     rng = np.random.default_rng(4)
     q, k, v = random_qkv(rng, t=40, s=40, h=2, k=2, d=4, dv=4)
-    calls = []
-    original = attention_ops.blocked_attention
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(attention_ops, "blocked_attention", spy)
+    calls = count_calls(monkeypatch, "blocked_attention")
     monkeypatch.setattr(attention_ops, "DENSE_THRESHOLD", 1000)
     compiled = tf.function(
         lambda q, k, v: attention_ops.dot_product_attention(q, k, v, is_causal=True),

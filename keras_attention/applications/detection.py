@@ -26,6 +26,7 @@ from keras import ops
 
 import keras_attention.registry as registry
 from keras_attention.applications import detection_loss
+from keras_attention.applications import presets
 from keras_attention.applications.detection_loss import PAD_LABEL
 from keras_attention.applications.detection_loss import validate_targets
 from keras_attention.layers import base
@@ -694,10 +695,7 @@ class DETR(keras.Model):
         model = cls(**{**PRESETS[preset], **overrides})
         weights = PRESET_WEIGHTS.get(preset)
         if load_weights and weights is not None:
-            path = os.path.join(
-                os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                "presets", weights,
-            )
+            path = os.path.join(presets.PRESET_DIR, weights)
             if not os.path.isfile(path):
                 raise ValueError(
                     f"The weights of preset {preset!r} are missing: expected "
