@@ -24,6 +24,7 @@ epochs and reports the test accuracy at the best validation accuracy (the
 paper: 83.0 +- 0.7 %).
 
     python benchmarks/bench_gat.py --data /work/shared/data/planetoid
+    python benchmarks/bench_gat.py --skip-dropout-table --pyg   # vs GATConv
     KERAS_ATTENTION_DATA=/work/shared/data/planetoid python benchmarks/bench_gat.py \
         --epochs 20 --train-epochs 300
 """
@@ -150,6 +151,101 @@ def train_accuracy(graph, inputs, labels, weights, epochs, jit_compile, seed=0):
     return best_val, test_at_best, best_epoch, final_test
 
 
+def pyg_epoch_function(graph, seed=0):
+    """The same model in PyTorch Geometric (`GATConv`), one epoch per call.
+
+    Sizes, dropout (0.6 on inputs, coefficients and hidden features), ELU,
+    Adam 0.005 with weight decay 5e-4 on every parameter (the PyG example's
+    recipe); returns a function that runs one full-graph training step and
+    returns its loss as a float (which waits for the step).
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch_geometric.nn import GATConv
+
+    torch.manual_seed(seed)
+
+    class GAT(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            num_features = graph.features.shape[1]
+            self.conv1 = GATConv(num_features, 8, heads=8, dropout=0.6)
+            self.conv2 = GATConv(64, graph.num_classes, heads=1, concat=False,
+                                 dropout=0.6)
+
+        def forward(self, x, edge_index):
+            x = F.dropout(x, p=0.6, training=self.training)
+            x = F.elu(self.conv1(x, edge_index))
+            x = F.dropout(x, p=0.6, training=self.training)
+            return self.conv2(x, edge_index)
+
+    model = GAT()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
+    x = torch.tensor(graph.features, dtype=torch.float32)
+    edge_index = torch.tensor(graph.edges, dtype=torch.long)
+    labels = torch.tensor(np.maximum(graph.labels, 0), dtype=torch.long)
+    mask = torch.tensor(graph.train_mask)
+    model.train()
+
+    def epoch():
+        optimizer.zero_grad()
+        out = model(x, edge_index)
+        loss = F.cross_entropy(out[mask], labels[mask])
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    return epoch
+
+
+def compare_with_pyg(graph, inputs, labels, weights, rounds, per_round):
+    """Ours (hash dropout, each mode) and PyG's `GATConv`, interleaved.
+
+    Round after round, `per_round` epochs of each implementation in turn,
+    so that a change of load falls on all of them alike; medians over all
+    the timed epochs.
+    """
+    import torch
+
+    runners = {}
+    for mode, jit_compile in modes():
+        keras.utils.set_random_seed(0)
+        model = gat_model(graph, "hash")
+        compile_model(model, jit_compile)
+        model.train_on_batch(inputs, labels, sample_weight=weights)  # compile
+
+        def ours(model=model):
+            return float(np.asarray(
+                model.train_on_batch(inputs, labels, sample_weight=weights)
+            ))
+
+        runners[f"ours, {mode}"] = ours
+    runners["PyG GATConv (eager)"] = pyg_epoch_function(graph)
+    runners["PyG GATConv (eager)"]()  # first call outside the timing
+    times = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, run in runners.items():
+            for _ in range(per_round):
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+    pyg = float(np.median(times["PyG GATConv (eager)"]))
+    print(
+        f"\nagainst PyTorch Geometric (torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads); {rounds} interleaved rounds of "
+        f"{per_round} epochs; ratio = our time / PyG's (target <= 0.6)"
+    )
+    print(f"{'implementation':<22} {'epoch ms':>9} {'IQR ms':>13} {'/ PyG':>7}")
+    for name, values in times.items():
+        median = float(np.median(values))
+        low, high = np.percentile(values, [25, 75])
+        print(
+            f"{name:<22} {median * 1e3:>9.1f} {low * 1e3:>6.1f}-{high * 1e3:<6.1f} "
+            f"{median / pyg:>6.2f}x",
+            flush=True,
+        )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -165,6 +261,13 @@ def main():
         "--dropouts", nargs="+", default=["hash", "keras", "none"],
         choices=["hash", "keras", "none"],
     )
+    parser.add_argument(
+        "--pyg", action="store_true",
+        help="also time PyTorch Geometric's GATConv (torch and torch_geometric "
+        "installed: the `bench` extra), interleaved with ours",
+    )
+    parser.add_argument("--pyg-rounds", type=int, default=10)
+    parser.add_argument("--skip-dropout-table", action="store_true")
     parser.add_argument("--train-epochs", type=int, default=0)
     parser.add_argument("--seeds", type=int, default=1, help="training runs")
     args = parser.parse_args()
@@ -194,7 +297,7 @@ def main():
     )
     print(header)
     print("-" * len(header))
-    for mode, jit_compile in modes():
+    for mode, jit_compile in [] if args.skip_dropout_table else modes():
         results = {}
         for dropout in args.dropouts:
             keras.utils.set_random_seed(0)
@@ -212,6 +315,8 @@ def main():
                 f"{low * 1e3:>6.1f}-{high * 1e3:<6.1f} {ratio:>8}",
                 flush=True,
             )
+    if args.pyg:
+        compare_with_pyg(graph, inputs, labels, weights, args.pyg_rounds, 5)
     if args.train_epochs:
         mode, jit_compile = modes()[-1]
         start = time.perf_counter()

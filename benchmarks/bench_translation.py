@@ -36,10 +36,14 @@ The recipe (what `multi30k` does):
   the training sentences (longer ones are truncated with a warning); cached
   in `--output/multi30k_preprocessor.json`.
 - Transformer `small` preset (3+3 pre-norm layers, width 256, 8 heads,
-  MLP 1024, dropout 0.1); Adam 5e-4 (beta_2 0.98, clip norm 1) with a
-  linear warm-up of 1000 steps and inverse-square-root decay, batch 128.
+  MLP 1024, dropout 0.1); Adam 1e-3 (beta_2 0.98, clip norm 1) with a
+  linear warm-up of 400 steps and inverse-square-root decay, batch 128,
+  trained on length buckets (`MULTI30K_BUCKETS`: the mean sentence is 15
+  word pieces, the fixed length 39, so fixed-length batches are mostly
+  padding; bucketing cuts the tokens per epoch by 1.8x).
 - RNN `small` preset (bidirectional GRU 256 per direction, additive
-  attention with 256 units, dropout 0.3); Adam 1e-3, clip norm 1, batch 64.
+  attention with 256 units, dropout 0.3); Adam 1e-3, clip norm 1, batch 64,
+  fixed-length batches (its decoder loop is unrolled over a static length).
 - Train until the time budget is spent, keep the weights of the epoch with
   the best validation loss, decode test2016 with beam search of width 4 and
   length penalty 0.6.
@@ -138,10 +142,61 @@ class InverseSqrt(keras.optimizers.schedules.LearningRateSchedule):
         return {"peak": self.peak, "warmup": self.warmup}
 
 
+def bucketed_batches(x, y, batch_size, buckets, seed=0):
+    """A `tf.data.Dataset` of batches padded to the smallest bucket that fits.
+
+    Fixed lengths that cover 99.5% of Multi30k's sentences (33 source, 39
+    target word pieces) are about 2.5 times the mean: most of every batch
+    would be padding. Each pair goes to the first `(source_length,
+    target_length)` bucket it fits in; the batches of a bucket are full
+    (a bucket's remainder is left out of that epoch, a different one each
+    epoch) so XLA compiles one program per bucket; the order of the batches
+    is shuffled every epoch.
+    """
+    import tensorflow as tf
+
+    source, target = x["source_ids"], x["target_ids"]
+    source_lengths = (source != 0).sum(axis=1)
+    target_lengths = np.maximum((target != 0).sum(axis=1), (y != 0).sum(axis=1))
+    members = [[] for _ in buckets]
+    for index, (s, t) in enumerate(zip(source_lengths, target_lengths)):
+        for b, (max_s, max_t) in enumerate(buckets):
+            if s <= max_s and t <= max_t:
+                members[b].append(index)
+                break
+    members = [np.asarray(m, dtype="int64") for m in members]
+    print("buckets", buckets, "sizes", [len(m) for m in members], flush=True)
+    rng = np.random.default_rng(seed)
+
+    def generate():
+        batches = []
+        for (max_s, max_t), indices in zip(buckets, members):
+            indices = rng.permutation(indices)
+            for start in range(0, len(indices) - batch_size + 1, batch_size):
+                batches.append((indices[start:start + batch_size], max_s, max_t))
+        for i in rng.permutation(len(batches)):
+            rows, max_s, max_t = batches[i]
+            yield (
+                {
+                    "source_ids": source[rows, :max_s],
+                    "target_ids": target[rows, :max_t],
+                },
+                y[rows, :max_t],
+            )
+
+    ids = tf.TensorSpec((batch_size, None), tf.int32)
+    return tf.data.Dataset.from_generator(
+        generate,
+        output_signature=({"source_ids": ids, "target_ids": ids}, ids),
+    ).prefetch(2)
+
+
 def train(model, data, minutes, batch_size, epochs=1000, validation=None,
-          keep_best=False, label="model", cpu_minutes=None):
+          keep_best=False, label="model", cpu_minutes=None, buckets=None):
     """Fits until the budget is spent; returns timing figures."""
     x, y = model.prepare(*data)
+    if buckets:
+        x, y, batch_size = bucketed_batches(x, y, batch_size, buckets), None, None
     callbacks = [Budget(minutes * 60.0, cpu_seconds=(cpu_minutes or 0) * 60.0)]
     if validation is not None and keep_best:
         callbacks.append(KeepBest())
@@ -336,6 +391,11 @@ def run_bahdanau(args):
     return results
 
 
+# (source, target) lengths in word pieces; the last one is replaced by the
+# preprocessor's fixed lengths.
+MULTI30K_BUCKETS = [(12, 13), (16, 18), (21, 24), (33, 39)]
+
+
 def run_multi30k(args):
     corpus = load_translation_corpus(
         args.data, "en", "de", splits=["train", "val", "test2016"],
@@ -379,7 +439,7 @@ def run_multi30k(args):
         if name == "transformer":
             model = TransformerTranslator.from_preset("small", preprocessor=preprocessor)
             optimizer = keras.optimizers.Adam(
-                InverseSqrt(5e-4, 1000), beta_2=0.98, clipnorm=1.0
+                InverseSqrt(1e-3, 400), beta_2=0.98, clipnorm=1.0
             )
             loss = keras.losses.SparseCategoricalCrossentropy(
                 from_logits=True, ignore_class=0
@@ -390,7 +450,8 @@ def run_multi30k(args):
             optimizer = keras.optimizers.Adam(1e-3, clipnorm=1.0)
             loss = "auto"
             batch_size = 64
-        model.compile(optimizer=optimizer, loss=loss, steps_per_execution=8)
+        # One step per execution: the bucketed batches change shape.
+        model.compile(optimizer=optimizer, loss=loss)
         if args.max_steps:
             count = min(len(corpus["train"][0]), args.max_steps * batch_size)
             corpus["train"] = tuple(side[:count] for side in corpus["train"])
@@ -398,6 +459,10 @@ def run_multi30k(args):
             model, corpus["train"], args.minutes, batch_size,
             validation=corpus["val"], keep_best=True, label=name,
             cpu_minutes=args.cpu_minutes,
+            # The RNN's decoder loop is unrolled over a static target length
+            # (XLA), so it trains on fixed-length batches.
+            buckets=None if name == "rnn" else MULTI30K_BUCKETS[:-1]
+            + [(preprocessor.source_length, preprocessor.target_length)],
         )
         if args.save:
             os.makedirs(args.output, exist_ok=True)
