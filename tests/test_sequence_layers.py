@@ -116,6 +116,32 @@ def test_additive_one_decoder_step_and_masks():
     np.testing.assert_allclose(np_(weights), softmax(scores, mask), atol=1e-6)
 
 
+def test_additive_projected_key_equals_the_plain_path_values_and_gradients():
+    import tensorflow as tf
+
+    layer = AdditiveAttention(units=6)
+    query = tf.constant(RNG.normal(size=(2, 3, 16)).astype("float32"))
+    value = tf.constant(Y)
+    mask = np.array([[True] * 5, [True, True, True, False, False]])
+    layer([query, value])  # build
+
+    def run(projected):
+        with tf.GradientTape() as tape:
+            tape.watch([query, value])
+            extra = {"projected_key": layer.project_key(value)} if projected else {}
+            out, weights = layer(
+                query, value, value_mask=mask, return_attention_scores=True, **extra
+            )
+            loss = tf.reduce_sum(out * out) + tf.reduce_sum(weights[..., 0])
+        grads = tape.gradient(loss, [query, value] + layer.trainable_weights)
+        return [out, weights] + grads
+
+    for plain, fast in zip(run(False), run(True)):
+        np.testing.assert_allclose(np_(plain), np_(fast), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="projected_key"):
+        layer(query, value, projected_key=tf.zeros((2, 4, 6)))
+
+
 def test_luong_general_and_dot_scores():
     inputs = LUONG_GENERAL.make_inputs(np.random.default_rng(1))
     layer = keras_attention.get("scaled_dot_product", **LUONG_GENERAL.kwargs)

@@ -214,12 +214,19 @@ class Seq2SeqTranslator(Translator):
         state = [self.bridge(summary)]
         if self.bridge_memory is not None:
             state.append(self.bridge_memory(summary))
-        return {
+        encoded = {
             "annotations": annotations,
             "source_mask": mask,
             "summary": summary,
             "state": state,
         }
+        if hasattr(self.attention_layer, "project_key"):
+            # The keys' projection does not change from step to step:
+            # compute it once, not once per target token (and per beam).
+            encoded["projected_key"] = self.attention_layer.project_key(
+                annotations
+            )
+        return encoded
 
     def _attend(self, query, encoded):
         """Context `(B, 2h)` and weights `(B, S)` for the state `(B, h)`."""
@@ -228,11 +235,15 @@ class Seq2SeqTranslator(Translator):
                 ops.cast(encoded["source_mask"], encoded["summary"].dtype)
             )
             return encoded["summary"], weights
+        extra = {}
+        if "projected_key" in encoded:
+            extra["projected_key"] = encoded["projected_key"]
         context, weights = self.attention_layer(
             query[:, None, :],
             value=encoded["annotations"],
             value_mask=encoded["source_mask"],
             return_attention_scores=True,
+            **extra,
         )
         if len(weights.shape) == 4:  # multi-head (B, H, 1, S): mean of heads
             weights = ops.mean(weights, axis=1)

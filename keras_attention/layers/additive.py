@@ -34,6 +34,9 @@ class AdditiveAttention(base.SequenceAttention):
             Keras masks are used when not given.
         return_attention_scores: also return the weights `(B, T, S)`
             (`(B, S)` for a `(B, Dq)` query).
+        projected_key: `project_key(key)`, computed once by a decoder that
+            attends to the same keys at every step (`W2 k + b` does not
+            depend on the step); `key` then still gives the key mask.
         training: whether dropout is active.
 
     Returns:
@@ -48,6 +51,13 @@ class AdditiveAttention(base.SequenceAttention):
         [decoder_states, encoder_states], return_attention_scores=True
     )
     context.shape, weights.shape  # (2, 4, 32), (2, 4, 9)
+
+    # A decoder loop: project the keys once, not at every step.
+    layer = AdditiveAttention(units=8)
+    layer.build((None, 16), (None, 9, 32))  # one step (B, Dq), values (B, S, Dv)
+    keys = layer.project_key(encoder_states)
+    step = layer(decoder_states[:, 0], encoder_states, projected_key=keys)
+    step.shape  # (2, 32)
     ```
 
     References:
@@ -116,6 +126,27 @@ class AdditiveAttention(base.SequenceAttention):
         )
         self.built = True
 
+    def project_key(self, key):
+        """`W2 k + b` `(B, S, units)`: the keys' half of the perceptron.
+
+        A recurrent decoder attends to the same encoder states at every
+        step; computing this once and passing it as `projected_key` saves a
+        `(B, S, Dk) x (Dk, units)` matmul per step forward and two backward.
+        The layer must be built: call it once, or `build(query_shape,
+        value_shape)`.
+        """
+        if not self.built:
+            raise ValueError(
+                "`project_key` needs the layer's weights: call the layer once "
+                "or build it with `build(query_shape, value_shape)` first. "
+                f"Received: key.shape={tuple(key.shape)} for an unbuilt layer"
+            )
+        dtype = self.compute_dtype  # also outside `__call__`'s autocast
+        k = ops.matmul(ops.cast(key, dtype), ops.cast(self.key_kernel, dtype))
+        if self.bias is not None:
+            k = k + ops.cast(self.bias, dtype)
+        return k
+
     def call(
         self,
         query,
@@ -128,6 +159,7 @@ class AdditiveAttention(base.SequenceAttention):
         return_attention_scores=False,
         training=None,
         mask=None,
+        projected_key=None,
     ):
         query, value, key, query_mask, value_mask, key_mask = self.flatten_inputs(
             query, value, key, query_mask, value_mask, key_mask, mask
@@ -146,10 +178,21 @@ class AdditiveAttention(base.SequenceAttention):
             attention_mask=attention_mask,
         )
         q = ops.matmul(query, self.query_kernel)  # (B, T, U)
-        k = ops.matmul(key, self.key_kernel)  # (B, S, U)
+        if projected_key is None:
+            k = self.project_key(key)  # (B, S, U), bias included
+        else:
+            expected = tuple(key.shape[:-1]) + (self.units,)
+            if len(projected_key.shape) != 3 or any(
+                a is not None and b is not None and a != b
+                for a, b in zip(projected_key.shape, expected)
+            ):
+                raise ValueError(
+                    "Received an invalid value for argument `projected_key`, "
+                    f"expected project_key(key) of shape {expected}. "
+                    f"Received: projected_key.shape={projected_key.shape}"
+                )
+            k = ops.cast(projected_key, q.dtype)
         hidden = q[:, :, None, :] + k[:, None, :, :]  # (B, T, S, U)
-        if self.bias is not None:
-            hidden = hidden + self.bias
         scores = ops.tensordot(ops.tanh(hidden), self.score_kernel, axes=1)
         weights = attention_ops.masked_softmax(scores, combined)  # (B, T, S)
         if training and self.dropout > 0:
