@@ -436,7 +436,12 @@ def run_multi30k(args):
     results = {}
     for name in args.models:
         keras.utils.set_random_seed(0)
-        if name == "transformer":
+        saved = os.path.join(args.output, f"multi30k_{name}.keras")
+        if args.evaluate_saved:
+            # Decode again with a model an earlier `--save` run wrote.
+            model = keras.saving.load_model(saved, compile=False)
+            figures = {"loaded": saved}
+        elif name == "transformer":
             model = TransformerTranslator.from_preset("small", preprocessor=preprocessor)
             optimizer = keras.optimizers.Adam(
                 InverseSqrt(1e-3, 400), beta_2=0.98, clipnorm=1.0
@@ -450,23 +455,24 @@ def run_multi30k(args):
             optimizer = keras.optimizers.Adam(1e-3, clipnorm=1.0)
             loss = "auto"
             batch_size = 64
-        # One step per execution: the bucketed batches change shape.
-        model.compile(optimizer=optimizer, loss=loss)
-        if args.max_steps:
-            count = min(len(corpus["train"][0]), args.max_steps * batch_size)
-            corpus["train"] = tuple(side[:count] for side in corpus["train"])
-        figures = train(
-            model, corpus["train"], args.minutes, batch_size,
-            validation=corpus["val"], keep_best=True, label=name,
-            cpu_minutes=args.cpu_minutes,
-            # The RNN's decoder loop is unrolled over a static target length
-            # (XLA), so it trains on fixed-length batches.
-            buckets=None if name == "rnn" else MULTI30K_BUCKETS[:-1]
-            + [(preprocessor.source_length, preprocessor.target_length)],
-        )
-        if args.save:
+        if not args.evaluate_saved:
+            # One step per execution: the bucketed batches change shape.
+            model.compile(optimizer=optimizer, loss=loss)
+            if args.max_steps:
+                count = min(len(corpus["train"][0]), args.max_steps * batch_size)
+                corpus["train"] = tuple(side[:count] for side in corpus["train"])
+            figures = train(
+                model, corpus["train"], args.minutes, batch_size,
+                validation=corpus["val"], keep_best=True, label=name,
+                cpu_minutes=args.cpu_minutes,
+                # The RNN's decoder loop is unrolled over a static target
+                # length (XLA), so it trains on fixed-length batches.
+                buckets=None if name == "rnn" else MULTI30K_BUCKETS[:-1]
+                + [(preprocessor.source_length, preprocessor.target_length)],
+            )
+        if args.save and not args.evaluate_saved:
             os.makedirs(args.output, exist_ok=True)
-            model.save(os.path.join(args.output, f"multi30k_{name}.keras"))
+            model.save(saved)
         for beam_width in sorted({1, args.beam_width}):
             wall = time.time()
             with warnings.catch_warnings():
@@ -494,6 +500,11 @@ def main(argv=None):
                         "shared machine: 90 = 45 minutes on 2 dedicated cores")
     parser.add_argument("--save", action="store_true",
                         help="multi30k: write each trained model to --output")
+    parser.add_argument(
+        "--evaluate-saved", action="store_true",
+        help="multi30k: no training; decode test2016 with the models a "
+        "`--save` run wrote to --output",
+    )
     parser.add_argument("--models", nargs="*", default=["rnn", "transformer"])
     parser.add_argument("--num-train", type=int, default=50000)
     parser.add_argument("--num-test", type=int, default=1000)

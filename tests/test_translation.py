@@ -101,7 +101,10 @@ def test_preprocessor_pairs_and_decoding():
 
 def test_word_piece_vocabulary_from_corpus():
     sources = ["a man rides a horse .", "two dogs play in the snow ."] * 4
-    targets = ["ein mann reitet ein pferd .", "zwei hunde spielen im schnee ."] * 4
+    targets = [
+        "ein mann (im t-shirt) reitet 2.5 pferde.",
+        "zwei hunde spielen im schnee, oder?",
+    ] * 4
     p = TranslationPreprocessor.from_corpus(sources, targets, vocabulary_size=60)
     assert p.tokenizer == "word_piece"
     assert p.source_vocabulary[:4] == list(RESERVED_TOKENS)
@@ -110,6 +113,7 @@ def test_word_piece_vocabulary_from_corpus():
     # The lengths cover the longest sentence of the corpus (+ [END]).
     assert ((labels == p.end_id).sum(axis=1) == 1).all()
     assert (x["source_ids"][:, -1] != 0).any()
+    # Punctuation, split off by the tokenizer, gets its spacing back.
     assert p.decode(labels) == targets[:2]
     # An unknown word piece maps to [UNK], id 1.
     assert p.unknown_id in p.encode_sources(["a zebra ☃"])[0]

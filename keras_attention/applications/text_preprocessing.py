@@ -11,6 +11,7 @@ Token id 0 is padding on both sides, so `Embedding(mask_zero=True)` or
 `ids != 0` gives the padding mask of any batch.
 """
 
+import re
 import warnings
 
 import keras
@@ -344,8 +345,30 @@ class TranslationPreprocessor:
                 out.append(int(i))
         return out
 
+    # WordPiece splits punctuation off the words, so its detokenizer writes
+    # "ein T - Shirt ( rot ) ." for "ein T-Shirt (rot).". BLEU's 13a
+    # tokenization keeps intra-word hyphens, so the spaces would cost real
+    # matches; these rules restore the usual spacing.
+    _SPACING = (
+        (re.compile(r"(\w) - (?=\w)"), r"\1-"),  # T - Shirt -> T-Shirt
+        (re.compile(r"(\d) ([.,]) (?=\d)"), r"\1\2"),  # 2 . 5 -> 2.5
+        (re.compile(r" ([.,!?:;%)\]}])"), r"\1"),  # word . -> word.
+        (re.compile(r"([(\[{]) "), r"\1"),  # ( word -> (word
+    )
+
+    @classmethod
+    def _join_punctuation(cls, text):
+        for pattern, replacement in cls._SPACING:
+            text = pattern.sub(replacement, text)
+        return text
+
     def decode(self, ids):
-        """Strings from a `(N, T)` batch of generated target ids."""
+        """Strings from a `(N, T)` batch of generated target ids.
+
+        Word-piece output gets the usual spacing of punctuation back (no
+        space before `.,!?:;%)`, after `(`, or around an intra-word hyphen
+        or a decimal point), which the tokenizer's split loses.
+        """
         rows = [self._strip(row) for row in np.asarray(ids)]
         texts = []
         for row in rows:
@@ -355,7 +378,10 @@ class TranslationPreprocessor:
             text = self._target_tokenizer.detokenize([row])[0]
             if isinstance(text, bytes):
                 text = text.decode("utf-8", errors="replace")
-            texts.append(str(text))
+            text = str(text)
+            if self.tokenizer == "word_piece":
+                text = self._join_punctuation(text)
+            texts.append(text)
         return texts
 
     def token_strings(self, ids, source):
