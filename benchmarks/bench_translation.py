@@ -36,8 +36,10 @@ The recipe (what `multi30k` does):
   the training sentences (longer ones are truncated with a warning); cached
   in `--output/multi30k_preprocessor.json`.
 - Transformer `small` preset (3+3 pre-norm layers, width 256, 8 heads,
-  MLP 1024, dropout 0.1); Adam 1e-3 (beta_2 0.98, clip norm 1) with a
-  linear warm-up of 400 steps and inverse-square-root decay, batch 128,
+  MLP 1024, dropout 0.1); Adam (beta_2 0.98, clip norm 1), its learning
+  rate warmed up linearly over 200 steps to 1.5e-3 and then decayed linearly
+  to zero as the time budget ends (`BudgetLinearDecay`; `--schedule
+  inverse_sqrt` gives Vaswani's schedule instead), batch 128,
   trained on length buckets (`MULTI30K_BUCKETS`: the mean sentence is 15
   word pieces, the fixed length 39, so fixed-length batches are mostly
   padding; bucketing cuts the tokens per epoch by 1.8x).
@@ -99,6 +101,13 @@ class Budget(keras.callbacks.Callback):
             self.start = time.time()
         self.cpu_start = cpu_seconds()
 
+    def spent(self):
+        """The fraction of the budget used so far (the larger of the two)."""
+        spent = (time.time() - self.start) / self.seconds
+        if self.cpu_seconds:
+            spent = max(spent, (cpu_seconds() - self.cpu_start) / self.cpu_seconds)
+        return spent
+
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
         if time.time() - self.start > self.seconds or (
@@ -123,6 +132,36 @@ class KeepBest(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         if self.weights is not None:
             self.model.set_weights(self.weights)
+
+
+class BudgetLinearDecay(keras.callbacks.Callback):
+    """Linear warm-up, then linear decay that reaches zero as the budget ends.
+
+    A budget-aware schedule (Li, Yumer and Ramanan, "Budgeted training",
+    ICLR 2020): the number of steps a time budget allows is not known in
+    advance, so the decay follows the fraction of the budget spent, read
+    from the `Budget` callback before every step:
+    `lr = peak * min(step / warmup, 1 - spent)`. A schedule that never
+    anneals (inverse square root) leaves a time-limited model where the
+    loss is still falling fast.
+    """
+
+    def __init__(self, budget, peak, warmup):
+        super().__init__()
+        self.budget, self.peak, self.warmup = budget, peak, warmup
+        self.step = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.step += 1
+        rate = self.peak * min(
+            self.step / self.warmup, max(1.0 - self.budget.spent(), 0.0)
+        )
+        self.model.optimizer.learning_rate = rate
+
+    def on_epoch_end(self, epoch, logs=None):
+        print(f"step {self.step}: learning rate "
+              f"{float(self.model.optimizer.learning_rate):.2e}, "
+              f"{self.budget.spent():.0%} of the budget spent", flush=True)
 
 
 class InverseSqrt(keras.optimizers.schedules.LearningRateSchedule):
@@ -192,12 +231,19 @@ def bucketed_batches(x, y, batch_size, buckets, seed=0):
 
 
 def train(model, data, minutes, batch_size, epochs=1000, validation=None,
-          keep_best=False, label="model", cpu_minutes=None, buckets=None):
-    """Fits until the budget is spent; returns timing figures."""
+          keep_best=False, label="model", cpu_minutes=None, buckets=None,
+          budget_schedule=None):
+    """Fits until the budget is spent; returns timing figures.
+
+    `budget_schedule`: `(peak, warmup_steps)` of a `BudgetLinearDecay`
+    learning rate, or None to keep the optimizer's own.
+    """
     x, y = model.prepare(*data)
     if buckets:
         x, y, batch_size = bucketed_batches(x, y, batch_size, buckets), None, None
     callbacks = [Budget(minutes * 60.0, cpu_seconds=(cpu_minutes or 0) * 60.0)]
+    if budget_schedule:
+        callbacks.append(BudgetLinearDecay(callbacks[0], *budget_schedule))
     if validation is not None and keep_best:
         callbacks.append(KeepBest())
     val = None if validation is None else model.prepare(*validation)
@@ -443,9 +489,11 @@ def run_multi30k(args):
             figures = {"loaded": saved}
         elif name == "transformer":
             model = TransformerTranslator.from_preset("small", preprocessor=preprocessor)
-            optimizer = keras.optimizers.Adam(
-                InverseSqrt(1e-3, 400), beta_2=0.98, clipnorm=1.0
-            )
+            if args.schedule == "inverse_sqrt":
+                rate = InverseSqrt(args.peak_learning_rate, args.warmup_steps)
+            else:
+                rate = 0.0  # set before every step by BudgetLinearDecay
+            optimizer = keras.optimizers.Adam(rate, beta_2=0.98, clipnorm=1.0)
             loss = keras.losses.SparseCategoricalCrossentropy(
                 from_logits=True, ignore_class=0
             )
@@ -469,6 +517,14 @@ def run_multi30k(args):
                 # length (XLA), so it trains on fixed-length batches.
                 buckets=None if name == "rnn" else MULTI30K_BUCKETS[:-1]
                 + [(preprocessor.source_length, preprocessor.target_length)],
+                budget_schedule=(args.peak_learning_rate, args.warmup_steps)
+                if name == "transformer" and args.schedule == "budget_linear"
+                else None,
+            )
+            figures["schedule"] = (
+                f"{args.schedule}(peak={args.peak_learning_rate}, "
+                f"warmup={args.warmup_steps})" if name == "transformer"
+                else "constant 1e-3"
             )
         if args.save and not args.evaluate_saved:
             os.makedirs(args.output, exist_ok=True)
@@ -521,6 +577,16 @@ def main(argv=None):
         "--max-steps", type=int, default=None,
         help="multi30k: train on at most this many batches per epoch",
     )
+    parser.add_argument(
+        "--schedule", choices=["budget_linear", "inverse_sqrt"],
+        default="budget_linear",
+        help="multi30k Transformer: learning rate decaying linearly to zero "
+        "as the time budget ends (default), or Vaswani's inverse square root",
+    )
+    parser.add_argument("--peak-learning-rate", type=float, default=1.5e-3,
+                        help="multi30k Transformer: the schedule's peak")
+    parser.add_argument("--warmup-steps", type=int, default=200,
+                        help="multi30k Transformer: linear warm-up steps")
     parser.add_argument("--beam-width", type=int, default=4)
     parser.add_argument("--output", default="out/translation")
     args = parser.parse_args(argv)
