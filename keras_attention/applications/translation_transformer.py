@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_attention import registry
 from keras_attention.applications.translation import Translator
+from keras_attention.layers.dropout import HashDropout
 from keras_attention.layers.base import check_positive_int
 from keras_attention.layers.base import check_rate
 from keras_attention.layers.base import invalid
@@ -23,7 +24,9 @@ class _Block(keras.layers.Layer):
             intermediate_dim, activation="relu", name="dense_in"
         )
         self.dense_out = keras.layers.Dense(hidden_dim, name="dense_out")
-        self.dropout_layer = keras.layers.Dropout(dropout)
+        # Counter-based dropout: under XLA on CPU the backend's random
+        # generator took a quarter of a Multi30k training step.
+        self.dropout_layer = HashDropout(dropout)
 
     def _attention(self, name):
         # `name` is also `registry.get`'s first argument: build from the class.
@@ -280,7 +283,7 @@ class TransformerTranslator(Translator):
         self.decoder_norm = keras.layers.LayerNormalization(
             epsilon=1e-5, name="decoder_norm"
         )
-        self.embedding_dropout = keras.layers.Dropout(self.dropout)
+        self.embedding_dropout = HashDropout(self.dropout)
         self.output_projection = keras.layers.Dense(
             p.target_vocabulary_size, name="output_projection"
         )

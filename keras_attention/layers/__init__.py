@@ -5,6 +5,7 @@ from keras_attention.layers.cbam import CBAM
 from keras_attention.layers.cbam import ChannelAttention
 from keras_attention.layers.cbam import SpatialAttention
 from keras_attention.layers.dot_product import ScaledDotProductAttention
+from keras_attention.layers.dropout import HashDropout
 from keras_attention.layers.graph import GraphAttention
 from keras_attention.layers.local_window import LocalWindowAttention
 from keras_attention.layers.multi_head import MultiHeadAttention

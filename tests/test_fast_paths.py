@@ -1,0 +1,129 @@
+"""Fast paths against the simple path they replace.
+
+- The dense core's own backward pass (`ops._dense_attention`) against
+  autodiff through `masked_softmax` (`DENSE_CUSTOM_GRADIENT = False`).
+- Self-attention's fused query/key/value projection
+  (`MultiHeadAttention.project_self`) against three separate projections.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attention import ops as attention_ops
+from keras_attention.layers import MultiHeadAttention
+from keras_attention.layers import multi_head
+
+
+def _mask(kind, rng, b, t, s):
+    if kind == "keys":
+        mask = rng.random((b, s)) > 0.3
+        mask[1] = False  # a batch element with no key at all
+        return mask
+    if kind == "full":
+        mask = rng.random((b, 1, t, s)) > 0.5
+        mask[0, 0, 3] = False  # a query with no key
+        return mask
+    return None
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask_kind", [None, "keys", "full"])
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_dense_custom_gradient_equals_autodiff(monkeypatch, causal, mask_kind, jit, dtype):
+    rng = np.random.default_rng(3)
+    b, t, s, h, kv, d, dv = 2, 9, 11, 4, 2, 8, 6
+    q = tf.constant(rng.normal(size=(b, t, h, d)).astype(dtype))
+    k = tf.constant(rng.normal(size=(b, s, kv, d)).astype(dtype))
+    v = tf.constant(rng.normal(size=(b, s, kv, dv)).astype(dtype))
+    mask = _mask(mask_kind, rng, b, t, s)
+
+    def run(custom):
+        monkeypatch.setattr(attention_ops, "DENSE_CUSTOM_GRADIENT", custom)
+
+        def f(q, k, v):
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                out = attention_ops.dot_product_attention(
+                    q, k, v, attention_mask=mask, is_causal=causal,
+                    implementation="dense",
+                )
+                out32 = tf.cast(out, "float32")
+                loss = tf.reduce_sum(out32 * tf.cos(out32))
+            return [out] + tape.gradient(loss, [q, k, v])
+
+        return tf.function(f, jit_compile=jit)(q, k, v)
+
+    simple, fast = run(False), run(True)
+    atol = 1e-5 if dtype == "float32" else 2e-2
+    for name, want, got in zip(["out", "dq", "dk", "dv"], simple, fast):
+        assert got.dtype == want.dtype, name
+        np.testing.assert_allclose(
+            np.asarray(got, "float32"), np.asarray(want, "float32"),
+            atol=atol, rtol=atol, err_msg=name,
+        )
+
+
+def test_dense_custom_gradient_against_numpy():
+    """Values and dQ/dK/dV from the softmax-attention equations in NumPy."""
+    rng = np.random.default_rng(4)
+    b, t, s, h, d = 1, 5, 7, 2, 3
+    q, k, v = (rng.normal(size=(b, n, h, d)) for n in (t, s, s))
+    d_out = rng.normal(size=(b, t, h, d))
+    scale = 0.7
+    tq, tk, tv = (tf.constant(a.astype("float32")) for a in (q, k, v))
+    with tf.GradientTape() as tape:
+        tape.watch([tq, tk, tv])
+        out = attention_ops.dot_product_attention(tq, tk, tv, scale=scale)
+        loss = tf.reduce_sum(out * d_out.astype("float32"))
+    grads = tape.gradient(loss, [tq, tk, tv])
+
+    qh, kh, vh, doh = (np.transpose(a, (0, 2, 1, 3)) for a in (q, k, v, d_out))
+    scores = scale * qh @ np.swapaxes(kh, -1, -2)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    o = p @ vh
+    d_p = doh @ np.swapaxes(vh, -1, -2)
+    # Softmax Jacobian: dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik).
+    d_s = p * (d_p - (p * d_p).sum(-1, keepdims=True))
+    want = [o, scale * d_s @ kh, scale * np.swapaxes(d_s, -1, -2) @ qh,
+            np.swapaxes(p, -1, -2) @ doh]
+    got = [out] + grads
+    for name, w, g in zip(["out", "dq", "dk", "dv"], want, got):
+        np.testing.assert_allclose(
+            g.numpy(), np.transpose(w, (0, 2, 1, 3)), atol=1e-5, err_msg=name
+        )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"num_key_value_heads": 2},
+        {"value_dim": 5, "use_bias": False},
+        {"output_shape": (3, 4)},
+    ],
+)
+def test_fused_self_projections_equal_separate(monkeypatch, kwargs):
+    rng = np.random.default_rng(5)
+    x = tf.constant(rng.normal(size=(2, 6, 12)).astype("float32"))
+    layer = MultiHeadAttention(num_heads=4, key_dim=3, **kwargs)
+    layer(x)
+    if layer.use_bias:  # non-zero biases, so their order matters
+        layer.set_weights([
+            w + rng.normal(size=w.shape).astype("float32")
+            for w in layer.get_weights()
+        ])
+
+    def run(fuse):
+        monkeypatch.setattr(multi_head, "FUSE_SELF_PROJECTIONS", fuse)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = layer(x)
+            loss = tf.reduce_sum(out * tf.sin(out))
+        return [out] + tape.gradient(loss, [x] + layer.trainable_weights)
+
+    separate, fused = run(False), run(True)
+    for want, got in zip(separate, fused):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
