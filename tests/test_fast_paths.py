@@ -127,3 +127,41 @@ def test_fused_self_projections_equal_separate(monkeypatch, kwargs):
     separate, fused = run(False), run(True)
     for want, got in zip(separate, fused):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_hash_dropout_dynamic_shape_equals_static():
+    """Unknown dimensions at trace time give the mask of the static shape."""
+    x = np.random.default_rng(6).normal(size=(3, 7, 5)).astype("float32")
+    dynamic = tf.function(
+        lambda t: attention_ops.hash_dropout(t, 0.4, 11),
+        input_signature=[tf.TensorSpec((None, None, 5), tf.float32)],
+    )(x)
+    static = attention_ops.hash_dropout(tf.constant(x), 0.4, 11)
+    np.testing.assert_array_equal(dynamic.numpy(), static.numpy())
+    kept = static.numpy() != 0
+    np.testing.assert_allclose(static.numpy()[kept], x[kept] / 0.6, rtol=1e-6)
+
+
+def test_attention_dropout_keeps_its_share_and_rescales():
+    """The core's weight dropout: about `1 - rate` kept, scaled by 1/(1-rate)."""
+    import keras
+
+    rng = np.random.default_rng(8)
+    q, k, v = (tf.constant(rng.normal(size=(4, 32, 2, 8)).astype("float32"))
+               for _ in range(3))
+    _, plain = attention_ops.dot_product_attention(q, k, v, return_weights=True)
+    generator = keras.random.SeedGenerator(2)
+    _, dropped = attention_ops.dot_product_attention(
+        q, k, v, dropout_rate=0.25, seed=generator, training=True,
+        return_weights=True,
+    )
+    _, again = attention_ops.dot_product_attention(
+        q, k, v, dropout_rate=0.25, seed=generator, training=True,
+        return_weights=True,
+    )
+    kept = dropped.numpy() != 0
+    assert 0.72 < kept.mean() < 0.78
+    np.testing.assert_allclose(
+        dropped.numpy()[kept], plain.numpy()[kept] / 0.75, rtol=1e-5
+    )
+    assert (again.numpy() != dropped.numpy()).any()  # a new mask per call
