@@ -9,9 +9,9 @@ median wall time:
   (`DENSE_CUSTOM_GRADIENT = False`), the dense path with its own backward
   pass (the default), the blocked memory-efficient path, and
   `keras.ops.dot_product_attention`;
-- the `MultiHeadAttention` layer: with and without the fused query/key/value
-  projection (`FUSE_SELF_PROJECTIONS`) and the dense backward pass, against
-  `keras.layers.MultiHeadAttention` (XLA and `tf.function`);
+- the `MultiHeadAttention` layer with and without the dense core's own
+  backward pass, against `keras.layers.MultiHeadAttention` (XLA and
+  `tf.function`);
 - dropout: one training step of the `TransformerTranslator` `small` preset
   (batch 128, 16 source / 18 target tokens, the vocabulary sizes of the
   Multi30k recipe, synthetic tokens) with Keras's dropout (`keras.layers.
@@ -42,17 +42,14 @@ from keras_attention.applications.text_preprocessing import (  # noqa: E402
 )
 from keras_attention.applications.translation import TransformerTranslator  # noqa: E402
 from keras_attention.layers import MultiHeadAttention  # noqa: E402
-from keras_attention.layers import multi_head  # noqa: E402
 from keras_attention.layers.dropout import HashDropout  # noqa: E402
 
-FLAGS = {"custom": True, "fuse": True, "dropout": "hash"}
 KERAS_RANDOM_DROPOUT = keras.random.dropout
 
 
-def apply_flags(custom=True, fuse=True, dropout="hash"):
+def apply_flags(custom=True, dropout="hash"):
     """Sets the module switches (read when a function is traced)."""
     attention_ops.DENSE_CUSTOM_GRADIENT = custom
-    multi_head.FUSE_SELF_PROJECTIONS = fuse
     if dropout == "keras":
         # The simple path: the backend's generator everywhere.
         translation_transformer.HashDropout = (
@@ -91,7 +88,7 @@ def core_case(impl, custom, q, k, v):
     return run
 
 
-def layer_case(kind, custom, fuse, x, heads, size, jit=True):
+def layer_case(kind, custom, x, heads, size, jit=True):
     keras.utils.set_random_seed(0)
     if kind == "keras":
         layer = keras.layers.MultiHeadAttention(heads, size)
@@ -110,7 +107,7 @@ def layer_case(kind, custom, fuse, x, heads, size, jit=True):
         return loss + sum(tf.reduce_sum(tf.reshape(g, [-1])[:1]) for g in grads)
 
     def run():
-        apply_flags(custom=custom, fuse=fuse)
+        apply_flags(custom=custom)
         return float(step(x))
 
     return run
@@ -201,20 +198,14 @@ def main(argv=None):
     if "layer" in args.sections:
         x = tf.constant(rng.normal(size=(b, length, h * d)).astype("float32"))
         medians = interleaved({
-            "ours, 3 projections, autodiff core (simple path)":
-                layer_case("ours", False, False, x, h, d),
-            "ours, fused projection, autodiff core":
-                layer_case("ours", False, True, x, h, d),
-            "ours, 3 projections, own-backward core":
-                layer_case("ours", True, False, x, h, d),
-            "ours, fused projection + own-backward core (default)":
-                layer_case("ours", True, True, x, h, d),
-            "keras MultiHeadAttention, XLA": layer_case("keras", True, True, x, h, d),
+            "ours, autodiff core (simple path)": layer_case("ours", False, x, h, d),
+            "ours, own-backward core (default)": layer_case("ours", True, x, h, d),
+            "keras MultiHeadAttention, XLA": layer_case("keras", True, x, h, d),
             "keras MultiHeadAttention, tf.function":
-                layer_case("keras", True, True, x, h, d, jit=False),
+                layer_case("keras", True, x, h, d, jit=False),
         }, args.repeats)
         table(f"Layer, length {length}, fwd+bwd", medians,
-              "ours, 3 projections, autodiff core (simple path)")
+              "ours, autodiff core (simple path)")
     if "dropout" in args.sections:
         medians = interleaved({
             "keras dropout (simple path)": translator_case("keras"),

@@ -538,17 +538,42 @@ def run_multi30k(args):
         if args.save and not args.evaluate_saved:
             os.makedirs(args.output, exist_ok=True)
             model.save(saved)
-        for beam_width in sorted({1, args.beam_width}):
+        beam_width, length_penalty = args.beam_width, args.length_penalty
+        if args.tune_decoding:
+            # Beam width and length penalty chosen on the validation set.
+            val_sources, val_references = corpus["val"]
+            best = None
+            for width in args.tune_beam_widths:
+                for alpha in args.tune_length_penalties:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        hypotheses = model.translate(
+                            val_sources, beam_width=width, length_penalty=alpha
+                        )
+                    bleu = corpus_bleu(val_references, hypotheses)
+                    print(f"[{name}] val: beam {width}, length penalty "
+                          f"{alpha}: BLEU {bleu:.2f}", flush=True)
+                    if best is None or bleu > best[0]:
+                        best = (bleu, width, alpha)
+            _, beam_width, length_penalty = best
+            figures["decoding_chosen_on_val"] = {
+                "val_bleu": round(best[0], 2), "beam_width": beam_width,
+                "length_penalty": length_penalty,
+            }
+        figures["length_penalty"] = length_penalty
+        for width in sorted({1, beam_width}):
             wall = time.time()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a few truncated test sentences
-                hypotheses = model.translate(test_sources, beam_width=beam_width)
-            figures[f"decode_wall_s_beam{beam_width}"] = round(time.time() - wall, 1)
-            figures[f"test2016_bleu_beam{beam_width}"] = round(
+                hypotheses = model.translate(
+                    test_sources, beam_width=width, length_penalty=length_penalty
+                )
+            figures[f"decode_wall_s_beam{width}"] = round(time.time() - wall, 1)
+            figures[f"test2016_bleu_beam{width}"] = round(
                 corpus_bleu(test_references, hypotheses), 2
             )
-            print(f"[{name}] beam {beam_width}: BLEU "
-                  f"{figures[f'test2016_bleu_beam{beam_width}']}", flush=True)
+            print(f"[{name}] beam {width}: BLEU "
+                  f"{figures[f'test2016_bleu_beam{width}']}", flush=True)
         figures["examples"] = list(zip(test_sources[:3], hypotheses[:3]))
         results[name] = figures
         print(f"[{name}] {json.dumps(figures)}", flush=True)
@@ -608,6 +633,16 @@ def main(argv=None):
         "Transformer and 64 for the RNN)",
     )
     parser.add_argument("--beam-width", type=int, default=4)
+    parser.add_argument("--length-penalty", type=float, default=0.6,
+                        help="the exponent of Wu et al.'s length normalisation")
+    parser.add_argument(
+        "--tune-decoding", action="store_true",
+        help="multi30k: choose the beam width and length penalty on the "
+        "validation set (the grids below) before decoding test2016",
+    )
+    parser.add_argument("--tune-beam-widths", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--tune-length-penalties", type=float, nargs="+",
+                        default=[0.6, 1.0, 1.4])
     parser.add_argument("--output", default="out/translation")
     args = parser.parse_args(argv)
     args.batch_size = {

@@ -1,9 +1,10 @@
 """Fast paths against the simple path they replace.
 
 - The dense core's own backward pass (`ops._dense_attention`) against
-  autodiff through `masked_softmax` (`DENSE_CUSTOM_GRADIENT = False`).
-- Self-attention's fused query/key/value projection
-  (`MultiHeadAttention.project_self`) against three separate projections.
+  autodiff through `masked_softmax` (`DENSE_CUSTOM_GRADIENT = False`) and
+  against NumPy.
+- The counter-based dropout (`ops.hash_dropout`) on shapes known only when
+  the graph runs, and as the core's dropout on the attention weights.
 """
 
 import numpy as np
@@ -11,8 +12,6 @@ import pytest
 import tensorflow as tf
 
 from keras_attention import ops as attention_ops
-from keras_attention.layers import MultiHeadAttention
-from keras_attention.layers import multi_head
 
 
 def _mask(kind, rng, b, t, s):
@@ -94,39 +93,6 @@ def test_dense_custom_gradient_against_numpy():
         np.testing.assert_allclose(
             g.numpy(), np.transpose(w, (0, 2, 1, 3)), atol=1e-5, err_msg=name
         )
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {},
-        {"num_key_value_heads": 2},
-        {"value_dim": 5, "use_bias": False},
-        {"output_shape": (3, 4)},
-    ],
-)
-def test_fused_self_projections_equal_separate(monkeypatch, kwargs):
-    rng = np.random.default_rng(5)
-    x = tf.constant(rng.normal(size=(2, 6, 12)).astype("float32"))
-    layer = MultiHeadAttention(num_heads=4, key_dim=3, **kwargs)
-    layer(x)
-    if layer.use_bias:  # non-zero biases, so their order matters
-        layer.set_weights([
-            w + rng.normal(size=w.shape).astype("float32")
-            for w in layer.get_weights()
-        ])
-
-    def run(fuse):
-        monkeypatch.setattr(multi_head, "FUSE_SELF_PROJECTIONS", fuse)
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            out = layer(x)
-            loss = tf.reduce_sum(out * tf.sin(out))
-        return [out] + tape.gradient(loss, [x] + layer.trainable_weights)
-
-    separate, fused = run(False), run(True)
-    for want, got in zip(separate, fused):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_hash_dropout_dynamic_shape_equals_static():

@@ -7,10 +7,6 @@ from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.registry import register
 
-# Whether self-attention computes its query, key and value projections as
-# one matmul (`MultiHeadAttention.project_self`).
-FUSE_SELF_PROJECTIONS = True
-
 
 @register("multi_head")
 class MultiHeadAttention(base.SequenceAttention):
@@ -231,28 +227,6 @@ class MultiHeadAttention(base.SequenceAttention):
             y = y + bias
         return y
 
-    def project_self(self, x):
-        """Self-attention's three projections of `x` as one matmul.
-
-        The query, key and value kernels are concatenated (a copy of the
-        weights, small next to the activations), so the input is read once
-        and its gradient comes from one matmul instead of three summed.
-        """
-        kernels = (self.query_kernel, self.key_kernel, self.value_kernel)
-        biases = (self.query_bias, self.key_bias, self.value_bias)
-        dim = x.shape[-1]
-        widths = [w.shape[1] * w.shape[2] for w in kernels]
-        y = ops.matmul(
-            x, ops.concatenate([ops.reshape(w, (dim, -1)) for w in kernels], axis=1)
-        )
-        if self.use_bias:
-            y = y + ops.concatenate([ops.reshape(b, (-1,)) for b in biases])
-        parts = ops.split(y, [widths[0], widths[0] + widths[1]], axis=-1)
-        return [
-            ops.reshape(part, (-1, ops.shape(x)[1]) + tuple(w.shape[1:]))
-            for part, w in zip(parts, kernels)
-        ]
-
     def project_output(self, x):
         """`(B, T, H, Dv) -> (B, T, *output_shape)`."""
         h, dv = self.output_kernel.shape[:2]
@@ -306,12 +280,9 @@ class MultiHeadAttention(base.SequenceAttention):
             use_causal_mask=causal,
             mask=mask,
         )
-        if FUSE_SELF_PROJECTIONS and query is value and value is key:
-            q, k, v = self.project_self(query)
-        else:
-            q = self.project(query, self.query_kernel, self.query_bias)
-            k = self.project(key, self.key_kernel, self.key_bias)
-            v = self.project(value, self.value_kernel, self.value_bias)
+        q = self.project(query, self.query_kernel, self.query_bias)
+        k = self.project(key, self.key_kernel, self.key_bias)
+        v = self.project(value, self.value_kernel, self.value_bias)
         result = self.attend(q, k, v, combined, return_attention_scores, training)
         if return_attention_scores:
             heads, weights = result
