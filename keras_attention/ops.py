@@ -10,8 +10,13 @@ attention, `H % K == 0`), `D` head size, `E` edges, `N` nodes.
   an arbitrary boolean mask, a causal flag, an additive bias, dropout on the
   weights and optionally the weights themselves. Long sequences take a
   memory-efficient path (key blocks, online softmax, recomputation in the
-  backward pass) that never holds the `T x S` score matrix.
+  backward pass) that never holds the `T x S` score matrix; shorter ones the
+  dense path, with its own backward pass when no weights, bias or dropout
+  are involved (`_dense_attention`).
 - `segment_softmax`: softmax over groups of entries (a graph's incoming edges).
+- `hash_bits`, `hash_dropout`: counter-based random bits and dropout masks,
+  a few integer operations that XLA fuses (the backend's generator is slow
+  under XLA on CPU); the attention core's dropout when a seed is given.
 """
 
 import math
