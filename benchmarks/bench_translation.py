@@ -153,10 +153,13 @@ class BudgetLinearDecay(keras.callbacks.Callback):
         super().__init__()
         self.budget, self.peak, self.warmup = budget, peak, warmup
         self.decay_fraction = decay_fraction
-        self.step = 0
+
+    @property
+    def step(self):
+        """The step about to be taken (1 for the first)."""
+        return int(self.model.optimizer.iterations) + 1
 
     def on_train_batch_begin(self, batch, logs=None):
-        self.step += 1
         left = max(1.0 - self.budget.spent(), 0.0)
         rate = self.peak * min(
             self.step / self.warmup, 1.0, left / self.decay_fraction
@@ -502,12 +505,12 @@ def run_multi30k(args):
             loss = keras.losses.SparseCategoricalCrossentropy(
                 from_logits=True, ignore_class=0
             )
-            batch_size = args.batch_size_multi30k or 128
+            batch_size = 128
         else:
             model = Seq2SeqTranslator.from_preset("small", preprocessor=preprocessor)
             optimizer = keras.optimizers.Adam(1e-3, clipnorm=1.0)
             loss = "auto"
-            batch_size = args.batch_size_multi30k or 64
+            batch_size = 64
         if not args.evaluate_saved:
             # One step per execution: the bucketed batches change shape.
             model.compile(optimizer=optimizer, loss=loss)
@@ -539,27 +542,6 @@ def run_multi30k(args):
             os.makedirs(args.output, exist_ok=True)
             model.save(saved)
         beam_width, length_penalty = args.beam_width, args.length_penalty
-        if args.tune_decoding:
-            # Beam width and length penalty chosen on the validation set.
-            val_sources, val_references = corpus["val"]
-            best = None
-            for width in args.tune_beam_widths:
-                for alpha in args.tune_length_penalties:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        hypotheses = model.translate(
-                            val_sources, beam_width=width, length_penalty=alpha
-                        )
-                    bleu = corpus_bleu(val_references, hypotheses)
-                    print(f"[{name}] val: beam {width}, length penalty "
-                          f"{alpha}: BLEU {bleu:.2f}", flush=True)
-                    if best is None or bleu > best[0]:
-                        best = (bleu, width, alpha)
-            _, beam_width, length_penalty = best
-            figures["decoding_chosen_on_val"] = {
-                "val_bleu": round(best[0], 2), "beam_width": beam_width,
-                "length_penalty": length_penalty,
-            }
         figures["length_penalty"] = length_penalty
         for width in sorted({1, beam_width}):
             wall = time.time()
@@ -627,22 +609,9 @@ def main(argv=None):
         help="multi30k Transformer, budget_linear: the final share of the "
         "budget over which the rate decays linearly to zero",
     )
-    parser.add_argument(
-        "--batch-size-multi30k", type=int, default=None,
-        help="multi30k: batch size (default: the recipe's, 128 for the "
-        "Transformer and 64 for the RNN)",
-    )
     parser.add_argument("--beam-width", type=int, default=4)
     parser.add_argument("--length-penalty", type=float, default=0.6,
                         help="the exponent of Wu et al.'s length normalisation")
-    parser.add_argument(
-        "--tune-decoding", action="store_true",
-        help="multi30k: choose the beam width and length penalty on the "
-        "validation set (the grids below) before decoding test2016",
-    )
-    parser.add_argument("--tune-beam-widths", type=int, nargs="+", default=[4, 8])
-    parser.add_argument("--tune-length-penalties", type=float, nargs="+",
-                        default=[0.6, 1.0, 1.4])
     parser.add_argument("--output", default="out/translation")
     args = parser.parse_args(argv)
     args.batch_size = {

@@ -285,10 +285,10 @@ def dot_product_attention(
     key = _repeat_heads(key, num_heads)
     value = _repeat_heads(value, num_heads)
     q = ops.transpose(query, (0, 2, 1, 3)) * ops.cast(scale, query.dtype)
+    if is_causal:
+        causal = causal_mask(ops.shape(query)[1], ops.shape(key)[1])
+        mask = causal if mask is None else ops.logical_and(mask, causal)
     if DENSE_CUSTOM_GRADIENT and can_block:
-        if is_causal:
-            causal = causal_mask(ops.shape(q)[2], ops.shape(key)[1])
-            mask = causal if mask is None else ops.logical_and(mask, causal)
         out = _dense_attention(
             q,
             ops.transpose(key, (0, 2, 1, 3)),
@@ -300,10 +300,6 @@ def dot_product_attention(
     scores = ops.matmul(q, k)  # (B, H, T, S)
     if bias is not None:
         scores = ops.cast(scores, "float32") + ops.cast(bias, "float32")
-    if is_causal:
-        t, s = ops.shape(scores)[2], ops.shape(scores)[3]
-        causal = causal_mask(t, s)
-        mask = causal if mask is None else ops.logical_and(mask, causal)
     weights = masked_softmax(scores, mask)
     if dropout_active:
         if seed is None:

@@ -14,7 +14,6 @@ from keras import ops
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.layers.dropout import HashDropout  # noqa: F401
-from keras_attention.ops import _mix32  # noqa: F401
 from keras_attention.ops import hash_bits  # noqa: F401
 from keras_attention.ops import hash_dropout
 from keras_attention.registry import register
