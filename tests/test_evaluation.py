@@ -168,3 +168,16 @@ def test_detr_loss_terms_are_weighted_by_images():
     expected = (2 * terms[0] + terms[1]) / 3
     assert logs["class_loss"] == pytest.approx(expected, rel=1e-5)
     assert np.mean(terms) != pytest.approx(expected, rel=1e-5)
+
+
+def test_node_classification_recipe_reports_the_test_nodes(tmp_path):
+    from keras_attention import recipes
+    from keras_attention.datasets import load_karate_club
+
+    result = recipes.run_node_classification("gat", None, 5, str(tmp_path), 0, quick=True)
+    model = keras.saving.load_model(
+        os.path.join(str(tmp_path), "node_classification_gat.keras")
+    )
+    data = node_classification_data(load_karate_club(seed=0))
+    by_hand = split_accuracy(model, data, data.test_weights)
+    assert result.metrics["test_accuracy"] == pytest.approx(by_hand, abs=1e-4)
