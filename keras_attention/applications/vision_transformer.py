@@ -35,6 +35,17 @@ from keras_attention.layers import base
 GRID_LAYERS = frozenset({"local_window", "cbam", "channel", "spatial", "non_local"})
 
 
+@keras.saving.register_keras_serializable(package="keras_attention")
+def gelu(x):
+    """Exact GELU, `x * Phi(x)`, written with `erf`.
+
+    Equal to `keras.activations.gelu(x, approximate=False)` within float32
+    rounding; TensorFlow's own GELU uses `erfc`, which ONNX lacks, so this
+    form keeps `model.export(format="onnx")` working.
+    """
+    return 0.5 * x * (1.0 + ops.erf(x * 0.7071067811865476))
+
+
 def expects_grid(name):
     """Whether the layer registered as `name` takes `(B, h, w, C)` grids."""
     declared = getattr(registry.get_class(name), "expects_grid", None)
@@ -366,7 +377,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         )
         self.mlp_norm.build(input_shape)
         self.mlp_hidden = keras.layers.Dense(
-            self.mlp_dim, activation="gelu", name="mlp_hidden", dtype=self.dtype_policy
+            self.mlp_dim, activation=gelu, name="mlp_hidden", dtype=self.dtype_policy
         )
         self.mlp_hidden.build(input_shape)
         self.mlp_output = keras.layers.Dense(
