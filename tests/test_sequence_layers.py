@@ -196,9 +196,11 @@ def test_bad_shapes_fail_alike_eagerly_and_symbolically(symbolic):
         MultiHeadAttention(2, 4)(tensor((2, 16)))
     with pytest.raises(ValueError, match="query_mask"):
         MultiHeadAttention(2, 4)(tensor((2, 7, 16)), query_mask=tensor((2, 6), "bool"))
-    with pytest.raises(ValueError, match="same length"):
+    with pytest.raises(ValueError, match="must be equal"):  # keras's wording
         MultiHeadAttention(2, 4)([tensor((2, 7, 16)), tensor((2, 5, 12)), tensor((2, 4, 12))])
     with pytest.raises(ValueError, match="attention_mask"):
         ScaledDotProductAttention()(tensor((2, 7, 16)), attention_mask=tensor((2, 7, 3), "bool"))
+    with pytest.raises(ValueError, match="attention_mask"):
+        MultiHeadAttention(2, 4)(tensor((2, 7, 16)), attention_mask=tensor((2, 7, 3), "bool"))
     with pytest.raises(ValueError, match="same last dimension"):
         ScaledDotProductAttention()([tensor((2, 7, 16)), tensor((2, 5, 12))])

@@ -80,6 +80,114 @@ def check_mask_shape(argument, mask, expected):
         )
 
 
+# keras's layers whose kernels take LoRA (`enable_lora`) and, the dense
+# ones, quantization (`quantize`): the projections of every layer here.
+_LORA_LAYERS = (
+    keras.layers.Dense,
+    keras.layers.EinsumDense,
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.Conv3D,
+)
+
+
+def projection_sublayers(layer):
+    """`{name: sublayer}` of the keras projections inside `layer`.
+
+    Nested keras_attention layers are searched too (`CBAM`'s channel MLP),
+    named by their path below `layer` (`"channel_attention/hidden"`).
+    """
+    found = {}
+    prefix = layer.path + "/" if getattr(layer, "path", None) else ""
+    for sub in layer._flatten_layers(include_self=False, recursive=True):
+        if isinstance(sub, _LORA_LAYERS):
+            name = sub.path[len(prefix):] if sub.path.startswith(prefix) else sub.name
+            found[name] = sub
+    return found
+
+
+def enable_lora_on(layer, rank, lora_alpha=None, target_names=None):
+    """`enable_lora(rank)` on `layer`'s projections, all or nothing.
+
+    Every argument and every target is checked before the first sublayer
+    changes, so a bad call leaves the layer exactly as it was.
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        raise invalid("rank", "a positive integer", rank)
+    if lora_alpha is not None and (
+        isinstance(lora_alpha, bool)
+        or not isinstance(lora_alpha, (int, float))
+        or lora_alpha <= 0
+    ):
+        raise invalid("lora_alpha", "a positive number or None", lora_alpha)
+    if not layer.built:
+        raise ValueError(
+            f"Cannot enable LoRA on the layer {layer.name!r} before it is "
+            f"built: call it once or `build` it first. Received: rank={rank}"
+        )
+    targets = projection_sublayers(layer)
+    if target_names is not None:
+        names = [target_names] if isinstance(target_names, str) else list(target_names)
+        unknown = [n for n in names if not any(
+            key == n or key.endswith("/" + n) for key in targets
+        )]
+        if unknown or not names:
+            raise invalid(
+                "target_names",
+                f"names among {sorted(targets)}",
+                target_names,
+            )
+        targets = {
+            key: sub for key, sub in targets.items()
+            if any(key == n or key.endswith("/" + n) for n in names)
+        }
+    if not targets:
+        raise ValueError(
+            f"The layer {layer.name!r} has no projection kernels to adapt "
+            f"with LoRA. Received: rank={rank}"
+        )
+    enabled = sorted(k for k, sub in targets.items() if sub.lora_enabled)
+    if enabled:
+        raise ValueError(
+            f"LoRA is already enabled on {enabled} of the layer "
+            f"{layer.name!r}; it can be enabled once. Received: rank={rank}"
+        )
+    constrained = sorted(
+        k for k, sub in targets.items() if getattr(sub, "kernel_constraint", None)
+    )
+    if constrained:
+        raise ValueError(
+            f"LoRA is incompatible with kernel constraints, set on "
+            f"{constrained} of the layer {layer.name!r}. Received: rank={rank}"
+        )
+    for sub in targets.values():
+        sub.enable_lora(rank, lora_alpha=lora_alpha)
+
+
+class ProjectionMixin:
+    """`enable_lora` for a layer whose kernels live in keras sublayers."""
+
+    def enable_lora(self, rank, lora_alpha=None, target_names=None):
+        """LoRA on the layer's projections (Hu et al., 2021).
+
+        The base kernels are frozen and a trainable low-rank update
+        `A B * lora_alpha / rank` is added to each, as keras's
+        `Dense.enable_lora` does; saving merges the update into the kernel.
+
+        Args:
+            rank: the rank of the updates, a positive integer.
+            lora_alpha: the updates' scale numerator; defaults to `rank`.
+            target_names: the projections to adapt (sublayer names, see
+                `keras_attention.layers.base.projection_sublayers`); all by
+                default.
+
+        Raises:
+            ValueError: for a bad `rank`, `lora_alpha` or `target_names`, an
+                unbuilt layer, or LoRA already enabled; nothing changes then.
+        """
+        enable_lora_on(self, rank, lora_alpha, target_names)
+
+
 class SequenceAttention(keras.layers.Layer):
     """Base of the sequence attention layers: input unpacking and masks.
 
