@@ -1,5 +1,6 @@
 """Harness cases and NumPy references for the three sequence layers."""
 
+import keras
 import numpy as np
 
 from tests.harness import LayerCase
@@ -30,6 +31,10 @@ def padding_mask(rng, b=2, t=5):
     return m
 
 
+def np_(variable):
+    return np.asarray(keras.ops.convert_to_numpy(variable))
+
+
 def mha_reference(layer, inputs):
     wq, bq, wk, bk, wv, bv, wo, bo = layer.get_weights()
     x = inputs
@@ -49,7 +54,8 @@ def mha_reference(layer, inputs):
 
 def additive_reference(layer, inputs):
     query, value = inputs
-    w1, w2, b, v = layer.get_weights()
+    w1, w2 = np_(layer.query_kernel), np_(layer.key_kernel)
+    b, v = np_(layer.bias), np_(layer.score_kernel)
     hidden = (query @ w1)[:, :, None, :] + (value @ w2)[:, None, :, :] + b
     scores = np.tanh(hidden) @ v
     return softmax(scores) @ value

@@ -111,7 +111,9 @@ def test_additive_one_decoder_step_and_masks():
     assert context.shape == (2, 12) and weights.shape == (2, 5)
     np.testing.assert_allclose(np_(weights)[1, 2:], 0.0)
     np.testing.assert_allclose(np_(weights).sum(-1), 1.0, atol=1e-6)
-    w1, w2, b, v = layer.get_weights()
+    w1, w2, b, v = (
+        np_(w) for w in (layer.query_kernel, layer.key_kernel, layer.bias, layer.score_kernel)
+    )
     scores = np.tanh((query @ w1)[:, None, :] + Y @ w2 + b) @ v
     np.testing.assert_allclose(np_(weights), softmax(scores, mask), atol=1e-6)
 
