@@ -187,6 +187,46 @@ class ProjectionMixin:
         """
         enable_lora_on(self, rank, lora_alpha, target_names)
 
+    def get_config(self):
+        config = super().get_config()
+        policy = quantized_policy_map(self)
+        if policy is not None:
+            config["dtype"] = keras.dtype_policies.serialize(policy)
+        return config
+
+
+def quantized_policy_map(layer):
+    """A `DTypePolicyMap` of `layer`'s quantized projections, or `None`.
+
+    `model.quantize("int8")` changes the dtype policy of the projection
+    sublayers only, which a layer's config does not hold: rebuilt from its
+    config, the layer would make float kernels and could not load the
+    quantized ones (keras's own `MultiHeadAttention` has this problem).
+    Saving the sublayers' policies in a map under their paths, as keras's
+    `test_dtype_policy_map` builds one by hand, makes the rebuilt sublayers
+    quantized again, so a `.keras` file of a quantized model loads.
+    """
+    quantized = {
+        sub.path: sub.dtype_policy
+        for sub in projection_sublayers(layer).values()
+        if sub.quantization_mode is not None
+    }
+    if not quantized:
+        return None
+    own = layer._dtype_policy
+    if isinstance(own, keras.dtype_policies.DTypePolicyMap):
+        policy = keras.dtype_policies.DTypePolicyMap(
+            default_policy=own.default_policy
+        )
+        for path, item in own.items():
+            policy[path] = item
+    else:
+        policy = keras.dtype_policies.DTypePolicyMap(default_policy=own)
+    for path, item in quantized.items():
+        if path not in policy:
+            policy[path] = item
+    return policy
+
 
 class SequenceAttention(keras.layers.Layer):
     """Base of the sequence attention layers: input unpacking and masks.
