@@ -585,11 +585,22 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
             scores = ops.transpose(
                 ops.sum(z * self.attention_kernel, axis=-1), (0, 3, 1, 2)
             )
-        alpha = attention_ops.masked_softmax(scores, mask[:, None, :, :])
-        weights = self._coefficient_dropout(alpha, training)
-        v = ops.transpose(values, (0, 2, 1, 3))  # (B, H, N, C)
-        heads = ops.matmul(ops.cast(weights, v.dtype), v)
-        heads = ops.transpose(heads, (0, 2, 1, 3))  # (B, N, H, C)
+        # softmax, dropout and the weighted sum on the shared core: the
+        # scores enter as its bias (the dot-product term is zero, heads of
+        # size one); the coefficients come back before dropout.
+        zeros = ops.zeros_like(values[..., :1])  # (B, N, H, 1)
+        heads, alpha = attention_ops.dot_product_attention(
+            zeros,
+            zeros,
+            values,
+            attention_mask=mask[:, None, :, :],
+            bias=scores,
+            dropout_rate=self.dropout,
+            seed=self.seed_generator,
+            training=training,
+            return_weights=True,
+        )  # (B, N, H, C), (B, H, N, N)
+        alpha = ops.cast(alpha, scores.dtype)
         out = self._finish(heads)
         if unbatched:
             return out[0], alpha[0]
