@@ -156,3 +156,41 @@ def test_unknown_quantization_mode_raises_and_changes_nothing(name):
         model.quantize("int3")
     assert_unchanged(model, before)
     assert all(layer.quantization_mode is None for layer in model._flatten_layers())
+
+
+def test_enable_lora_on_a_preset_backbone_trains_only_the_factors_and_head():
+    from keras_attention.applications import VisionTransformer
+    from keras_attention.layers import enable_lora
+
+    model = VisionTransformer.from_preset("vit_digits")
+    x = np.random.default_rng(0).random((8, 16, 16, 1)).astype("float32")
+    y = np.arange(8) % 10
+    before = numpy(model(x))
+    full = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    backbone = snapshot(model.backbone)
+    targets = enable_lora(model.backbone, rank=2)
+    assert targets and all(p.split("/")[-1] in ("query", "value") for p in targets)
+    np.testing.assert_allclose(numpy(model(x)), before, atol=1e-6)
+    trainable = {w.path for w in model.trainable_weights}
+    backbone_trainable = {w.path for w in model.backbone.trainable_weights}
+    # In the backbone: the factors and the targets' biases, nothing else.
+    assert backbone_trainable == {
+        w.path for s in targets.values()
+        for w in (s.lora_kernel_a, s.lora_kernel_b, s.bias)
+    }
+    lora = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    assert lora < full / 4, (lora, full)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="sparse_categorical_crossentropy")
+    model.fit(x, y, epochs=2, batch_size=8, verbose=0)
+    now = {v.path: v for v in model.backbone.variables}
+    for path, _, old in backbone:
+        if path not in backbone_trainable and "seed_generator" not in path:
+            np.testing.assert_array_equal(now[path].numpy(), old, err_msg=path)
+    assert trainable  # the head still trains
+    # Twice: refused, and nothing changes.
+    after = snapshot(model)
+    with pytest.raises(ValueError, match="already enabled.*rank=2"):
+        enable_lora(model.backbone, rank=2)
+    with pytest.raises(ValueError, match="rank=0"):
+        enable_lora(model.backbone, rank=0)
+    assert_unchanged(model, after)

@@ -164,6 +164,96 @@ def enable_lora_on(layer, rank, lora_alpha=None, target_names=None):
         sub.enable_lora(rank, lora_alpha=lora_alpha)
 
 
+def enable_lora(model, rank, lora_alpha=None, target_names=("query", "value")):
+    """LoRA fine-tuning of a model's attention layers, as keras-hub's
+    `Backbone.enable_lora`: the named projections get trainable low-rank
+    updates and every other weight of `model` is frozen.
+
+    Args:
+        model: a built `keras.Model` or layer (a backbone) holding
+            keras_attention layers.
+        rank: the rank of the updates, a positive integer.
+        lora_alpha: the updates' scale numerator; defaults to `rank`.
+        target_names: the projection names to adapt in every attention
+            layer that has them (`"query"`, `"value"` of the multi-head
+            layers by default, as keras-hub; see `projection_sublayers`).
+
+    Returns:
+        The adapted projection sublayers, `{path: layer}`.
+
+    Raises:
+        ValueError: for a bad argument, an unbuilt model, no matching
+            projection, or LoRA already enabled on one; nothing changes then.
+
+    Example:
+
+    ```python
+    model = VisionTransformer.from_preset("vit_digits")
+    enable_lora(model.backbone, rank=4)
+    model.compile("adam", "sparse_categorical_crossentropy")  # head + LoRA train
+    ```
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        raise invalid("rank", "a positive integer", rank)
+    names = [target_names] if isinstance(target_names, str) else list(target_names)
+    if not names or not all(isinstance(n, str) for n in names):
+        raise invalid("target_names", "a non-empty list of names", target_names)
+    if not model.built:
+        raise ValueError(
+            f"Cannot enable LoRA on {model.name!r} before it is built. "
+            f"Received: rank={rank}"
+        )
+    owners = [
+        layer for layer in model._flatten_layers(include_self=True)
+        if isinstance(layer, ProjectionMixin)
+    ]
+    targets, seen = {}, set()
+    for layer in owners:
+        for key, sub in projection_sublayers(layer).items():
+            if id(sub) in seen:
+                continue  # a nested attention layer (CBAM's parts)
+            if key.split("/")[-1] in names:
+                targets[sub.path] = sub
+                seen.add(id(sub))
+    if not targets:
+        raise invalid(
+            "target_names",
+            f"names of projections in {model.name!r}'s attention layers",
+            target_names,
+        )
+    # Check everything before the first change (all or nothing).
+    for sub in targets.values():
+        if sub.lora_enabled:
+            raise ValueError(
+                f"LoRA is already enabled on {sub.path!r}; it can be "
+                f"enabled once. Received: rank={rank}"
+            )
+        if getattr(sub, "kernel_constraint", None):
+            raise ValueError(
+                f"LoRA is incompatible with the kernel constraint of "
+                f"{sub.path!r}. Received: rank={rank}"
+            )
+    if lora_alpha is not None and (
+        isinstance(lora_alpha, bool)
+        or not isinstance(lora_alpha, (int, float))
+        or lora_alpha <= 0
+    ):
+        raise invalid("lora_alpha", "a positive number or None", lora_alpha)
+    for sub in targets.values():
+        sub.enable_lora(rank, lora_alpha=lora_alpha)
+    target_ids = {id(sub) for sub in targets.values()}
+    for layer in model._flatten_layers(include_self=True):
+        if id(layer) in target_ids:
+            continue  # keras froze its kernel; its factors and bias train
+        if not list(layer._flatten_layers(include_self=False)):
+            layer.trainable = False  # a leaf (BatchNormalization: inference)
+        else:
+            # A container of targets: freeze only its own weights.
+            for variable in layer._trainable_variables:
+                variable.trainable = False
+    return targets
+
+
 class ProjectionMixin:
     """`enable_lora` for a layer whose kernels live in keras sublayers."""
 
