@@ -427,3 +427,78 @@ def test_graph_page_in_browser(browser, tmp_path):
     rows = browser.find_elements("css selector", "#neighbours tr")
     assert len(rows) == min(25, degree + 1)  # its neighbours and itself
     no_console_errors(browser)
+
+
+# The command and the demo's report ------------------------------------------------
+
+
+def test_explore_command(tmp_path, capsys):
+    from keras_attention import cli
+
+    model_path, input_path = tmp_path / "model.keras", tmp_path / "x.npy"
+    token_model().save(model_path)
+    np.save(input_path, tokens_input())
+    page = tmp_path / "page.html"
+    code = cli.main(
+        ["explore", str(model_path), str(input_path), "--out", str(page),
+         "--layers", "1", "--tokens", " ".join(TOKENS)]
+    )
+    assert code == cli.EXIT_OK, capsys.readouterr().err
+    data = page_data(page)
+    assert [l["name"] for l in data["layers"]] == ["mha_1"]
+    assert data["layers"][0]["keys"] == TOKENS
+    capsys.readouterr()
+    assert cli.main(["explore", str(tmp_path / "no.keras"), str(input_path)]) == cli.EXIT_USAGE
+    assert "MODEL: no such file" in capsys.readouterr().err
+    assert cli.main(["explore", str(model_path), "some words"]) == cli.EXIT_USAGE
+    assert "no text preprocessor" in capsys.readouterr().err
+    np.save(input_path, np.ones((1, 6, 3)))
+    assert cli.main(["explore", str(model_path), str(input_path)]) == cli.EXIT_FAILED
+    assert "cannot be called on inputs of shape (1, 6, 3)" in capsys.readouterr().err
+    np.save(input_path, tokens_input())
+    code = cli.main(
+        ["explore", str(model_path), str(input_path), "--layers", "7",
+         "--out", str(tmp_path / "other.html")]
+    )
+    assert code == cli.EXIT_FAILED
+    assert "`layers`" in capsys.readouterr().err
+    assert not (tmp_path / "other.html").exists()
+
+
+def test_explore_command_reads_text_for_text_models(tmp_path, capsys):
+    from keras_attention import cli
+
+    texts = ["a good film", "a bad film", "good acting", "bad plot"] * 20
+    preprocessor = TextClassifierPreprocessor.from_texts(texts, 200, 12)
+    model = TextClassifier(num_classes=2, preprocessor=preprocessor)
+    model(preprocessor(texts[:2]))
+    model.save(tmp_path / "text.keras")
+    page = tmp_path / "text.html"
+    code = cli.main(["explore", str(tmp_path / "text.keras"), "a bad film", "--out", str(page)])
+    assert code == cli.EXIT_OK, capsys.readouterr().err
+    assert page_data(page)["layers"][0]["keys"] == ["a", "bad", "film"]
+
+
+def test_report_html_holds_each_explorer(browser, tmp_path):
+    from keras_attention import recipes
+    from keras_attention.visualization import plot_attention_heatmap
+
+    picture = str(tmp_path / "map.png")
+    plot_attention_heatmap(np.eye(3), path=picture)
+    page = explore(token_model(), tokens_input(), tmp_path / "seq_explorer.html", tokens=TOKENS)
+    results = [
+        recipes.Result("translation", "transformer", {"bleu": 0.5}, [picture, page], 3.0, "dates")
+    ]
+    path = recipes.write_report_html(results, str(tmp_path), 10.0, 20.0)
+    text = open(path, encoding="utf-8").read()
+    assert "data:image/png;base64," in text and "<iframe" in text
+    open_page(browser, path)
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(browser, 10).until(
+        lambda b: b.execute_script(
+            "const d = document.querySelector('iframe.explorer').contentDocument;"
+            "return d && d.querySelectorAll('#model canvas').length === 8;"
+        )
+    )
+    no_console_errors(browser)

@@ -32,6 +32,7 @@ import html
 import json
 import os
 import tempfile
+import warnings
 
 import keras
 import numpy as np
@@ -471,16 +472,18 @@ def _text_inputs(model, inputs, tokens, target_tokens):
     if hasattr(model, "translate"):
         translation = model.translate([text])[0]
         source_ids = preprocessor.encode_sources([text])
-        decoder_inputs, labels = preprocessor.encode_targets([translation])
+        with warnings.catch_warnings():  # a translation as long as allowed
+            warnings.simplefilter("ignore", UserWarning)
+            decoder_inputs, labels = preprocessor.encode_targets([translation])
         generated = [int(i) for i in labels[0] if i != preprocessor.pad_id]
         shown_inputs = [int(i) for i in decoder_inputs[0][: len(generated)]]
         model_inputs = {"source_ids": source_ids, "target_ids": decoder_inputs}
         tokens = tokens or preprocessor.token_strings(source_ids[0], source=True)
         outputs = preprocessor.token_strings(generated, source=False)
         notes.append(
-            f"Translation of {text!r}: {translation!r}. Decoder rows are the "
-            "tokens it writes; its self-attention keys are the tokens it "
-            "reads (the same, shifted by [START])."
+            f"Translation of {text!r}: {translation!r} (greedy). The "
+            "decoder's rows are the tokens it writes; the keys of its "
+            "self-attention are the tokens it reads ([START] first)."
         )
         context_labels = {
             "target_rows": target_tokens or outputs,
