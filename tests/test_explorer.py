@@ -502,3 +502,20 @@ def test_report_html_holds_each_explorer(browser, tmp_path):
         )
     )
     no_console_errors(browser)
+
+
+def test_large_page_in_browser(browser, tmp_path):
+    # 12 layers x 12 heads on 197 tokens: loads and redraws in seconds.
+    import time
+
+    model = token_model(num_layers=12, num_heads=12, length=197)
+    path = explore(model, tokens_input(197), tmp_path / "big.html")
+    start = time.time()
+    open_page(browser, path)
+    assert len(browser.find_elements("css selector", "#model canvas")) == 144
+    lines = drawing(browser, "#lines")
+    choose(browser, "layer", "0")
+    hover(browser, browser.find_elements("css selector", "#queries .token")[3])
+    assert drawing(browser, "#lines") != lines
+    assert time.time() - start < 30
+    no_console_errors(browser)

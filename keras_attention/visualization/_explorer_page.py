@@ -126,6 +126,8 @@ function colour(name, t) {
 const css = (rgb, a) => a == null ? `rgb(${rgb[0]},${rgb[1]},${rgb[2]})` : `rgba(${rgb[0]},${rgb[1]},${rgb[2]},${a})`;
 const TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
 const headColour = (h) => TAB10[h % 10];
+// Token labels as shown: blanks visible.
+const shown = (t) => t === "" ? "\u2205" : t.replace(/ /g, "\u2423");
 const tooltip = $("tooltip");
 function showTip(event, text) {
   tooltip.hidden = false; tooltip.textContent = text;
@@ -133,32 +135,43 @@ function showTip(event, text) {
 }
 function hideTip() { tooltip.hidden = true; }
 
-// Attention layers: rows quantised to uint8 over their maximum.
+// Attention layers: rows quantised to uint8 over their maximum, decoded
+// once per head (and once for the mean of heads) when first drawn.
 class Layer {
   constructor(spec) {
     Object.assign(this, spec);
     this.codes = bytes(spec.data); this.scales = floats(spec.scale);
+    this.cache = new Map();
   }
-  value(h, i, j) {
-    const r = h * this.rows + i;
-    return this.codes[r * this.cols + j] / 255 * this.scales[r];
-  }
-  row(head, i) {  // head: a number, or "mean"
-    const out = new Float32Array(this.cols);
-    const heads = head === "mean" || head === "all" ? [...Array(this.heads).keys()] : [head];
-    for (const h of heads) for (let j = 0; j < this.cols; j++) out[j] += this.value(h, i, j) / heads.length;
+  matrix(head) {  // head: a number, or "mean" ("all" reads as the mean)
+    if (head === "all") head = "mean";
+    if (this.cache.has(head)) return this.cache.get(head);
+    const size = this.rows * this.cols, out = new Float32Array(size);
+    if (head === "mean") {
+      for (let h = 0; h < this.heads; h++) {
+        const m = this.matrix(h);
+        for (let k = 0; k < size; k++) out[k] += m[k] / this.heads;
+      }
+    } else {
+      const base = head * size;
+      for (let i = 0; i < this.rows; i++) {
+        const scale = this.scales[head * this.rows + i] / 255;
+        for (let j = 0; j < this.cols; j++) out[i * this.cols + j] = this.codes[base + i * this.cols + j] * scale;
+      }
+    }
+    this.cache.set(head, out);
     return out;
   }
+  row(head, i) { return this.matrix(head).subarray(i * this.cols, (i + 1) * this.cols); }
   column(head, j) {
-    const out = new Float32Array(this.rows);
-    const heads = head === "mean" || head === "all" ? [...Array(this.heads).keys()] : [head];
-    for (const h of heads) for (let i = 0; i < this.rows; i++) out[i] += this.value(h, i, j) / heads.length;
+    const m = this.matrix(head), out = new Float32Array(this.rows);
+    for (let i = 0; i < this.rows; i++) out[i] = m[i * this.cols + j];
     return out;
   }
-  matrix(head) {
-    const out = new Float32Array(this.rows * this.cols);
-    for (let i = 0; i < this.rows; i++) out.set(this.row(head, i), i * this.cols);
-    return out;
+  top(head) {
+    const key = "top:" + head;
+    if (!this.cache.has(key)) this.cache.set(key, max(this.matrix(head)));
+    return this.cache.get(key);
   }
 }
 const max = (a) => { let m = 0; for (const v of a) if (v > m) m = v; return m; };
@@ -170,9 +183,10 @@ function paint(canvas, values, rows, cols, cmap, stretch) {
   const ctx = canvas.getContext("2d"), img = ctx.createImageData(cols, rows);
   // Heat maps start at 0; overlays stretch min..max, as the PNG plots do.
   const low = stretch ? min(values) : 0, span = (max(values) - low) || 1;
+  const table = CMAPS[cmap], data = img.data;
   for (let k = 0; k < rows * cols; k++) {
-    const c = colour(cmap, (values[k] - low) / span);
-    img.data.set([c[0], c[1], c[2], 255], 4 * k);
+    const t = (values[k] - low) / span, c = 3 * Math.max(0, Math.min(255, Math.round(t * 255)));
+    data[4 * k] = table[c]; data[4 * k + 1] = table[c + 1]; data[4 * k + 2] = table[c + 2]; data[4 * k + 3] = 255;
   }
   ctx.putImageData(img, 0, 0);
 }
@@ -254,7 +268,7 @@ function initSequence() {
   const right = el("div", { class: "tokens right", id: "keys" });
   const lines = el("canvas", { id: "lines" });
   app.append(
-    panel("Head view", "Lines join each query (left) to the keys (right) it attends to, one colour per head, darker = more attention. Hover a token to see only its lines.",
+    panel("Head view", "Lines join each query (left) to the keys (right) it attends to, one colour per head, darker = more attention (relative to the head's largest weight; on long sequences, until you hover, only each query's strongest keys above twice the uniform weight). Hover a token to see only its lines.",
       el("div", { class: "headview" }, left, lines, right)),
     el("div", { style: "display:flex;flex-direction:column;gap:16px" },
       panel("Heat map", "Rows: queries, columns: keys. Hover a cell for its weight.", el("canvas", { id: "heatmap", class: "picture" }), el("div", { id: "heatlegend" })),
@@ -283,7 +297,7 @@ function drawSequence() {
   // Tokens.
   const makeTokens = (holder, labels, side) => {
     holder.textContent = "";
-    labels.forEach((t, i) => holder.append(el("div", { class: "token", text: t, "data-index": i,
+    labels.forEach((t, i) => holder.append(el("div", { class: "token", text: shown(t), "data-index": i,
       onmouseenter: () => { state.focus = [side, i]; drawLines(); }, onmouseleave: () => { state.focus = null; drawLines(); } })));
   };
   makeTokens($("queries"), layer.queries, "query");
@@ -303,15 +317,15 @@ function drawSequence() {
   ctx.drawImage(heatCanvas(values, layer.rows, layer.cols, "viridis"), margin, margin, layer.cols * cell, layer.rows * cell);
   if (labelled) {
     ctx.fillStyle = "#1d2330"; ctx.font = "11px sans-serif"; ctx.textAlign = "right"; ctx.textBaseline = "middle";
-    layer.queries.forEach((t, i) => ctx.fillText(t.slice(0, 10), margin - 4, margin + (i + 0.5) * cell));
+    layer.queries.forEach((t, i) => ctx.fillText(shown(t).slice(0, 10), margin - 4, margin + (i + 0.5) * cell));
     ctx.save(); ctx.rotate(-Math.PI / 2); ctx.textAlign = "left";
-    layer.keys.forEach((t, j) => ctx.fillText(t.slice(0, 10), -margin + 4, margin + (j + 0.5) * cell));
+    layer.keys.forEach((t, j) => ctx.fillText(shown(t).slice(0, 10), -margin + 4, margin + (j + 0.5) * cell));
     ctx.restore();
   }
   heat.onmousemove = (e) => {
     const r = heat.getBoundingClientRect();
     const j = Math.floor((e.clientX - r.left - margin) / cell), i = Math.floor((e.clientY - r.top - margin) / cell);
-    if (i >= 0 && j >= 0 && i < layer.rows && j < layer.cols) showTip(e, `${layer.queries[i]} \u2192 ${layer.keys[j]}: ${values[i * layer.cols + j].toFixed(3)}`);
+    if (i >= 0 && j >= 0 && i < layer.rows && j < layer.cols) showTip(e, `${shown(layer.queries[i])} \u2192 ${shown(layer.keys[j])}: ${values[i * layer.cols + j].toFixed(3)}`);
     else hideTip();
   };
   heat.onmouseleave = hideTip;
@@ -329,32 +343,49 @@ function drawSequence() {
   }
   document.querySelectorAll("#model canvas").forEach((c) => c.classList.toggle("current", Number(c.dataset.layer) === state.layer && (state.head === "all" || state.head === "mean" || Number(c.dataset.head) === state.head)));
 }
+const LINES = 3000;
 function drawLines() {
   const layer = state.layers[state.layer], heads = selectedHeads(layer);
   const canvas = $("lines"), rowHeight = 18, width = 220;
   canvas.width = width; canvas.height = Math.max(layer.rows, layer.cols) * rowHeight;
-  const ctx = canvas.getContext("2d");
-  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  // Drawn off screen, then copied: many strokes on a shown canvas are slow
+  // without a GPU.
+  const buffer = document.createElement("canvas");
+  buffer.width = canvas.width; buffer.height = canvas.height;
+  const ctx = buffer.getContext("2d");
   const focus = state.focus;
   const queries = [...$("queries").children], keys = [...$("keys").children];
   queries.forEach((n) => { n.style.background = ""; n.classList.remove("active"); });
   keys.forEach((n) => { n.style.background = ""; n.classList.remove("active"); });
+  ctx.lineWidth = focus ? 2 : 1.5;
+  // At rest, about LINES lines in all: the strongest keys of each query.
+  const perQuery = Math.max(1, Math.min(12, Math.floor(LINES / (layer.rows * heads.length))));
   for (const h of heads) {
     ctx.strokeStyle = h === "mean" ? "#2f6fde" : headColour(h);
+    // Opacity relative to the head's largest weight, so long sequences
+    // (weights near 1 / length) still show; at most LINES keys per query.
+    // Lines are batched into 16 opacity levels: one stroke per level.
+    const top = layer.top(h) || 1, levels = Array.from({ length: 16 }, () => new Path2D());
     for (let i = 0; i < layer.rows; i++) {
       if (focus && focus[0] === "query" && focus[1] !== i) continue;
       const row = layer.row(h, i);
-      for (let j = 0; j < layer.cols; j++) {
-        if (focus && focus[0] === "key" && focus[1] !== j) continue;
-        const w = row[j];
-        if (w < 0.02) continue;
-        ctx.globalAlpha = Math.min(1, w * (heads.length > 1 ? 0.9 : 1));
-        ctx.lineWidth = focus ? 2 : 1.5;
-        ctx.beginPath(); ctx.moveTo(2, (i + 0.5) * rowHeight); ctx.lineTo(width - 2, (j + 0.5) * rowHeight); ctx.stroke();
+      // The keys to draw: the strongest perQuery (ties broken by order).
+      let columns = [...Array(layer.cols).keys()];
+      if (focus && focus[0] === "key") columns = [focus[1]];
+      else if (!focus && perQuery < layer.cols) {
+        // Only keys above twice the uniform weight: a flat row draws nothing.
+        columns = columns.filter((j) => row[j] * layer.cols > 2).sort((a, b) => row[b] - row[a]).slice(0, perQuery);
+      }
+      for (const j of columns) {
+        const w = row[j] / top;
+        if (w < 0.03) continue;
+        const path = levels[Math.min(15, Math.floor(w * 16))];
+        path.moveTo(2, (i + 0.5) * rowHeight); path.lineTo(width - 2, (j + 0.5) * rowHeight);
       }
     }
+    levels.forEach((path, k) => { ctx.globalAlpha = ((k + 0.5) / 16) * (heads.length > 1 ? 0.8 : 1); ctx.stroke(path); });
   }
-  ctx.globalAlpha = 1;
+  canvas.getContext("2d").drawImage(buffer, 0, 0);
   if (focus) {
     const [side, index] = focus;
     const head = state.head === "all" ? "mean" : state.head;
