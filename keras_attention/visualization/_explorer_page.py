@@ -452,6 +452,7 @@ function initImage() {
       panel("Heads of this layer", "The same query, every head. Click a head to select it.", el("div", { class: "grid", id: "heads" })));
     if (rollout) app.append(panel("Attention rollout", "Attention flow through all layers (Abnar & Zuidema, 2020), mean of heads, for the same query.", el("canvas", { id: "rollout" })));
   }
+  if (!layers.length) controls.append(el("span", { class: "hint", text: "No self-attention over patches in this model: its class activation maps and spatial attention maps are below." }));
   if (D.cams.length) {
     const row = el("div", { class: "row", id: "cams" });
     app.append(panel("Class activation maps", `Which pixels raise the score of the predicted class${D.predicted ? " (" + D.predicted + ")" : ""}.`, row, legend("jet", "low", "high")));
@@ -675,9 +676,10 @@ function drawGraph() {
   src.forEach((j, e) => { if (dst[e] === focus) rows.push([j, values[e]]); });
   rows.sort((a, b) => b[1] - a[1]);
   const table = el("table", { id: "neighbours" });
+  const strongest = rows.length ? rows[0][1] || 1 : 1;
   for (const [j, v] of rows.slice(0, 25)) {
     table.append(el("tr", {}, el("td", { text: j === focus ? `${D.nodes.ids[j]} (itself)` : String(D.nodes.ids[j]) }), el("td", { text: v.toFixed(3) }),
-      el("td", { style: "width:90px" }, el("div", { class: "bar", style: `width:${Math.round(90 * v)}px` }))));
+      el("td", { style: "width:90px" }, el("div", { class: "bar", style: `width:${Math.round(90 * v / strongest)}px` }))));
   }
   info.append(table);
   if (rows.length > 25) info.append(el("p", { class: "hint", text: `and ${rows.length - 25} more` }));
