@@ -124,6 +124,11 @@ def test_large_model_page_stays_small(tmp_path):
     data = page_data(explore(model, tokens_input(197), tmp_path / "cut.html", max_tokens=50))
     assert data["layers"][0]["rows"] == 50
     assert any("first 50 of 197" in note for note in data["notes"])
+    # Over max_megabytes, evenly spaced layers are kept, and the page says so.
+    data = page_data(explore(model, tokens_input(197), tmp_path / "few.html", max_megabytes=3))
+    assert [l["name"] for l in data["layers"]][0] == "mha_0"
+    assert 1 < len(data["layers"]) < 12
+    assert any("of the 12 attention layers are shown" in n for n in data["notes"])
 
 
 def test_image_page_has_rollout_and_cams(tmp_path):

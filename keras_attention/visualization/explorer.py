@@ -443,7 +443,7 @@ def _colormaps():
     from matplotlib import colormaps
 
     out = {}
-    for name in ("viridis", "jet", "inferno"):
+    for name in ("viridis", "jet"):
         table = colormaps[name](np.linspace(0, 1, 256))[:, :3]
         out[name] = _b64(np.rint(table * 255).astype("uint8"))
     return out
