@@ -111,6 +111,27 @@ def test_text_classifier_page_labels_its_words(tmp_path):
     assert layer["cols"] == 3  # padding cropped
 
 
+def test_translator_page_labels_source_and_output(tmp_path):
+    from keras_attention.applications import TransformerTranslator
+
+    keras.utils.set_random_seed(0)
+    model = TransformerTranslator.from_preset("tiny")
+    data = page_data(explore(model, "3 March 1998", tmp_path / "tr.html"))
+    layers = {l["name"]: l for l in data["layers"]}
+    source = list("3 march 1998")
+    encoder = layers["encoder_block_0/self_attention"]
+    assert encoder["queries"] == encoder["keys"] == source
+    cross = next(l for l in data["layers"] if "cross" in l["name"])
+    assert cross["keys"] == source
+    decoder_self = next(
+        l for l in data["layers"] if "decoder" in l["name"] and "self" in l["name"]
+    )
+    assert decoder_self["keys"][0] == "[START]"
+    assert decoder_self["queries"] == cross["queries"]  # the tokens it writes
+    assert decoder_self["keys"][1:] == cross["queries"][:-1]
+    assert any("Translation of '3 March 1998'" in n for n in data["notes"])
+
+
 def test_large_model_page_stays_small(tmp_path):
     # 12 layers x 12 heads on 197 tokens, as ViT-B/16 at 224 pixels.
     model = token_model(num_layers=12, num_heads=12, length=197)

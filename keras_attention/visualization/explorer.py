@@ -470,7 +470,8 @@ def _text_inputs(model, inputs, tokens, target_tokens):
     text = inputs if isinstance(inputs, str) else inputs[0]
     notes = []
     if hasattr(model, "translate"):
-        translation = model.translate([text])[0]
+        # One sentence: eager decoding beats compiling a decoder for it.
+        translation = model.translate([text], jit_compile=False)[0]
         source_ids = preprocessor.encode_sources([text])
         with warnings.catch_warnings():  # a translation as long as allowed
             warnings.simplefilter("ignore", UserWarning)
