@@ -335,7 +335,7 @@ function drawSequence() {
   const grid = $("heads"); grid.textContent = "";
   const columns = Math.min(layer.heads, 4);
   grid.style.gridTemplateColumns = `repeat(${columns}, auto)`;
-  const size = Math.max(48, Math.floor(360 / columns) - 12);
+  const size = Math.min(160, Math.max(48, Math.floor(360 / columns) - 12));
   for (let h = 0; h < layer.heads; h++) {
     const c = heatCanvas(layer.matrix(h), layer.rows, layer.cols, "viridis");
     c.style.width = size + "px"; c.style.height = Math.round(size * layer.rows / layer.cols) + "px";

@@ -483,8 +483,8 @@ def _text_inputs(model, inputs, tokens, target_tokens):
         outputs = preprocessor.token_strings(generated, source=False)
         notes.append(
             f"Translation of {text!r}: {translation!r} (greedy). The "
-            "decoder's rows are the tokens it writes; the keys of its "
-            "self-attention are the tokens it reads ([START] first)."
+            "decoder's rows are the tokens it writes; where it has "
+            "self-attention, its keys are the tokens it reads ([START] first)."
         )
         context_labels = {
             "target_rows": target_tokens or outputs,
