@@ -161,6 +161,25 @@ def test_image_page_has_rollout_and_cams(tmp_path):
     assert data["image"]["width"] == 16
 
 
+def test_graph_page_keeps_the_nodes_nearest_node_0(tmp_path):
+    graph = load_karate_club(seed=0)
+    prepared = node_classification_data(graph)
+    keras.utils.set_random_seed(0)
+    model = GATNodeClassifier(
+        num_features=prepared.inputs[0].shape[-1],
+        num_classes=int(np.max(prepared.labels)) + 1,
+    )
+    data = page_data(explore(model, prepared.inputs, tmp_path / "g.html", max_nodes=10))
+    edges = np.asarray(prepared.inputs[1][0])
+    neighbours = set(edges[0][edges[1] == 0].tolist())
+    kept = data["nodes"]["ids"]
+    assert len(kept) == 10 and 0 in kept
+    assert set(kept) - {0} <= neighbours  # node 0 has 16 neighbours
+    assert any("10 nodes nearest node 0" in n for n in data["notes"])
+    coefficients = np.frombuffer(base64.b64decode(data["layers"][0]["data"]), "uint8")
+    assert len(coefficients) == len(data["edges"]["source"]) * data["layers"][0]["heads"]
+
+
 def test_no_registry_layer_is_an_error(tmp_path):
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     with pytest.raises(ValueError, match="no attention layer of the registry"):

@@ -810,15 +810,15 @@ def _graph_payload(context, inputs, layers, node_labels):
         graph = nx.Graph()
         graph.add_nodes_from(range(num_nodes))
         graph.add_edges_from(flat_edges.T.tolist())
-        order = []
-        for component in [0] + list(range(num_nodes)):
+        order, seen = [], set()
+        for start in range(num_nodes):  # node 0's component first
             if len(order) >= context.max_nodes:
                 break
-            if component in order:
+            if start in seen:
                 continue
-            order.extend(
-                n for n in nx.bfs_tree(graph, component) if n not in set(order)
-            )
+            for node in nx.bfs_tree(graph, start):
+                seen.add(node)
+                order.append(node)
         keep_nodes = np.array(sorted(order[: context.max_nodes]))
         context.notes.append(
             f"The {context.max_nodes} nodes nearest node 0 (breadth first) of "
