@@ -109,6 +109,8 @@ def test_text_classifier_page_labels_its_words(tmp_path):
     layer = data["layers"][0]
     assert layer["keys"] == layer["queries"] == ["a", "good", "film"]
     assert layer["cols"] == 3  # padding cropped
+    data = page_data(explore(model, ["good acting", "bad plot"], tmp_path / "t.html", index=1))
+    assert data["layers"][0]["keys"] == ["bad", "plot"]
 
 
 def test_translator_page_labels_source_and_output(tmp_path):

@@ -458,7 +458,7 @@ def _class_name(class_names, k):
 # Sequences --------------------------------------------------------------------
 
 
-def _text_inputs(model, inputs, tokens, target_tokens):
+def _text_inputs(model, inputs, index, tokens, target_tokens):
     """`(inputs, tokens, target_tokens, notes)` for text given to a text model."""
     preprocessor = getattr(model, "preprocessor", None)
     if preprocessor is None:
@@ -467,7 +467,7 @@ def _text_inputs(model, inputs, tokens, target_tokens):
             "into token ids; pass token ids (B, T). Received: "
             f"inputs={inputs!r}"
         )
-    text = inputs if isinstance(inputs, str) else inputs[0]
+    text = inputs if isinstance(inputs, str) else inputs[_check_index(index, len(inputs))]
     notes = []
     if hasattr(model, "translate"):
         # One sentence: eager decoding beats compiling a decoder for it.
@@ -504,7 +504,7 @@ def _sequence_payload(context, inputs, index, layers, tokens, target_tokens):
     labels = {}
     if _is_text(inputs):
         inputs, tokens, target_tokens, notes = _text_inputs(
-            context.model, inputs, tokens, target_tokens
+            context.model, inputs, index, tokens, target_tokens
         )
         context.notes.extend(notes)
         if isinstance(target_tokens, dict):
