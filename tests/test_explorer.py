@@ -566,3 +566,22 @@ def test_large_page_in_browser(browser, tmp_path):
     assert drawing(browser, "#lines") != lines
     assert time.time() - start < 30
     no_console_errors(browser)
+
+
+def test_explore_command_reads_an_image_file(tmp_path, capsys):
+    from matplotlib.image import imsave
+
+    from keras_attention import cli
+
+    tiny_vit().save(tmp_path / "vit.keras")
+    picture = np.zeros((40, 40))
+    picture[10:30, 15:25] = 1.0
+    imsave(tmp_path / "digit.png", picture, cmap="gray")
+    page = tmp_path / "vit.html"
+    code = cli.main(
+        ["explore", str(tmp_path / "vit.keras"), str(tmp_path / "digit.png"), "--out", str(page)]
+    )
+    assert code == cli.EXIT_OK, capsys.readouterr().err
+    data = page_data(page)
+    assert data["kind"] == "image"
+    assert (data["image"]["height"], data["image"]["width"]) == (16, 16)  # resized
