@@ -1,4 +1,5 @@
-"""What the sequence attention layers share: inputs, masks and validation."""
+"""What the attention layers share: inputs, masks, validation, and LoRA on
+their keras projection sublayers (`ProjectionMixin`, `enable_lora`)."""
 
 import keras
 from keras import ops
