@@ -106,10 +106,8 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
                 f"query.shape={query_shape}"
             )
         base.check_rank("key", key_shape)
-        # v, then W1 and W2 (+ b) as keras Dense layers (LoRA, quantization).
-        self.score_kernel = self.add_weight(
-            name="score_kernel", shape=(self.units,), initializer=self._initializer()
-        )
+        # W1 and W2 (+ b) as keras Dense layers (LoRA, quantization), then
+        # v: the order in which the former raw kernels drew their values.
         self.query_dense = keras.layers.Dense(
             self.units,
             use_bias=False,
@@ -127,6 +125,9 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
             name="key",
         )
         self.key_dense.build((None, key_shape[-1]))
+        self.score_kernel = self.add_weight(
+            name="score_kernel", shape=(self.units,), initializer=self._initializer()
+        )
         self.built = True
 
     # W1, W2 and b under their former names (NumPy references).

@@ -208,12 +208,13 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
         inter = self.inter_channels or max(1, channels // 2)
         self.theta = self.phi = None
         self.concat_kernel = None
-        if self.mode == "concatenation":
-            # w_f of the paper: [w_theta; w_phi], one score per pair.
-            self.concat_kernel = self._add_kernel("concat_kernel", (2 * inter,))
+        # Made in the order the former raw kernels drew their values.
         if self.mode != "gaussian":  # gaussian compares raw inputs
             self.theta = self._projection("theta", inter, channels)
             self.phi = self._projection("phi", inter, channels)
+        if self.mode == "concatenation":
+            # w_f of the paper: [w_theta; w_phi], one score per pair.
+            self.concat_kernel = self._add_kernel("concat_kernel", (2 * inter,))
         self.g = self._projection("g", inter, channels)
         zero_kernel = self.zero_init_residual and not self.use_batch_norm
         self.output_dense = self._projection(
