@@ -16,6 +16,9 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
     `c_t = sum_s a_ts v_s` (the decoder's context vector in the paper).
     `W1`, `W2`, `v` (and `b`) are learned; unlike
     `keras.layers.AdditiveAttention`, the inputs need no prior projection.
+    `W1` and `W2` (+ `b`) are keras `Dense` sublayers (`query_dense`,
+    `key_dense`): `enable_lora(rank)` and `model.quantize("int8")` work on
+    them. The weights are returned before dropout (see docs/design.md).
 
     Args:
         units: size of the perceptron's hidden layer.

@@ -170,6 +170,9 @@ class ChannelAttention(_ImageAttention):
     `(B, H, W, C)`, `(B, D, H, W, C)`. A Keras mask over the positions
     (e.g. padding of a sequence) keeps masked positions out of both pools.
 
+    The MLP is two keras `Dense` sublayers (`hidden_dense`, `output_dense`):
+    `enable_lora(rank)` and `model.quantize("int8")` work on them.
+
     Args:
         reduction: the MLP's reduction ratio `r`; must divide the number of
             channels `C`. The paper uses 16.
@@ -282,6 +285,9 @@ class SpatialAttention(_ImageAttention):
     pooled maps are zero at masked positions (as at the borders), so masked
     values never reach valid positions through the convolution.
 
+    The convolution is a keras `Conv1D`/`Conv2D`/`Conv3D` sublayer (`conv`):
+    `enable_lora(rank)` works on it (keras quantizes no convolution).
+
     Args:
         kernel_size: the odd size of the convolution along every spatial
             axis. The paper uses 7.
@@ -361,6 +367,9 @@ class CBAM(_ImageAttention):
     paper: `F' = M_c(F) * F`, `F'' = M_s(F') * F'` (see `ChannelAttention`
     and `SpatialAttention`). Inserted in a ResNet block, it refines the
     residual branch before the addition.
+
+    `enable_lora(rank)` adapts the MLP and the convolution of both parts;
+    `model.quantize("int8")` quantizes the MLP.
 
     Args:
         reduction: the channel MLP's reduction ratio; must divide the number

@@ -19,8 +19,9 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
     - `"dot"` (Luong et al. 2015): `q . k`;
     - `"general"` (Luong et al. 2015): `q^T W k` with a learned `W`.
 
-    The first two have no weights. Long sequences use the memory-efficient
-    core when the scores are not requested.
+    The first two have no weights; `W` is a keras `Dense` sublayer
+    (`general_dense`: `enable_lora(rank)`, quantization). Long sequences use
+    the memory-efficient core when the scores are not requested.
 
     Args:
         score_mode: `"scaled_dot"`, `"dot"` or `"general"`.

@@ -117,6 +117,11 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
     Dropout on the coefficients uses `hash_dropout` (a counter-based mask),
     which is fast under XLA, where `keras.random.dropout` is slow on CPU.
 
+    The node (and edge) projections are keras `Dense` sublayers
+    (`projection`, or `source` and `target`; `edge_projection`):
+    `enable_lora(rank)` and `model.quantize("int8")` work on them; the
+    attention vectors stay plain weights.
+
     Args:
         units: size of each head's output.
         num_heads: number of attention heads `H`.

@@ -71,6 +71,10 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
     A Keras mask over the positions (padding of a sequence) removes masked
     positions from the keys; `N` then counts the valid keys.
 
+    The 1x1 convolutions `theta`, `phi`, `g` and the output projection are
+    keras `Dense` sublayers on the channel axis: `enable_lora(rank)` and
+    `model.quantize("int8")` work on them.
+
     Args:
         mode: the pairwise function: `"gaussian"`, `"embedded_gaussian"`,
             `"dot"` or `"concatenation"`.
