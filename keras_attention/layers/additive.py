@@ -232,6 +232,11 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
         )
         return tuple(query_shape[:-1]) + (value_shape[-1],)
 
+    def legacy_variables(self):
+        return (
+            self.query_dense.weights + self.key_dense.weights + [self.score_kernel]
+        )
+
     def get_config(self):
         config = super().get_config()
         config.update(

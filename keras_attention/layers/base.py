@@ -278,12 +278,46 @@ class ProjectionMixin:
         """
         enable_lora_on(self, rank, lora_alpha, target_names)
 
+    def legacy_variables(self):
+        """The variables in the order the layer held them as raw weights,
+        before its projections became keras sublayers (`None`: no change).
+
+        Lets `.weights.h5` and `.keras` files saved with the former layout
+        load (see `load_own_variables`).
+        """
+        return None
+
+    def load_own_variables(self, store):
+        legacy = self.legacy_variables()
+        own = self._trainable_variables + self._non_trainable_variables
+        count = len(store.keys())
+        if legacy is None or count == len(own) or count != len(legacy):
+            return super().load_own_variables(store)
+        # A file of the former layout: this layer's entries hold its
+        # sublayers' weights too, and the sublayers have none of their own.
+        for i, variable in enumerate(legacy):
+            variable.assign(store[str(i)])
+        legacy_ids = {id(v) for v in legacy}
+        for sub in projection_sublayers(self).values():
+            if any(id(v) in legacy_ids for v in sub.weights):
+                _skip_next_load(sub)
+
     def get_config(self):
         config = super().get_config()
         policy = quantized_policy_map(self)
         if policy is not None:
             config["dtype"] = keras.dtype_policies.serialize(policy)
         return config
+
+
+def _skip_next_load(layer):
+    """Make `layer`'s next `load_own_variables` a no-op (its parent loaded
+    it from a file of the former layout), then restore the method."""
+
+    def skip(store):
+        del layer.__dict__["load_own_variables"]
+
+    object.__setattr__(layer, "load_own_variables", skip)
 
 
 def quantized_policy_map(layer):

@@ -264,6 +264,9 @@ class ChannelAttention(_ImageAttention):
         check_feature_map(input_shape)
         return tuple(input_shape)
 
+    def legacy_variables(self):
+        return self.hidden_dense.weights + self.output_dense.weights
+
     def get_config(self):
         config = super().get_config()
         config.update({"reduction": self.reduction, **self._weights_config()})
@@ -350,6 +353,9 @@ class SpatialAttention(_ImageAttention):
     def compute_output_shape(self, input_shape):
         check_feature_map(input_shape, max_rank=5)
         return tuple(input_shape)
+
+    def legacy_variables(self):
+        return self.conv.weights
 
     def get_config(self):
         config = super().get_config()

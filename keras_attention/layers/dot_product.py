@@ -167,6 +167,9 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
         )
         return tuple(query_shape[:-1]) + (value_shape[-1],)
 
+    def legacy_variables(self):
+        return None if self.general_dense is None else self.general_dense.weights
+
     def get_config(self):
         config = super().get_config()
         config.update(

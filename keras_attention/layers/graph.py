@@ -636,6 +636,24 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
             return out, alpha
         return out
 
+    def legacy_variables(self):
+        if self.version == "v1":
+            variables = self.projection.weights + [
+                self.attention_source,
+                self.attention_target,
+            ]
+        else:
+            variables = (
+                self.source.weights + self.target.weights + [self.attention_kernel]
+            )
+        if self.edge_projection is not None:
+            variables += self.edge_projection.weights
+            if self.attention_edge is not None:
+                variables.append(self.attention_edge)
+        if self.bias is not None:
+            variables.append(self.bias)
+        return variables
+
     def get_config(self):
         config = super().get_config()
         config.update(

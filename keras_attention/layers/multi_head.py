@@ -617,6 +617,20 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
 
     # -------------------------------------------------------------- config
 
+    def legacy_variables(self):
+        if self._use_gate:
+            return None
+        return [
+            w
+            for dense in (
+                self._query_dense,
+                self._key_dense,
+                self._value_dense,
+                self._output_dense,
+            )
+            for w in dense.weights
+        ]
+
     def get_config(self):
         config = super().get_config()
         config.update(

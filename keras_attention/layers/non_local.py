@@ -375,6 +375,14 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
     def compute_mask(self, inputs, mask=None):
         return mask
 
+    def legacy_variables(self):
+        variables = []
+        for dense in (self.theta, self.phi):
+            variables += [] if dense is None else dense.weights
+        if self.concat_kernel is not None:
+            variables.append(self.concat_kernel)
+        return variables + self.g.weights + self.output_dense.weights
+
     def get_config(self):
         config = super().get_config()
         config.update(
