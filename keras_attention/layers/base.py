@@ -92,6 +92,10 @@ _LORA_LAYERS = (
 )
 
 
+# What `Dense.quantize` takes per layer ("gptq" and "awq" work on a model).
+LAYER_QUANTIZATION_MODES = ("int8", "int4", "float8")
+
+
 def projection_sublayers(layer):
     """`{name: sublayer}` of the keras projections inside `layer`.
 
@@ -277,6 +281,49 @@ class ProjectionMixin:
                 unbuilt layer, or LoRA already enabled; nothing changes then.
         """
         enable_lora_on(self, rank, lora_alpha, target_names)
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        """Quantize the layer's dense projections (keras's `Dense.quantize`).
+
+        `model.quantize(mode)` does this for every layer of a model; this is
+        the same for one layer. Convolutions stay float (keras quantizes
+        none).
+
+        Args:
+            mode: `"int8"`, `"int4"` or `"float8"`.
+            type_check, config: as for `keras.layers.Dense.quantize`.
+
+        Raises:
+            ValueError: for another mode, an unbuilt or already quantized
+                layer, or a layer without dense projections; nothing changes
+                then.
+        """
+        if mode not in LAYER_QUANTIZATION_MODES:
+            raise invalid(
+                "mode", f"one of {LAYER_QUANTIZATION_MODES}", mode
+            )
+        if not self.built:
+            raise ValueError(
+                f"Cannot quantize the layer {self.name!r} before it is built. "
+                f"Received: mode={mode!r}"
+            )
+        targets = [
+            sub for sub in projection_sublayers(self).values()
+            if isinstance(sub, (keras.layers.Dense, keras.layers.EinsumDense))
+        ]
+        if not targets:
+            raise ValueError(
+                f"The layer {self.name!r} has no dense projections to "
+                f"quantize. Received: mode={mode!r}"
+            )
+        done = sorted(s.path for s in targets if s.quantization_mode is not None)
+        if done:
+            raise ValueError(
+                f"The projections {done} of the layer {self.name!r} are "
+                f"already quantized. Received: mode={mode!r}"
+            )
+        for sub in targets:
+            sub.quantize(mode, type_check=type_check, config=config)
 
     def legacy_variables(self):
         """The variables in the order the layer held them as raw weights,
