@@ -40,3 +40,7 @@ from keras_attention.datasets.text import make_sentiment_task
 from keras_attention.datasets.text import sentiment_vocabulary
 from keras_attention.datasets.translation import load_parallel_corpus
 from keras_attention.datasets.translation import make_date_corpus
+from keras_attention.datasets.graph_files import load_graph_files
+from keras_attention.datasets.graph_generation import make_graph
+from keras_attention.datasets.sampling import NeighborSampler
+from keras_attention.datasets.sampling import SampledGraph
