@@ -11,3 +11,7 @@ against one device (`tests/test_sharding.py`).
 
 from keras_attention.distribution.layout import layout_map
 from keras_attention.distribution.layout import projection_kernels
+from keras_attention.distribution.multi_worker import fit
+from keras_attention.distribution.multi_worker import free_ports
+from keras_attention.distribution.multi_worker import multi_worker_strategy
+from keras_attention.distribution.multi_worker import tf_config
