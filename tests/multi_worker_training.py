@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GLOBAL_BATCH = 8
 
 
-def vit_case():
+def vit_case(n=32):
     import numpy as np
 
     from keras_attention import applications
@@ -43,14 +43,13 @@ def vit_case():
         )
 
     rng = np.random.default_rng(0)
-    n = 32
     x = rng.random((n, 8, 8, 1)).astype("float32")
     y = (np.arange(n) % 3).astype("int32")
     x[np.arange(n), y * 2, :, :] += 1.0
     return build, x, y, 0.05
 
 
-def text_case():
+def text_case(n=32):
     import numpy as np
 
     from keras_attention import applications
@@ -62,7 +61,7 @@ def text_case():
         )
 
     rng = np.random.default_rng(1)
-    ids = rng.integers(1, 40, size=(32, 8)).astype("int32")
+    ids = rng.integers(1, 40, size=(n, 8)).astype("int32")
     y = (ids[:, 0] % 2).astype("int32")
     return build, ids, y, 0.05
 
@@ -93,6 +92,10 @@ def main():
     parser.add_argument("--backup-dir")
     parser.add_argument("--crash-after-epoch", type=int)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument(
+        "--num-examples", type=int, default=32, help="training set size"
+    )
+    parser.add_argument("--batch-size", type=int, default=GLOBAL_BATCH)
     args = parser.parse_args()
     start = time.time()
 
@@ -112,7 +115,7 @@ def main():
     else:
         strategy = tf.distribute.get_strategy()
         index = 0
-    build, x, y, learning_rate = CASES[args.app]()
+    build, x, y, learning_rate = CASES[args.app](args.num_examples)
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = build()
@@ -134,10 +137,18 @@ def main():
         )
     if args.crash_after_epoch is not None and index == 1:
         callbacks.append(CrashAfterEpoch(args.crash_after_epoch))
+    epoch_ends = []
+    callbacks.append(
+        keras.callbacks.LambdaCallback(
+            on_epoch_end=lambda epoch, logs: epoch_ends.append(time.time())
+        )
+    )
+    fit_start = time.time()
     history = fit(
-        model, strategy, x, y, batch_size=GLOBAL_BATCH, epochs=args.epochs,
+        model, strategy, x, y, batch_size=args.batch_size, epochs=args.epochs,
         shuffle=False, callbacks=callbacks, verbose=0,
     )
+    fit_seconds = time.time() - fit_start
     if index == 0:
         final = model.get_weights()
         np.savez(
@@ -147,6 +158,8 @@ def main():
             **{f"initial_{i}": w for i, w in enumerate(initial)},
             loss=np.asarray(history.history.get("loss", [])),
             seconds=time.time() - start,
+            fit_seconds=fit_seconds,
+            epoch_seconds=np.diff([fit_start] + epoch_ends),
             replicas=strategy.num_replicas_in_sync,
         )
     print(f"worker {index} done in {time.time() - start:.1f} s", flush=True)

@@ -85,7 +85,7 @@ def cluster(count=2):
 def load(path):
     """`(final weights, initial weights, epoch losses, replicas)` of a run."""
     with np.load(path) as data:
-        count = int(data["count"])
+        count = int(data["count"])  # weights; also loss, seconds, ...
         return (
             [data[f"weight_{i}"] for i in range(count)],
             [data[f"initial_{i}"] for i in range(count)],

@@ -264,6 +264,11 @@ class NeighborSampler:
         short last batch is not scaled up) and a weighted accuracy counts
         seeds only, exactly as a hand count over the epoch.
         """
+        if len(seeds) > batch_size:
+            raise ValueError(
+                "Received an invalid value for argument `seeds`, expected at "
+                f"most batch_size={batch_size} seeds. Received: {len(seeds)} seeds"
+            )
         sub = self.sample(seeds, seed)
         n, e = len(sub.nodes), sub.edges.shape[1]
         if pad:
