@@ -243,7 +243,8 @@ def layerwise_predict(model, features, edges, chunk_size=4096):
                     )
                 nodes, local_edges = subgraphs[start, stop]
                 out = layer([x[nodes], local_edges], training=False)
-                out = keras.ops.convert_to_numpy(out)[: stop - start]
+                # A copy: a view would keep the whole neighbourhood's rows.
+                out = keras.ops.convert_to_numpy(out)[: stop - start].copy()
             else:
                 out = keras.ops.convert_to_numpy(layer(x[start:stop], training=False))
             outputs.append(out)
