@@ -33,7 +33,75 @@ def peak_rss_gb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def pyg_epoch(graph, sampler, seeds, args):
+    """One epoch of PyG's `GATConv` model fed by the same NumPy sampler.
+
+    PyG's own `NeighborLoader` needs `pyg-lib` or `torch-sparse`, which
+    cannot be installed here; the sub-graphs are those of
+    `NeighborSampler` (same fan-outs, batch, seed order), unpadded (eager
+    PyTorch takes any shape), so only the model and its training step
+    differ: the GAT paper's model as in PyG's examples (`GATConv(F, 8,
+    heads=8, dropout=0.6)`, ELU, `GATConv(64, C, heads=1, concat=False,
+    dropout=0.6)`, dropout 0.6 on both inputs), Adam 0.005 with weight
+    decay 5e-4, cross-entropy on the seed nodes.
+    """
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from torch_geometric.nn import GATConv
+
+    torch.manual_seed(0)
+
+    class GAT(torch.nn.Module):
+        def __init__(self, features, classes):
+            super().__init__()
+            self.conv1 = GATConv(features, 8, heads=8, dropout=0.6)
+            self.conv2 = GATConv(64, classes, heads=1, concat=False, dropout=0.6)
+
+        def forward(self, x, edge_index):
+            x = F.dropout(x, p=0.6, training=self.training)
+            x = F.elu(self.conv1(x, edge_index))
+            x = F.dropout(x, p=0.6, training=self.training)
+            return self.conv2(x, edge_index)
+
+    model = GAT(graph.features.shape[1], int(graph.num_classes))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
+    features = torch.from_numpy(graph.features)
+    labels = torch.from_numpy(graph.labels.astype(np.int64))
+    order = np.random.default_rng(0).permutation(seeds)
+
+    def step(batch, b):
+        sub = sampler.sample(batch, seed=[0, 0, b])
+        nodes = torch.from_numpy(sub.nodes)
+        edge_index = torch.from_numpy(sub.edges)
+        optimizer.zero_grad()
+        out = model(features[nodes], edge_index)[: sub.num_seeds]
+        loss = F.cross_entropy(out, labels[nodes[: sub.num_seeds]])
+        loss.backward()
+        optimizer.step()
+        return float(loss)
+
+    model.train()
+    start = time.perf_counter()
+    step(order[: args.batch_size], 0)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    for b in range(0, len(order), args.batch_size):
+        step(order[b : b + args.batch_size], b // args.batch_size)
+    return dict(
+        pyg_epoch_s=time.perf_counter() - start,
+        pyg_first_step_s=first,
+        pyg_threads=torch.get_num_threads(),
+        pyg_version=__import__("torch_geometric").__version__,
+        torch_version=torch.__version__,
+    )
+
+
 def one_size(num_nodes, args):
+    if args.pyg:
+        # Before TensorFlow: importing torch_geometric after it crashes
+        # (segmentation fault) with TF 2.21 / torch 2.13 here.
+        import torch_geometric.nn  # noqa: F401
     import keras
     import numpy as np
 
@@ -89,6 +157,10 @@ def one_size(num_nodes, args):
     result["train_accuracy"] = float(history.history["accuracy"][-1])
     result["rss_after_training_gb"] = peak_rss_gb()
 
+    if args.pyg:
+        result.update(pyg_epoch(graph, sampler, seeds, args))
+        result["rss_after_pyg_gb"] = peak_rss_gb()
+
     if args.inference:
         start = time.perf_counter()
         logits = layerwise_predict(
@@ -109,6 +181,10 @@ def main():
     parser.add_argument("--train-fraction", type=float, default=0.1)
     parser.add_argument("--chunk-size", type=int, default=16384)
     parser.add_argument("--no-inference", dest="inference", action="store_false")
+    parser.add_argument(
+        "--pyg", action="store_true",
+        help="also one epoch of PyG's GATConv fed by the same sampler",
+    )
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -117,7 +193,9 @@ def main():
     forwarded = [
         "--fanouts", *map(str, args.fanouts), "--batch-size", str(args.batch_size),
         "--train-fraction", str(args.train_fraction), "--chunk-size", str(args.chunk_size),
-    ] + ([] if args.inference else ["--no-inference"])
+    ] + ([] if args.inference else ["--no-inference"]) + (
+        ["--pyg"] if args.pyg else []
+    )
     for size in args.sizes:
         completed = subprocess.run(
             [sys.executable, os.path.abspath(__file__), "--one", str(size)] + forwarded,
@@ -134,7 +212,11 @@ def main():
             f"seeds/s ({r['mean_sampled_nodes']:,.0f} nodes per batch); epoch "
             f"{r['epoch_s']:.1f} s for {r['steps']} steps (+ {r['first_step_s']:.1f} s "
             f"first step); inference {r.get('inference_s', float('nan')):.1f} s; "
-            f"peak RSS {r['peak_rss_gb']:.2f} GB; load {r['load_start']:.1f} -> "
+            + (
+                f"PyG GATConv epoch {r['pyg_epoch_s']:.1f} s (same sampler); "
+                if "pyg_epoch_s" in r else ""
+            )
+            + f"peak RSS {r['peak_rss_gb']:.2f} GB; load {r['load_start']:.1f} -> "
             f"{r['load_end']:.1f}",
             flush=True,
         )
