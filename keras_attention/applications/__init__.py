@@ -19,3 +19,6 @@ from keras_attention.applications.translation import corpus_bleu
 from keras_attention.applications.translation import load_translation_corpus
 from keras_attention.applications.detection import DETR
 from keras_attention.applications.detection import evaluate_detections
+from keras_attention.applications.node_sampling import layerwise_predict
+from keras_attention.applications.node_sampling import masked_accuracy
+from keras_attention.applications.node_sampling import sampled_node_dataset

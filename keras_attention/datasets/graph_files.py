@@ -1,0 +1,186 @@
+"""A node-classification graph from plain array files (PubMed / OGB style).
+
+`load_graph_files(path)` reads a folder of NumPy (`.npy`) or CSV
+(`.csv`, `.csv.gz`, comma-separated, no header) files:
+
+| what | file names tried (in this order, each `.npy`, `.csv`, `.csv.gz`) | content |
+|---|---|---|
+| edges | `edges`, `edge`, `raw/edge` | `(E, 2)` rows `source,target` (OGB), or `(2, E)` in `.npy` |
+| features | `features`, `node-feat`, `raw/node-feat` | `(N, F)` floats |
+| labels | `labels`, `node-label`, `raw/node-label` | `(N,)` or `(N, 1)` ints, -1 for none |
+| splits | `train`/`val`/`test`, `valid` for `val`, also under `split/<any>/` (OGB) | node ids (one per line), or a boolean `.npy` mask |
+
+This is the layout of an unpacked `ogbn-arxiv` / `ogbn-products` folder
+(`raw/` and `split/<scheme>/`), and of any graph saved with `numpy.save`
+(e.g. PubMed from PyTorch Geometric as `edges.npy`, `features.npy`,
+`labels.npy`, `train.npy`, ...). Every error names the file.
+"""
+
+import glob
+import os
+
+import numpy as np
+
+from keras_attention.datasets._files import DataFileNotFoundError
+from keras_attention.datasets._files import missing_file_error
+from keras_attention.datasets.graphs import GraphData
+from keras_attention.datasets.graphs import _edges_from_pairs
+
+_EXTENSIONS = (".npy", ".csv", ".csv.gz")
+_NAMES = {
+    "edges": ("edges", "edge", "raw/edge"),
+    "features": ("features", "node-feat", "raw/node-feat"),
+    "labels": ("labels", "node-label", "raw/node-label"),
+    "train": ("train",),
+    "val": ("val", "valid"),
+    "test": ("test",),
+}
+
+
+def _find(folder, what):
+    stems = list(_NAMES[what])
+    if what in ("train", "val", "test"):
+        split_dirs = sorted(glob.glob(os.path.join(folder, "split", "*")))
+        stems += [
+            os.path.relpath(os.path.join(d, stem), folder)
+            for d in split_dirs
+            for stem in _NAMES[what]
+        ]
+    tried = []
+    for stem in stems:
+        for extension in _EXTENSIONS:
+            path = os.path.join(folder, stem + extension)
+            tried.append(path)
+            if os.path.isfile(path):
+                return path
+    names = ", ".join(os.path.relpath(t, folder) for t in tried)
+    raise DataFileNotFoundError(
+        2, f"Missing {what} file in {folder} (tried {names})", tried[0]
+    )
+
+
+def _read(path, dtype):
+    try:
+        if path.endswith(".npy"):
+            array = np.load(path, allow_pickle=False)
+        else:
+            array = np.loadtxt(path, delimiter=",", dtype=dtype, ndmin=1)
+    except (ValueError, OSError, EOFError) as e:
+        raise ValueError(f"Cannot read {path}: {e}") from e
+    return array
+
+
+def _ids_or_mask(path, num_nodes):
+    array = _read(path, np.int64)
+    if array.dtype == bool:
+        if array.shape != (num_nodes,):
+            raise ValueError(
+                f"The mask in {path} should have shape ({num_nodes},). "
+                f"Received: shape={array.shape}"
+            )
+        return array
+    array = np.asarray(array).reshape(-1)
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(
+            f"{path} should hold integer node ids or a boolean mask. "
+            f"Received: dtype={array.dtype}"
+        )
+    if array.size and (array.min() < 0 or array.max() >= num_nodes):
+        raise ValueError(
+            f"{path} lists node ids outside [0, {num_nodes}): values in "
+            f"[{int(array.min())}, {int(array.max())}]"
+        )
+    mask = np.zeros(num_nodes, bool)
+    mask[array] = True
+    return mask
+
+
+def load_graph_files(path, undirected=True, normalize_features=False):
+    """Loads a node-classification graph from array files in a folder.
+
+    Args:
+        path: the folder (see the module docstring for the file names).
+        undirected: add the reverse of every edge, drop duplicates and self
+            loops (as `load_planetoid`); `False` keeps the edges as given
+            (directed, e.g. `ogbn-arxiv`'s citations source -> target).
+        normalize_features: divide each feature row by its sum.
+
+    Returns:
+        A `GraphData`; `num_classes` is `max(label) + 1`.
+
+    Raises:
+        FileNotFoundError (also a ValueError): a file is missing; the
+            message names the files tried.
+        ValueError: a file is malformed, or its edges or ids point outside
+            the node range; the message names the file.
+    """
+    folder = os.fspath(path)
+    if not os.path.isdir(folder):
+        raise missing_file_error(folder, "graph folder")
+    found = {what: _find(folder, what) for what in _NAMES}
+
+    features = _read(found["features"], np.float32)
+    if features.ndim != 2:
+        raise ValueError(
+            f"{found['features']} should hold a (N, F) matrix. Received: "
+            f"shape={features.shape}"
+        )
+    features = np.asarray(features, np.float32)
+    num_nodes = len(features)
+
+    labels = _read(found["labels"], np.int64)
+    labels = np.asarray(labels)
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if labels.shape != (num_nodes,):
+        raise ValueError(
+            f"{found['labels']} should hold one label per node ({num_nodes}, "
+            f"the rows of {found['features']}). Received: shape={labels.shape}"
+        )
+    if labels.dtype.kind == "f":  # OGB writes NaN for unlabelled nodes
+        labels = np.where(np.isnan(labels), -1, labels)
+    labels = labels.astype(np.int32)
+
+    edges = _read(found["edges"], np.int64)
+    edges = np.asarray(edges)
+    if edges.ndim == 2 and edges.shape[0] == 2 and found["edges"].endswith(".npy"):
+        pass  # (2, E)
+    elif edges.ndim == 2 and edges.shape[1] == 2:
+        edges = edges.T
+    else:
+        raise ValueError(
+            f"{found['edges']} should hold an edge list (E, 2) (or (2, E) in "
+            f".npy). Received: shape={edges.shape}"
+        )
+    if edges.size and not np.issubdtype(edges.dtype, np.integer):
+        raise ValueError(
+            f"{found['edges']} should hold integer node ids. Received: "
+            f"dtype={edges.dtype}"
+        )
+    edges = edges.astype(np.int64)
+    if edges.size and (edges.min() < 0 or edges.max() >= num_nodes):
+        raise ValueError(
+            f"{found['edges']} has edges outside the node range [0, "
+            f"{num_nodes}) of {found['features']}: node ids in "
+            f"[{int(edges.min())}, {int(edges.max())}]"
+        )
+    if undirected:
+        edges = _edges_from_pairs(edges.T, num_nodes)
+    else:
+        edges = edges.astype(np.int32)
+
+    masks = [_ids_or_mask(found[what], num_nodes) for what in ("train", "val", "test")]
+    if normalize_features:
+        from keras_attention.datasets.graphs import normalize_rows
+
+        features = normalize_rows(features)
+    known = labels[labels >= 0]
+    return GraphData(
+        features=features,
+        edges=edges,
+        labels=labels,
+        train_mask=masks[0],
+        val_mask=masks[1],
+        test_mask=masks[2],
+        num_classes=int(known.max()) + 1 if known.size else 0,
+    )

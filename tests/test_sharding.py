@@ -1,0 +1,110 @@
+"""Attention sharded with `keras.distribution` equals one device (JAX backend).
+
+`tests/sharding_check.py` runs in one subprocess with `KERAS_BACKEND=jax`
+and 8 virtual CPU devices (`XLA_FLAGS=--xla_force_host_platform_device_count=8`):
+for a Sequential around each sequence layer of the registry and a tiny ViT,
+a forward pass and one SGD step under `DataParallel` (8 devices) and under
+`ModelParallel` (mesh (2, 4) "data" x "model", `layout_map`) must equal
+one device within 1e-5, and every projection kernel must be split over the
+"model" axis.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOLERANCE = 1e-5
+# Projection kernels per case (ViT: one block of query, key, value, output).
+KERNELS = {
+    "multi_head": 4,
+    "multi_head_grouped": 4,
+    "additive": 2,
+    "scaled_dot_product": 0,
+    "vit": 4,
+}
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("jax") is None, reason="needs jax"
+)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sharding") / "results.json"
+    env = dict(
+        os.environ,
+        KERAS_BACKEND="jax",
+        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        JAX_PLATFORMS="cpu",
+    )
+    completed = subprocess.run(
+        [sys.executable, os.path.join(HERE, "sharding_check.py"), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    with open(out) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("case", sorted(KERNELS))
+@pytest.mark.parametrize("distribution", ["data_parallel", "model_parallel"])
+def test_sharded_equals_one_device(results, case, distribution):
+    run = results[case][distribution]
+    assert run["output_error"] < TOLERANCE, run
+    assert run["loss_error"] < TOLERANCE, run
+    assert run["weight_error"] < TOLERANCE, run
+    # The step changed the weights by far more than the tolerance.
+    assert results[case]["moved"] > 1000 * TOLERANCE
+
+
+@pytest.mark.parametrize("case", sorted(KERNELS))
+def test_every_projection_kernel_is_sharded(results, case):
+    kernels = results[case]["model_parallel"]["kernels"]
+    assert len(kernels) == KERNELS[case], kernels
+    for path, spec in kernels.items():
+        assert spec is not None and "model" in spec, (path, spec)
+    # DataParallel replicates them.
+    for path, spec in results[case]["data_parallel"]["kernels"].items():
+        assert spec is None or all(s is None for s in spec), (path, spec)
+
+
+def test_layout_map_rejects_a_missing_axis_and_indivisible_heads():
+    script = (
+        "import keras, keras_attention\n"
+        "from keras_attention.distribution import layout_map\n"
+        "devices = keras.distribution.list_devices()\n"
+        "model = keras.Sequential([keras.Input((4, 6)), keras_attention.registry.get("
+        "'multi_head', num_heads=3, key_dim=3)])\n"
+        "mesh = keras.distribution.DeviceMesh((2, 4), ['data', 'model'], devices)\n"
+        "for axis in ('heads', 'model'):\n"
+        "    try:\n"
+        "        layout_map(model, mesh, model_axis=axis)\n"
+        "    except ValueError as e:\n"
+        "        print('ERROR', e)\n"
+    )
+    env = dict(
+        os.environ,
+        KERAS_BACKEND="jax",
+        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=os.path.dirname(HERE),
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    errors = [line for line in completed.stdout.splitlines() if line.startswith("ERROR")]
+    assert len(errors) == 2, completed.stdout
+    assert "`model_axis`" in errors[0] and "model_axis='heads'" in errors[0]
+    assert "query_kernel" in errors[1] and "(6, 3, 3)" in errors[1]
