@@ -52,7 +52,7 @@ def _shape_or_none(x):
     return None if x is None else tuple(x.shape)
 
 
-@register("graph")
+@register("graph", input_kind="graph")
 class GraphAttention(keras.layers.Layer):
     """Graph attention (GAT, Veličković et al., 2018; GATv2, Brody et al., 2022).
 

@@ -8,7 +8,7 @@ from keras_attention.layers import base
 from keras_attention.registry import register
 
 
-@register("multi_head")
+@register("multi_head", input_kind="tokens")
 class MultiHeadAttention(base.SequenceAttention):
     """Multi-head attention (Vaswani et al., 2017), with grouped-query heads.
 

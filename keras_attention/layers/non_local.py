@@ -35,7 +35,7 @@ def _check_sub_sample(sub_sample):
     )
 
 
-@register("non_local")
+@register("non_local", input_kind="grid")
 class NonLocalBlock(keras.layers.Layer):
     """Non-local block (Wang et al., 2018), for 1D, 2D and 3D feature maps.
 
