@@ -36,9 +36,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from keras_attention.applications.detection import DETR  # noqa: E402
-from keras_attention.applications.detection import (  # noqa: E402
-    evaluate_detections,
-)
+from keras_attention.applications import evaluate_detections  # noqa: E402
 from keras_attention.datasets import make_detection_set  # noqa: E402
 
 

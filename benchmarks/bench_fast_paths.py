@@ -40,7 +40,7 @@ from keras_attention.applications import translation_transformer  # noqa: E402
 from keras_attention.applications.text_preprocessing import (  # noqa: E402
     TranslationPreprocessor,
 )
-from keras_attention.applications.translation import TransformerTranslator  # noqa: E402
+from keras_attention.applications import TransformerTranslator  # noqa: E402
 from keras_attention.layers import MultiHeadAttention  # noqa: E402
 from keras_attention.layers.dropout import HashDropout  # noqa: E402
 

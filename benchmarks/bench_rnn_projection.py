@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 from keras_attention.applications.text_preprocessing import (  # noqa: E402
     TranslationPreprocessor,
 )
-from keras_attention.applications.translation import Seq2SeqTranslator  # noqa: E402
+from keras_attention.applications import Seq2SeqTranslator  # noqa: E402
 from keras_attention.applications.translation import load_translation_corpus  # noqa: E402
 
 

@@ -71,8 +71,8 @@ from keras_attention.applications.text_preprocessing import (  # noqa: E402
     TranslationPreprocessor,
 )
 from keras_attention.applications.text_preprocessing import corpus_bleu  # noqa: E402
-from keras_attention.applications.translation import Seq2SeqTranslator  # noqa: E402
-from keras_attention.applications.translation import TransformerTranslator  # noqa: E402
+from keras_attention.applications import Seq2SeqTranslator  # noqa: E402
+from keras_attention.applications import TransformerTranslator  # noqa: E402
 from keras_attention.applications.translation import date_task_preprocessor  # noqa: E402
 from keras_attention.applications.translation import load_translation_corpus  # noqa: E402
 

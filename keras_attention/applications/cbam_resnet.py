@@ -11,9 +11,10 @@ the same shape, or `None` (the plain ResNet, for ablations).
 import keras
 from keras import ops
 
+from keras_attention import _validation as base
+from keras_attention import registry
+from keras_attention.applications import base as app_base
 from keras_attention.applications import presets
-from keras_attention.applications.vision_transformer import _pair
-from keras_attention.layers import base
 
 
 def default_reduction(channels):
@@ -28,7 +29,7 @@ def default_reduction(channels):
     return 1
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class ResidualAttentionBlock(keras.layers.Layer):
     """A ResNet basic block whose residual branch goes through attention.
 
@@ -69,7 +70,7 @@ class ResidualAttentionBlock(keras.layers.Layer):
         super().__init__(**kwargs)
         self.filters = base.check_positive_int("filters", filters)
         self.strides = base.check_positive_int("strides", strides)
-        self.attention = presets.check_attention_name(attention, allow_none=True)
+        self.attention = registry.check_name(attention, allow_none=True, kinds=("grid",))
         self.attention_kwargs = dict(attention_kwargs or {})
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
 
@@ -114,22 +115,18 @@ class ResidualAttentionBlock(keras.layers.Layer):
             self.projection_norm.build(out_shape)
         self.attention_layer = None
         if self.attention is not None:
-            from keras_attention import registry
-
-            layer_class = registry.get_class(self.attention)
-            arguments = presets.fill_arguments(
-                layer_class,
+            self.attention_layer = registry.build(
+                self.attention,
                 {"reduction": default_reduction(self.filters), "kernel_size": 7},
                 self.attention_kwargs,
-            )
-            self.attention_layer = layer_class(
-                **arguments, name="attention", dtype=self.dtype_policy
+                name="attention",
+                dtype=self.dtype_policy,
             )
             self.attention_layer.build(out_shape)
-            self._attention_training = presets.call_accepts(
+            self._attention_training = registry.call_accepts(
                 self.attention_layer, "training"
             )
-            self._attention_scores = presets.call_accepts(
+            self._attention_scores = registry.call_accepts(
                 self.attention_layer, "return_attention_scores"
             )
         self.built = True
@@ -183,8 +180,8 @@ class ResidualAttentionBlock(keras.layers.Layer):
         return config
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
-class CBAMResNetBackbone(presets.Backbone):
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class CBAMResNetBackbone(app_base.Backbone):
     """A small ResNet with attention in every block (Woo et al., 2018).
 
     A 3x3 stem convolution (batch norm, ReLU), then one stage per entry of
@@ -243,7 +240,7 @@ class CBAMResNetBackbone(presets.Backbone):
         weight_decay=0.0,
         **kwargs,
     ):
-        image_size = _pair("image_size", image_size)
+        image_size = base.check_pair("image_size", image_size)
         base.check_positive_int("stem_strides", stem_strides)
         base.check_positive_int("num_channels", num_channels)
         filters = list(filters) if isinstance(filters, (list, tuple)) else [filters]
@@ -266,7 +263,7 @@ class CBAMResNetBackbone(presets.Backbone):
         stem_filters = base.check_positive_int(
             "stem_filters", stem_filters or filters[0]
         )
-        attention = presets.check_attention_name(attention, allow_none=True)
+        attention = registry.check_name(attention, allow_none=True, kinds=("grid",))
         if isinstance(weight_decay, bool) or not (
             isinstance(weight_decay, (int, float)) and weight_decay >= 0
         ):
@@ -314,7 +311,7 @@ class CBAMResNetBackbone(presets.Backbone):
         self._chain = chain
 
     def check_inputs(self, inputs):
-        presets.check_image_inputs(
+        base.check_image_inputs(
             inputs, self.image_size + (self.num_channels,)
         )
 
@@ -358,8 +355,8 @@ class CBAMResNetBackbone(presets.Backbone):
         return config
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
-class CBAMResNet(presets.Classifier):
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class CBAMResNet(app_base.Classifier):
     """Image classifier: a `CBAMResNetBackbone` and a dense head.
 
     Args:

@@ -20,47 +20,23 @@ Shape letters: `B` images, `N` object queries, `M` ground-truth objects
 
 import math
 
-import os
 
 import keras
 import numpy as np
 from keras import ops
 
-import keras_attention.registry as registry
+from keras_attention import _validation as base
+from keras_attention import registry
 from keras_attention.applications import detection_loss
 from keras_attention.applications import presets
+from keras_attention.applications.base import PresetMixin
 from keras_attention.applications.detection_loss import validate_targets
 from keras_attention.applications.detection_layers import DETRBackbone
 from keras_attention.applications.detection_layers import DETRDecoderLayer
 from keras_attention.applications.detection_layers import DETREncoderLayer
-from keras_attention.applications.detection_layers import ResidualBlock  # noqa: F401
 from keras_attention.applications.detection_layers import sine_position_encoding
-from keras_attention.applications.detection_metrics import evaluate_detections  # noqa: F401
-from keras_attention.layers import base
 
 PACKAGE = "keras_attention"
-
-PRESETS = {
-    # Digits on 64x64 canvases (`make_detection_set`): 10 classes, 1-4
-    # objects per image, an 8x8 feature grid. See
-    # benchmarks/bench_detection.py for its recipe. A class loss weight of 2
-    # (DETR: 1) ends the early phase where only boxes improve about twice
-    # as soon on this data.
-    "detr_digits": {
-        "num_classes": 10,
-        "num_queries": 10,
-        "hidden_dim": 64,
-        "num_heads": 4,
-        "num_encoder_layers": 2,
-        "num_decoder_layers": 2,
-        "feedforward_dim": 128,
-        "backbone_filters": (32, 64),
-        "blocks_per_stage": 1,
-        "stem_strides": 2,
-        "class_loss_weight": 2.0,
-    },
-}
-
 
 def _scale_for_replicas(loss):
     """`loss` divided by the replicas of the current `tf.distribute` strategy.
@@ -77,14 +53,8 @@ def _scale_for_replicas(loss):
     return loss / replicas if replicas > 1 else loss
 
 
-# Weights shipped in keras_attention/presets/: `detr_digits` trained by
-# `python benchmarks/bench_detection.py --save ...` (the 20-minute recipe,
-# stopped in epoch 18 of 30): held-out mAP@0.5 0.856, mAP 0.537.
-PRESET_WEIGHTS = {"detr_digits": "detr_digits.weights.h5"}
-
-
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class DETR(keras.Model):
+class DETR(PresetMixin, keras.Model):
     """DETR: end-to-end object detection with transformers (Carion, 2020).
 
     `backbone -> 1x1 projection to D -> encoder (self-attention with 2-D
@@ -131,6 +101,10 @@ class DETR(keras.Model):
         attention_module: registry name of an attention module for every
             backbone block (e.g. `"cbam"`), or `None`.
         attention_kwargs: its constructor arguments.
+        transformer_attention: registry name of the attention layer of the
+            encoder and decoder layers (a `"tokens"` layer taking `query`,
+            `value` and `key`); offered `num_heads`, `key_dim`, `dropout`.
+        transformer_attention_kwargs: its extra constructor arguments.
         aux_loss: add the losses of the earlier decoder layers.
         eos_coef: weight of the "no object" class in the class loss.
         class_loss_weight, bbox_loss_weight, giou_loss_weight: loss weights.
@@ -185,6 +159,8 @@ class DETR(keras.Model):
         stem_strides=1,
         attention_module=None,
         attention_kwargs=None,
+        transformer_attention="multi_head",
+        transformer_attention_kwargs=None,
         aux_loss=True,
         eos_coef=0.1,
         class_loss_weight=1.0,
@@ -228,10 +204,17 @@ class DETR(keras.Model):
         self.backbone_filters = tuple(backbone_filters)
         self.blocks_per_stage = blocks_per_stage
         self.stem_strides = stem_strides
-        if attention_module is not None:
-            registry.get_class(attention_module)  # fail early on a bad name
-        self.attention_module = attention_module
+        self.attention_module = registry.check_name(
+            attention_module, "attention_module", allow_none=True,
+            kinds=("grid",),
+        )
         self.attention_kwargs = dict(attention_kwargs or {})
+        self.transformer_attention = registry.check_name(
+            transformer_attention, "transformer_attention", kinds=("tokens",)
+        )
+        self.transformer_attention_kwargs = dict(
+            transformer_attention_kwargs or {}
+        )
         self.aux_loss = bool(aux_loss)
         for name, value in (
             ("eos_coef", eos_coef),
@@ -274,6 +257,8 @@ class DETR(keras.Model):
             feedforward_dim=feedforward_dim,
             dropout=self.dropout,
             norm_first=self.norm_first,
+            attention=self.transformer_attention,
+            attention_kwargs=self.transformer_attention_kwargs,
             dtype=self.dtype_policy,
         )
         self.encoder_layers = [
@@ -308,43 +293,6 @@ class DETR(keras.Model):
         self._class_loss_tracker = keras.metrics.Mean(name="class_loss")
         self._l1_loss_tracker = keras.metrics.Mean(name="l1_loss")
         self._giou_loss_tracker = keras.metrics.Mean(name="giou_loss")
-
-    @classmethod
-    def from_preset(cls, preset, load_weights=True, **overrides):
-        """A model of a named configuration (`PRESETS`).
-
-        Args:
-            preset: a name in `PRESETS`.
-            load_weights: load the weights shipped in the package for the
-                presets that have them (`PRESET_WEIGHTS`); they need the
-                preset's own configuration, so overrides that change a
-                weight's shape make loading fail.
-            **overrides: constructor arguments that replace the preset's.
-
-        Example:
-
-        ```python
-        model = DETR.from_preset("detr_digits")  # trained weights
-        found = model.predict_boxes(images, score_threshold=0.5)
-        ```
-        """
-        if preset not in PRESETS:
-            raise base.invalid(
-                "preset", f"one of {sorted(PRESETS)}", preset
-            )
-        model = cls(**{**PRESETS[preset], **overrides})
-        weights = PRESET_WEIGHTS.get(preset)
-        if load_weights and weights is not None:
-            path = os.path.join(presets.PRESET_DIR, weights)
-            if not os.path.isfile(path):
-                raise ValueError(
-                    f"The weights of preset {preset!r} are missing: expected "
-                    f"the file {path} (made by benchmarks/bench_detection.py "
-                    "--save)."
-                )
-            model.build((None, 64, 64, 1))
-            model.load_weights(path)
-        return model
 
     def build(self, input_shape):
         input_shape = tuple(input_shape)
@@ -677,6 +625,8 @@ class DETR(keras.Model):
                 "stem_strides": self.stem_strides,
                 "attention_module": self.attention_module,
                 "attention_kwargs": self.attention_kwargs,
+                "transformer_attention": self.transformer_attention,
+                "transformer_attention_kwargs": self.transformer_attention_kwargs,
                 "aux_loss": self.aux_loss,
                 "eos_coef": self.eos_coef,
                 "class_loss_weight": self.class_loss_weight,
@@ -688,3 +638,30 @@ class DETR(keras.Model):
             }
         )
         return config
+
+
+presets.register_preset(
+    "detr_digits",
+    "DETR",
+    {
+        "num_classes": 10,
+        "num_queries": 10,
+        "hidden_dim": 64,
+        "num_heads": 4,
+        "num_encoder_layers": 2,
+        "num_decoder_layers": 2,
+        "feedforward_dim": 128,
+        "backbone_filters": (32, 64),
+        "blocks_per_stage": 1,
+        "stem_strides": 2,
+        # A class loss weight of 2 (DETR: 1) ends the early phase where
+        # only boxes improve about twice as soon on this data.
+        "class_loss_weight": 2.0,
+    },
+    weights="detr_digits.weights.h5",
+    description="DETR for digits on 64x64 canvases (`make_detection_set`: "
+    "10 classes, 1-4 objects, an 8x8 feature grid), trained by "
+    "`benchmarks/bench_detection.py --save` (20 minutes, stopped in epoch 18 "
+    "of 30): held-out mAP@0.5 0.856, mAP 0.537.",
+    input_shape=(None, 64, 64, 1),
+)

@@ -5,7 +5,8 @@ Carion et al., End-to-End Object Detection with Transformers, ECCV 2020.
 optionally with any registered attention module in each) turns an image
 into a feature grid, `sine_position_encoding` gives every grid cell its
 2-D position, and `DETREncoderLayer` / `DETRDecoderLayer` are post-norm
-transformer layers of the registry's `MultiHeadAttention`.
+transformer layers whose attention is built by registry name
+(`MultiHeadAttention` by default).
 """
 
 import math
@@ -14,8 +15,8 @@ import keras
 import numpy as np
 from keras import ops
 
-import keras_attention.registry as registry
-from keras_attention.layers import base
+from keras_attention import _validation as base
+from keras_attention import registry
 
 PACKAGE = "keras_attention"
 
@@ -99,11 +100,11 @@ class ResidualBlock(keras.layers.Layer):
         self.bn2.build(out_shape)
         self.attention = None
         if self.attention_module is not None:
-            # get_class: `get`'s first argument is itself called `name`.
-            self.attention = registry.get_class(self.attention_module)(
+            self.attention = registry.build(
+                self.attention_module,
+                overrides=self.attention_kwargs,
                 name="attention",
                 dtype=self.dtype_policy,
-                **self.attention_kwargs,
             )
             self.attention.build(out_shape)
         self.shortcut = self.shortcut_bn = None
@@ -247,6 +248,8 @@ class _TransformerSublayers(keras.layers.Layer):
         feedforward_dim,
         dropout=0.0,
         norm_first=False,
+        attention="multi_head",
+        attention_kwargs=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -255,12 +258,18 @@ class _TransformerSublayers(keras.layers.Layer):
         self.feedforward_dim = feedforward_dim
         self.dropout = dropout
         self.norm_first = norm_first
+        self.attention = attention
+        self.attention_kwargs = dict(attention_kwargs or {})
 
     def _attention(self, name):
-        return registry.get_class("multi_head")(
-            num_heads=self.num_heads,
-            key_dim=self.hidden_dim // self.num_heads,
-            dropout=self.dropout,
+        return registry.build(
+            self.attention,
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.hidden_dim // self.num_heads,
+                "dropout": self.dropout,
+            },
+            self.attention_kwargs,
             name=name,
             dtype=self.dtype_policy,
         )
@@ -303,6 +312,8 @@ class _TransformerSublayers(keras.layers.Layer):
                 "feedforward_dim": self.feedforward_dim,
                 "dropout": self.dropout,
                 "norm_first": self.norm_first,
+                "attention": self.attention,
+                "attention_kwargs": self.attention_kwargs,
             }
         )
         return config

@@ -16,9 +16,11 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention.applications import base as app_base
 from keras_attention.applications import presets
 from keras_attention.applications.vision_transformer import TransformerEncoderBlock
-from keras_attention.layers import base
+from keras_attention import _validation as base
+from keras_attention import registry
 from keras_attention.layers.additive import AdditiveAttention
 
 PAD, UNK = "[PAD]", "[UNK]"
@@ -39,7 +41,7 @@ def _check_texts(texts):
     return texts
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class TextClassifierPreprocessor:
     """Texts to padded WordPiece token ids, with keras-hub's tokenizer.
 
@@ -134,7 +136,7 @@ class TextClassifierPreprocessor:
         return cls(**config)
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class TokenAndPositionEmbedding(keras.layers.Layer):
     """Token embedding plus a learned position embedding; id 0 is masked.
 
@@ -199,7 +201,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         return config
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class AttentionPooling(keras.layers.Layer):
     """Pools tokens with a learned query and additive attention.
 
@@ -267,8 +269,8 @@ class AttentionPooling(keras.layers.Layer):
         return config
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
-class TextClassifierBackbone(presets.Backbone):
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class TextClassifierBackbone(app_base.Backbone):
     """Transformer encoder with attention pooling over token ids.
 
     `TokenAndPositionEmbedding` (id 0 is padding and masked),
@@ -329,7 +331,7 @@ class TextClassifierBackbone(presets.Backbone):
         base.check_positive_int("hidden_dim", hidden_dim)
         base.check_positive_int("depth", depth)
         base.check_rate("dropout", dropout)
-        attention = presets.check_attention_name(attention)
+        attention = registry.check_name(attention)
 
         inputs = keras.Input(shape=(sequence_length,), dtype="int32", name="token_ids")
         x = TokenAndPositionEmbedding(
@@ -405,8 +407,8 @@ class TextClassifierBackbone(presets.Backbone):
         return config
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
-class TextClassifier(presets.Classifier):
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class TextClassifier(app_base.Classifier):
     """Text classifier: `TextClassifierBackbone` and a dense head.
 
     Takes token ids `(B, T)`; with a `preprocessor`, `predict_texts` and

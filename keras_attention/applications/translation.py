@@ -29,8 +29,10 @@ from keras_attention.applications.text_preprocessing import (
     TranslationPreprocessor,
 )
 from keras_attention.applications.text_preprocessing import corpus_bleu
-from keras_attention.layers.base import check_positive_int
-from keras_attention.layers.base import invalid
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import invalid
+from keras_attention.applications.base import CompileFromConfig
+from keras_attention.applications.base import PresetMixin
 
 _NEG_INF = -1e9
 
@@ -106,7 +108,7 @@ def _next_power_of_two(n):
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-class Translator(keras.Model):
+class Translator(PresetMixin, CompileFromConfig, keras.Model):
     """Base of the translators: preprocessing, training defaults, decoding.
 
     Not used directly; see `Seq2SeqTranslator` and `TransformerTranslator`.
@@ -116,7 +118,6 @@ class Translator(keras.Model):
             to `date_task_preprocessor()`.
     """
 
-    presets = {}
     default_learning_rate = 1e-3
 
     def __init__(self, preprocessor=None, **kwargs):
@@ -225,14 +226,6 @@ class Translator(keras.Model):
             **kwargs,
         )
 
-    def compile_from_config(self, config):
-        # Keras skips this for an overridden `compile`; ours takes the same
-        # arguments, so a loaded model is compiled (optimizer state too).
-        config = keras.saving.deserialize_keras_object(config)
-        self.compile(**config)
-        if self.built:
-            self.optimizer.build(self.trainable_variables)
-
     def prepare(self, sources, targets):
         """`(x, labels)` for `fit`/`evaluate` from sentence pairs."""
         return self.preprocessor.encode_pairs(sources, targets)
@@ -257,15 +250,12 @@ class Translator(keras.Model):
         """A model of a named size; `kwargs` override the preset's values.
 
         Args:
-            preset: a key of `cls.presets` (`"tiny"`, `"small"`).
+            preset: a preset name (see `presets()`), or its short name
+                (`"tiny"`, `"small"`).
             preprocessor: a `TranslationPreprocessor`; the date task's by
                 default.
         """
-        if preset not in cls.presets:
-            raise invalid("preset", f"one of {sorted(cls.presets)}", preset)
-        config = dict(cls.presets[preset])
-        config.update(kwargs)
-        return cls(preprocessor=preprocessor, **config)
+        return super().from_preset(preset, preprocessor=preprocessor, **kwargs)
 
     # Decoding ----------------------------------------------------------------
 
@@ -281,8 +271,13 @@ class Translator(keras.Model):
             ops.take(weights, index, axis=1),
         )
 
+    @property
+    def supports_cache(self):
+        """Whether `decode_step` can run; else decoding re-runs the prefix."""
+        return True
+
     def _step_function(self, encoded, batch, max_length, use_cache):
-        if use_cache:
+        if use_cache and self.supports_cache:
             return self.decode_step, self.initial_cache(encoded, max_length)
         return self._uncached_step, ops.zeros((batch, max_length), "int32")
 
@@ -581,23 +576,3 @@ class Translator(keras.Model):
             "exact_match": exact,
         }
 
-
-# The two models build on `Translator` above; the package's __init__ imports
-# this module first, so these imports see it defined.
-from keras_attention.applications.translation_rnn import (  # noqa: E402
-    Seq2SeqTranslator,
-)
-from keras_attention.applications.translation_transformer import (  # noqa: E402
-    TransformerTranslator,
-)
-
-__all__ = [
-    "Seq2SeqTranslator",
-    "TransformerTranslator",
-    "TranslationPreprocessor",
-    "Translator",
-    "corpus_bleu",
-    "date_task_preprocessor",
-    "load_translation_corpus",
-    "token_accuracy",
-]

@@ -4,22 +4,34 @@ import keras
 from keras import ops
 
 from keras_attention import registry
+from keras_attention.applications import presets
 from keras_attention.applications.translation import Translator
 from keras_attention.layers.dropout import HashDropout
-from keras_attention.layers.base import check_positive_int
-from keras_attention.layers.base import check_rate
-from keras_attention.layers.base import invalid
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import check_rate
+from keras_attention._validation import invalid
 
 
 class _Block(keras.layers.Layer):
     """Shared parts of the pre-norm blocks: attention factory and the MLP."""
 
-    def __init__(self, hidden_dim, num_heads, intermediate_dim, dropout, **kwargs):
+    def __init__(
+        self,
+        hidden_dim,
+        num_heads,
+        intermediate_dim,
+        dropout,
+        attention="multi_head",
+        attention_kwargs=None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.hidden_dim = hidden_dim
         self.num_heads = num_heads
         self.intermediate_dim = intermediate_dim
         self.dropout = dropout
+        self.attention = attention
+        self.attention_kwargs = dict(attention_kwargs or {})
         self.dense_in = keras.layers.Dense(
             intermediate_dim, activation="relu", name="dense_in"
         )
@@ -29,11 +41,14 @@ class _Block(keras.layers.Layer):
         self.dropout_layer = HashDropout(dropout)
 
     def _attention(self, name):
-        # `name` is also `registry.get`'s first argument: build from the class.
-        return registry.get_class("multi_head")(
-            num_heads=self.num_heads,
-            key_dim=self.hidden_dim // self.num_heads,
-            dropout=self.dropout,
+        return registry.build(
+            self.attention,
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.hidden_dim // self.num_heads,
+                "dropout": self.dropout,
+            },
+            self.attention_kwargs,
             name=name,
         )
 
@@ -114,6 +129,14 @@ class _DecoderBlock(_Block):
         h = self.feed_forward(self.norm_feed_forward(x), training=training)
         return x + self.dropout_layer(h, training=training), weights
 
+    @property
+    def supports_cache(self):
+        """Whether both attention layers have the hooks `step` uses."""
+        return all(
+            all(hasattr(a, hook) for hook in ("project", "attend", "project_output"))
+            for a in (self.self_attention, self.cross_attention)
+        )
+
     def cross_keys_values(self, encoded):
         """The cross-attention keys and values `(B, S, K, D)`, made once."""
         a = self.cross_attention
@@ -160,7 +183,8 @@ class TransformerTranslator(Translator):
     Token plus learned position embeddings feed `num_layers` encoder blocks
     (self-attention, MLP) and `num_layers` decoder blocks (causal
     self-attention, cross-attention to the encoder output, MLP), all with
-    the registry's `MultiHeadAttention`. Padding masks (id 0) go to every
+    the attention layer registered as `attention` (`MultiHeadAttention` by
+    default). Padding masks (id 0) go to every
     attention call as query and key masks.
 
     The blocks are **pre-norm**, `x + f(LayerNorm(x))`, with a final
@@ -185,6 +209,12 @@ class TransformerTranslator(Translator):
         intermediate_dim: hidden size of the MLPs.
         dropout: dropout on the attention weights, residual branches and
             embeddings.
+        attention: registry name of the attention layer of every block (a
+            `"tokens"` layer taking `query`, `value`, `query_mask`,
+            `value_mask`, `use_causal_mask`); it is offered `num_heads`,
+            `key_dim` and `dropout`. Layers without the key/value-cache
+            hooks of `MultiHeadAttention` decode without the cache.
+        attention_kwargs: extra constructor arguments of that layer.
 
     Call arguments:
         inputs: `{"source_ids": (B, S), "target_ids": (B, T)}`.
@@ -211,22 +241,6 @@ class TransformerTranslator(Translator):
           Architecture, 2020. https://arxiv.org/abs/2002.04745
     """
 
-    presets = {
-        "tiny": {
-            "num_layers": 2,
-            "hidden_dim": 64,
-            "num_heads": 4,
-            "intermediate_dim": 128,
-            "dropout": 0.0,
-        },
-        "small": {
-            "num_layers": 3,
-            "hidden_dim": 256,
-            "num_heads": 8,
-            "intermediate_dim": 1024,
-            "dropout": 0.1,
-        },
-    }
     default_learning_rate = 5e-4
 
     def __init__(
@@ -237,6 +251,8 @@ class TransformerTranslator(Translator):
         num_heads=4,
         intermediate_dim=512,
         dropout=0.1,
+        attention="multi_head",
+        attention_kwargs=None,
         **kwargs,
     ):
         super().__init__(preprocessor=preprocessor, **kwargs)
@@ -253,6 +269,8 @@ class TransformerTranslator(Translator):
             "intermediate_dim", intermediate_dim
         )
         self.dropout = check_rate("dropout", dropout)
+        self.attention = registry.check_name(attention, kinds=("tokens",))
+        self.attention_kwargs = dict(attention_kwargs or {})
         p = self.preprocessor
         self.source_embedding = keras.layers.Embedding(
             p.source_vocabulary_size, hidden_dim,
@@ -268,7 +286,14 @@ class TransformerTranslator(Translator):
         self.target_positions = keras_hub.layers.PositionEmbedding(
             p.target_length, name="target_positions"
         )
-        block_args = (hidden_dim, num_heads, intermediate_dim, self.dropout)
+        block_args = (
+            hidden_dim,
+            num_heads,
+            intermediate_dim,
+            self.dropout,
+            self.attention,
+            self.attention_kwargs,
+        )
         self.encoder_blocks = [
             _EncoderBlock(*block_args, name=f"encoder_block_{i}")
             for i in range(num_layers)
@@ -345,7 +370,13 @@ class TransformerTranslator(Translator):
         # The last layer's cross-attention, mean of its heads: (B, T, S).
         return logits, ops.mean(weights, axis=1)
 
+    @property
+    def supports_cache(self):
+        return all(block.supports_cache for block in self.decoder_blocks)
+
     def prepare_decoding(self, encoded):
+        if not self.supports_cache:
+            return encoded
         keys, values = [], []
         for block in self.decoder_blocks:
             k, v = block.cross_keys_values(encoded["states"])
@@ -392,6 +423,38 @@ class TransformerTranslator(Translator):
                 "num_heads": self.num_heads,
                 "intermediate_dim": self.intermediate_dim,
                 "dropout": self.dropout,
+                "attention": self.attention,
+                "attention_kwargs": self.attention_kwargs,
             }
         )
         return config
+
+
+presets.register_preset(
+    "transformer_tiny",
+    "TransformerTranslator",
+    {
+        "num_layers": 2,
+        "hidden_dim": 64,
+        "num_heads": 4,
+        "intermediate_dim": 128,
+        "dropout": 0.0,
+    },
+    description="Pre-norm Transformer, 2 + 2 blocks of width 64, for the "
+    "date task (configuration only).",
+    alias="tiny",
+)
+presets.register_preset(
+    "transformer_small",
+    "TransformerTranslator",
+    {
+        "num_layers": 3,
+        "hidden_dim": 256,
+        "num_heads": 8,
+        "intermediate_dim": 1024,
+        "dropout": 0.1,
+    },
+    description="Pre-norm Transformer, 3 + 3 blocks of width 256, for "
+    "Multi30k with word pieces (configuration only).",
+    alias="small",
+)

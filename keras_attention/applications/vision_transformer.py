@@ -12,10 +12,10 @@ constructor names, updated with the user's `attention_kwargs`. The block
 then calls the layer on the normalized tokens and adds its output to them
 (pre-norm residual), so the layer must return a tensor of its input's shape:
 
-- a layer class with `expects_grid = True`, and the built-in image layers
-  `"local_window"`, `"cbam"`, `"channel"`, `"spatial"`, `"non_local"`
-  (`GRID_LAYERS`), receives the patch grid `(B, h, w, C)`;
-- any other layer receives the tokens `(B, N, C)` (with the class token
+- a layer registered with `input_kind="grid"` (`"local_window"`, `"cbam"`,
+  `"channel"`, `"spatial"`, `"non_local"`, plugins that declare it)
+  receives the patch grid `(B, h, w, C)`;
+- a `"tokens"` layer receives the tokens `(B, N, C)` (with the class token
   first when `pooling="cls"`).
 
 A layer whose `call` takes `return_attention_scores` gives its scores to
@@ -28,32 +28,13 @@ import keras
 from keras import ops
 
 from keras_attention import registry
+from keras_attention.applications import base as app_base
 from keras_attention.applications import presets
-from keras_attention.layers import base
-
-# Registry names whose layers take the patch grid (B, h, w, C).
-GRID_LAYERS = frozenset({"local_window", "cbam", "channel", "spatial", "non_local"})
-
+from keras_attention import _validation as base
 
 def expects_grid(name):
     """Whether the layer registered as `name` takes `(B, h, w, C)` grids."""
-    declared = getattr(registry.get_class(name), "expects_grid", None)
-    if declared is not None:
-        return bool(declared)
-    return name in GRID_LAYERS
-
-
-def _pair(argument, value):
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        values = tuple(value)
-    else:
-        values = (value, value)
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise base.invalid(
-                argument, "a positive integer or a pair of them", value
-            )
-    return values
+    return registry.input_kind(name) == "grid"
 
 
 def _per_stage(argument, value, num_stages, growth):
@@ -69,7 +50,7 @@ def _per_stage(argument, value, num_stages, growth):
     return [value * growth**stage for stage in range(num_stages)]
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class PatchEmbedding(keras.layers.Layer):
     """Patch embedding of ViT, with an optional class token.
 
@@ -93,7 +74,7 @@ class PatchEmbedding(keras.layers.Layer):
     def __init__(self, hidden_dim, patch_size, use_class_token=True, **kwargs):
         super().__init__(**kwargs)
         self.hidden_dim = base.check_positive_int("hidden_dim", hidden_dim)
-        self.patch_size = _pair("patch_size", patch_size)
+        self.patch_size = base.check_pair("patch_size", patch_size)
         self.use_class_token = bool(use_class_token)
 
     def build(self, input_shape):
@@ -154,7 +135,7 @@ class PatchEmbedding(keras.layers.Layer):
         return config
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class PatchMerging(keras.layers.Layer):
     """Swin's patch merging: 2x2 neighbouring tokens -> one token of `2 C`.
 
@@ -171,7 +152,7 @@ class PatchMerging(keras.layers.Layer):
 
     def __init__(self, grid_shape, **kwargs):
         super().__init__(**kwargs)
-        self.grid_shape = _pair("grid_shape", grid_shape)
+        self.grid_shape = base.check_pair("grid_shape", grid_shape)
 
     @property
     def output_grid_shape(self):
@@ -214,7 +195,7 @@ class PatchMerging(keras.layers.Layer):
         return config
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class TokenPooling(keras.layers.Layer):
     """`(B, N, C) -> (B, C)`: the first (class) token, or the mean of all."""
 
@@ -238,7 +219,7 @@ class TokenPooling(keras.layers.Layer):
         return config
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class TransformerEncoderBlock(keras.layers.Layer):
     """Pre-norm Transformer encoder block with attention chosen by name.
 
@@ -293,10 +274,10 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self.attention_dropout = base.check_rate(
             "attention_dropout", attention_dropout
         )
-        self.attention = presets.check_attention_name(attention)
+        self.attention = registry.check_name(attention, kinds=("tokens", "grid"))
         self.attention_kwargs = dict(attention_kwargs or {})
         self.grid_shape = (
-            None if grid_shape is None else _pair("grid_shape", grid_shape)
+            None if grid_shape is None else base.check_pair("grid_shape", grid_shape)
         )
         self.window_size = base.check_positive_int(
             "window_size", window_size, allow_none=True
@@ -332,7 +313,6 @@ class TransformerEncoderBlock(keras.layers.Layer):
                 f"a divisor of the token size {channels}. Received: "
                 f"num_heads={self.num_heads}"
             )
-        layer_class = registry.get_class(self.attention)
         defaults = {
             "num_heads": self.num_heads,
             "key_dim": channels // self.num_heads,
@@ -341,18 +321,19 @@ class TransformerEncoderBlock(keras.layers.Layer):
         }
         if self.window_size is not None:
             defaults["window_size"] = self.window_size
-        arguments = presets.fill_arguments(
-            layer_class, defaults, self.attention_kwargs
-        )
-        self.attention_layer = layer_class(
-            **arguments, name="attention", dtype=self.dtype_policy
+        self.attention_layer = registry.build(
+            self.attention,
+            defaults,
+            self.attention_kwargs,
+            name="attention",
+            dtype=self.dtype_policy,
         )
         self.attention_layer.build(attention_shape)
-        self._attention_training = presets.call_accepts(
+        self._attention_training = registry.call_accepts(
             self.attention_layer, "training"
         )
-        self._attention_mask = presets.call_accepts(self.attention_layer, "mask")
-        self._attention_scores = presets.call_accepts(
+        self._attention_mask = registry.call_accepts(self.attention_layer, "mask")
+        self._attention_scores = registry.call_accepts(
             self.attention_layer, "return_attention_scores"
         )
         self.attention_norm = keras.layers.LayerNormalization(
@@ -433,8 +414,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
         return config
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
-class VisionTransformerBackbone(presets.Backbone):
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class VisionTransformerBackbone(app_base.Backbone):
     """ViT feature extractor (Dosovitskiy et al., 2021); Swin-style stages.
 
     Images `(B, H, W, channels)` are cut into `patch_size` patches embedded
@@ -514,8 +495,8 @@ class VisionTransformerBackbone(presets.Backbone):
         layer_norm_epsilon=1e-6,
         **kwargs,
     ):
-        image_size = _pair("image_size", image_size)
-        patch_size = _pair("patch_size", patch_size)
+        image_size = base.check_pair("image_size", image_size)
+        patch_size = base.check_pair("patch_size", patch_size)
         if any(i % p for i, p in zip(image_size, patch_size)):
             raise ValueError(
                 "Received an invalid value for argument `patch_size`, "
@@ -534,7 +515,7 @@ class VisionTransformerBackbone(presets.Backbone):
             base.check_positive_int("depth", d)
         heads = _per_stage("num_heads", num_heads, len(depths), 2)
         mlp_dims = _per_stage("mlp_dim", mlp_dim, len(depths), 2)
-        attention = presets.check_attention_name(attention)
+        attention = registry.check_name(attention, kinds=("tokens", "grid"))
         grid_attention = expects_grid(attention)
         if pooling == "auto":
             pooling = "cls" if len(depths) == 1 and not grid_attention else "mean"
@@ -614,7 +595,7 @@ class VisionTransformerBackbone(presets.Backbone):
         self._chain = chain
 
     def check_inputs(self, inputs):
-        presets.check_image_inputs(
+        base.check_image_inputs(
             inputs, self.image_size + (self.num_channels,)
         )
 
@@ -665,8 +646,8 @@ class VisionTransformerBackbone(presets.Backbone):
         return config
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
-class VisionTransformer(presets.Classifier):
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class VisionTransformer(app_base.Classifier):
     """Vision Transformer image classifier (Dosovitskiy et al., 2021).
 
     A `VisionTransformerBackbone` and a head (dropout, `Dense(num_classes)`).

@@ -1,0 +1,293 @@
+"""Base classes of the applications: backbone, classifier task, mixins.
+
+In the manner of keras-hub, a classification application is split in two
+functional models:
+
+- a **backbone** (`Backbone` subclass) maps the inputs to one feature vector
+  per sample;
+- a **classifier** (`Classifier` subclass) puts a head (dropout, then a
+  `Dense` layer with `num_classes` units) on a backbone.
+
+Both are `keras.Model`s whose `get_config` holds their constructor
+arguments, so they save and load as `.keras` files with no `custom_objects`.
+Every application (classifiers, translators, DETR, GAT) takes its presets
+from `PresetMixin` and, when it overrides `compile`, its
+`compile_from_config` from `CompileFromConfig`. A preprocessor (text,
+translation) is a plain serializable object with `__call__(inputs)` and
+`get_config()` / `from_config()`; the task holding it keeps it in its
+config.
+"""
+
+
+
+import keras
+
+from keras_attention import _validation
+from keras_attention.applications import presets as preset_registry
+
+PACKAGE = preset_registry.PACKAGE
+
+
+class PresetMixin:
+    """`presets()` and `from_preset(name)` from the one preset registry.
+
+    A preset names its class (`Preset.class_name`), so `from_preset` only
+    builds presets of the class it is called on. `_after_preset(model,
+    spec, options)` is the hook for what a task adds (a new head).
+    """
+
+    @classmethod
+    def presets(cls):
+        """`{name: description}` of the presets of this class."""
+        return {
+            name: preset_registry.get_preset(name).description
+            for name in preset_registry.preset_names(cls.__name__)
+        }
+
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """Builds the preset `preset` and loads its shipped weights.
+
+        Args:
+            preset: a preset name; see `presets()`.
+            load_weights: load the shipped weights, where the preset has
+                them.
+            **kwargs: constructor arguments that override the preset's
+                (ones that change the weights' shapes make loading fail).
+
+        Raises:
+            ValueError: for an unknown preset (the message lists the known
+                ones).
+        """
+        spec = preset_registry.get_preset(preset, cls.__name__)
+        config = dict(spec.config)
+        config.update(kwargs)
+        model = cls(**config)
+        if load_weights and spec.weights is not None:
+            preset_registry.load_weights(model, spec)
+        return model
+
+
+class CompileFromConfig:
+    """`compile_from_config` for models that override `compile`.
+
+    Keras leaves it to a class whose `compile` differs from its own; ours
+    take the same arguments, so a loaded model is compiled again (optimizer
+    state included).
+    """
+
+    def compile_from_config(self, config):
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
+
+class InputChecks:
+    """Checks the inputs of `call`, `fit`, `evaluate` and `predict`.
+
+    `call` sees static shapes only on the first trace: `fit` and `predict`
+    relax the traced shapes when they are called again with other shapes, so
+    the data given to them is checked here too, before any tracing.
+    Subclasses implement `check_inputs(inputs)`, which reads `inputs.shape`
+    (or the shapes of a list of inputs) and raises a `ValueError`.
+    """
+
+    def check_inputs(self, inputs):
+        pass
+
+    def _check_data(self, x):
+        spec = getattr(x, "element_spec", None)  # a tf.data.Dataset
+        if spec is not None:
+            x = spec[0] if isinstance(spec, tuple) else spec
+        if isinstance(x, dict):
+            return
+        items = x if isinstance(x, (list, tuple)) else [x]
+        if items and all(hasattr(item, "shape") for item in items):
+            self.check_inputs(x)
+
+    def fit(self, x=None, y=None, *args, **kwargs):
+        self._check_data(x)
+        return super().fit(x, y, *args, **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        self._check_data(x)
+        return super().evaluate(x, y, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        self._check_data(x)
+        return super().predict(x, *args, **kwargs)
+
+    def call(self, inputs, training=None, mask=None):
+        self.check_inputs(inputs)
+        return super().call(inputs, training=training, mask=mask)
+
+
+class Backbone(InputChecks, keras.Model):
+    """A functional model from the inputs to one feature vector per sample.
+
+    Subclasses build their graph in `__init__` and call
+    `super().__init__(inputs=..., outputs=...)`; `get_config` returns their
+    constructor arguments and `from_config` calls the constructor.
+    `from_preset(name)` returns the backbone of a preset's classifier, with
+    its weights.
+    """
+
+    # The classifier class whose presets hold this backbone.
+    classifier_class = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Inputs are checked in `call`, with the expected and received shapes
+        # (keras's own check squeezes a trailing 1 and compares prefixes).
+        self.input_spec = None
+
+    @property
+    def feature_dim(self):
+        """Size of the feature vector the backbone outputs."""
+        return self.output.shape[-1]
+
+    def get_config(self):
+        return {"name": self.name, "trainable": self.trainable}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    @classmethod
+    def presets(cls):
+        """`{name: description}` of the presets holding this backbone."""
+        return cls.classifier_class.presets()
+
+    @classmethod
+    def from_preset(cls, preset, load_weights=True):
+        """The backbone of the classifier preset `preset`, with its weights."""
+        return cls.classifier_class.from_preset(
+            preset, load_weights=load_weights
+        ).backbone
+
+
+class Classifier(PresetMixin, CompileFromConfig, InputChecks, keras.Model):
+    """A head (dropout, `Dense(num_classes)`) on a `Backbone`.
+
+    Args:
+        backbone: a `Backbone` instance.
+        num_classes: number of classes, a positive integer.
+        activation: activation of the output layer; `None` (the default)
+            gives logits, for `from_logits=True` losses.
+        head_dropout: dropout rate before the output layer.
+
+    Subclasses take their backbone's arguments in their constructor and
+    build the backbone when `backbone` is not given.
+    """
+
+    backbone_class = Backbone
+
+    def __init__(
+        self, backbone, num_classes, activation=None, head_dropout=0.0, **kwargs
+    ):
+        if not isinstance(backbone, keras.Model):
+            raise ValueError(
+                "Received an invalid value for argument `backbone`, expected "
+                f"a {self.backbone_class.__name__}. Received: "
+                f"backbone={backbone!r}"
+            )
+        _validation.check_positive_int("num_classes", num_classes)
+        _validation.check_rate("head_dropout", head_dropout)
+        inputs = backbone.input
+        features = backbone(inputs)
+        x = features
+        if head_dropout:
+            x = keras.layers.Dropout(head_dropout, name="head_dropout")(x)
+        outputs = keras.layers.Dense(
+            num_classes, activation=activation, name="predictions"
+        )(x)
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+        self.input_spec = None
+        self.backbone = backbone
+        self.num_classes = num_classes
+        self.activation = keras.activations.get(activation)
+        self.head_dropout = float(head_dropout)
+
+    def check_inputs(self, inputs):
+        self.backbone.check_inputs(inputs)
+
+    def compile(
+        self,
+        optimizer="adam",
+        loss="auto",
+        metrics="auto",
+        jit_compile="auto",
+        **kwargs,
+    ):
+        """`keras.Model.compile` with defaults for classification.
+
+        `loss="auto"` is the sparse categorical cross-entropy (from logits
+        when the head has no activation) and `metrics="auto"` the sparse
+        categorical accuracy.
+        """
+        if loss == "auto":
+            loss = keras.losses.SparseCategoricalCrossentropy(
+                from_logits=self.activation is keras.activations.linear
+            )
+        if metrics == "auto":
+            metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+        super().compile(
+            optimizer=optimizer,
+            loss=loss,
+            metrics=metrics,
+            jit_compile=jit_compile,
+            **kwargs,
+        )
+
+    def get_config(self):
+        return {
+            "backbone": keras.layers.serialize(self.backbone),
+            "num_classes": self.num_classes,
+            "activation": keras.activations.serialize(self.activation),
+            "head_dropout": self.head_dropout,
+            "name": self.name,
+            "trainable": self.trainable,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("backbone"), dict):
+            config["backbone"] = keras.layers.deserialize(config["backbone"])
+        return cls(**config)
+
+    def with_head(self, num_classes, **kwargs):
+        """A classifier of this class sharing this backbone, with a new head.
+
+        The backbone's layers (and weights) are shared, not copied; freeze
+        them with `new_model.backbone.trainable = False`.
+        """
+        return type(self)(backbone=self.backbone, num_classes=num_classes, **kwargs)
+
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, num_classes=None, **kwargs):
+        """Builds the preset `preset` and loads its shipped weights.
+
+        Args:
+            preset: a preset name; see `presets()`.
+            load_weights: load the shipped weights, where the preset has
+                them.
+            num_classes: if given and different from the preset's, the
+                loaded backbone gets a fresh head with this many classes.
+            **kwargs: other constructor arguments that override the preset's
+                (ones that change the weights' shapes make loading fail).
+
+        Raises:
+            ValueError: for an unknown preset (the message lists the known
+                ones).
+        """
+        model = super().from_preset(preset, load_weights=load_weights, **kwargs)
+        if num_classes is not None and num_classes != model.num_classes:
+            config = {**preset_registry.get_preset(preset).config, **kwargs}
+            model = model.with_head(
+                num_classes,
+                activation=config.get("activation"),
+                head_dropout=config.get("head_dropout", 0.0),
+            )
+        return model
