@@ -30,10 +30,10 @@ from keras_attention import registry
 from keras_attention.applications import detection_loss
 from keras_attention.applications import presets
 from keras_attention.applications.base import PresetMixin
+from keras_attention.applications.blocks import TransformerDecoderBlock
+from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention.applications.detection_loss import validate_targets
 from keras_attention.applications.detection_layers import DETRBackbone
-from keras_attention.applications.detection_layers import DETRDecoderLayer
-from keras_attention.applications.detection_layers import DETREncoderLayer
 from keras_attention.applications.detection_layers import sine_position_encoding
 
 PACKAGE = "keras_attention"
@@ -251,18 +251,20 @@ class DETR(PresetMixin, keras.Model):
         self.input_projection = keras.layers.Conv2D(
             hidden_dim, 1, name="input_projection", dtype=self.dtype_policy
         )
-        sublayer_args = dict(
-            hidden_dim=hidden_dim,
+        block_args = dict(
             num_heads=num_heads,
-            feedforward_dim=feedforward_dim,
+            mlp_dim=feedforward_dim,
             dropout=self.dropout,
-            norm_first=self.norm_first,
+            attention_dropout=self.dropout,
             attention=self.transformer_attention,
             attention_kwargs=self.transformer_attention_kwargs,
+            layer_norm_epsilon=1e-5,
+            norm_first=self.norm_first,
+            activation="relu",
             dtype=self.dtype_policy,
         )
         self.encoder_layers = [
-            DETREncoderLayer(name=f"encoder_{i}", **sublayer_args)
+            TransformerEncoderBlock(name=f"encoder_{i}", **block_args)
             for i in range(num_encoder_layers)
         ]
         self.encoder_norm = (
@@ -273,7 +275,7 @@ class DETR(PresetMixin, keras.Model):
             else None
         )
         self.decoder_layers = [
-            DETRDecoderLayer(name=f"decoder_{i}", **sublayer_args)
+            TransformerDecoderBlock(name=f"decoder_{i}", **block_args)
             for i in range(num_decoder_layers)
         ]
         self.decoder_norm = keras.layers.LayerNormalization(
@@ -337,7 +339,7 @@ class DETR(PresetMixin, keras.Model):
             memory.dtype,
         )
         for layer in self.encoder_layers:
-            memory = layer(memory, position, training=training)
+            memory = layer(memory, position=position, training=training)
         if self.encoder_norm is not None:
             memory = self.encoder_norm(memory)
 
@@ -354,14 +356,18 @@ class DETR(PresetMixin, keras.Model):
                 x, weights = layer(
                     x,
                     memory,
-                    position,
-                    query_position,
+                    position=query_position,
+                    memory_position=position,
                     training=training,
                     return_attention_scores=True,
                 )
             else:
                 x = layer(
-                    x, memory, position, query_position, training=training
+                    x,
+                    memory,
+                    position=query_position,
+                    memory_position=position,
+                    training=training,
                 )
             if self.aux_loss or index == last:
                 outputs.append(self.decoder_norm(x))

@@ -18,7 +18,7 @@ from keras import ops
 
 from keras_attention.applications import base as app_base
 from keras_attention.applications import presets
-from keras_attention.applications.vision_transformer import TransformerEncoderBlock
+from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention import _validation as base
 from keras_attention import registry
 from keras_attention.layers.additive import AdditiveAttention

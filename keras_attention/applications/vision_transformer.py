@@ -30,12 +30,8 @@ from keras import ops
 from keras_attention import registry
 from keras_attention.applications import base as app_base
 from keras_attention.applications import presets
+from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention import _validation as base
-
-def expects_grid(name):
-    """Whether the layer registered as `name` takes `(B, h, w, C)` grids."""
-    return registry.input_kind(name) == "grid"
-
 
 def _per_stage(argument, value, num_stages, growth):
     """An int (multiplied by `growth**stage`) or one positive int per stage."""
@@ -220,201 +216,6 @@ class TokenPooling(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class TransformerEncoderBlock(keras.layers.Layer):
-    """Pre-norm Transformer encoder block with attention chosen by name.
-
-    `x = x + Dropout(Attention(LayerNorm(x)))`, then
-    `x = x + MLP(LayerNorm(x))` with `MLP = Dense(mlp_dim, gelu), Dropout,
-    Dense(C), Dropout` (Vaswani et al., 2017; pre-norm as in ViT). The
-    attention layer follows the plugin contract of this module: it gets the
-    tokens `(B, N, C)`, or the grid `(B, h, w, C)` for grid layers (then
-    `grid_shape` must be given and `N = h * w`).
-
-    Args:
-        num_heads: attention heads `H` (passed if the layer takes it).
-        mlp_dim: hidden size of the MLP.
-        dropout: dropout rate after the attention and in the MLP.
-        attention_dropout: dropout rate on the attention weights (passed as
-            the layer's `dropout` if it takes it).
-        attention: a registered attention name.
-        attention_kwargs: extra constructor arguments of the attention layer.
-        grid_shape: `(h, w)` of the patch grid, for grid layers.
-        window_size, shift_size: passed to layers that take them.
-        layer_norm_epsilon: epsilon of both layer normalizations.
-
-    Call arguments:
-        tokens: `(B, N, C)`.
-        mask: optional boolean `(B, N)` padding mask (Keras masks too).
-        return_attention_scores: also return the layer's scores (`None` for
-            a layer that cannot return them).
-        training: whether dropout is active.
-
-    Returns:
-        `(B, N, C)`, and the scores if `return_attention_scores=True`.
-    """
-
-    def __init__(
-        self,
-        num_heads,
-        mlp_dim,
-        dropout=0.0,
-        attention_dropout=0.0,
-        attention="multi_head",
-        attention_kwargs=None,
-        grid_shape=None,
-        window_size=None,
-        shift_size=0,
-        layer_norm_epsilon=1e-6,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.num_heads = base.check_positive_int("num_heads", num_heads)
-        self.mlp_dim = base.check_positive_int("mlp_dim", mlp_dim)
-        self.dropout = base.check_rate("dropout", dropout)
-        self.attention_dropout = base.check_rate(
-            "attention_dropout", attention_dropout
-        )
-        self.attention = registry.check_name(attention, kinds=("tokens", "grid"))
-        self.attention_kwargs = dict(attention_kwargs or {})
-        self.grid_shape = (
-            None if grid_shape is None else base.check_pair("grid_shape", grid_shape)
-        )
-        self.window_size = base.check_positive_int(
-            "window_size", window_size, allow_none=True
-        )
-        self.shift_size = shift_size
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.uses_grid = expects_grid(self.attention)
-        if self.uses_grid and self.grid_shape is None:
-            raise ValueError(
-                f"The attention layer {self.attention!r} takes a grid "
-                "(B, h, w, C); pass `grid_shape=(h, w)`. Received: "
-                "grid_shape=None"
-            )
-        self.supports_masking = True
-
-    def build(self, input_shape):
-        channels = input_shape[-1]
-        if self.uses_grid:
-            h, w = self.grid_shape
-            if input_shape[1] is not None and input_shape[1] != h * w:
-                raise ValueError(
-                    "Received an invalid value for argument `tokens`, "
-                    f"expected {h * w} tokens (the grid_shape={self.grid_shape}"
-                    f" of the {self.attention!r} layer; no class token). "
-                    f"Received: tokens.shape={tuple(input_shape)}"
-                )
-            attention_shape = (input_shape[0], h, w, channels)
-        else:
-            attention_shape = tuple(input_shape)
-        if channels % self.num_heads and "key_dim" not in self.attention_kwargs:
-            raise ValueError(
-                "Received an invalid value for argument `num_heads`, expected "
-                f"a divisor of the token size {channels}. Received: "
-                f"num_heads={self.num_heads}"
-            )
-        defaults = {
-            "num_heads": self.num_heads,
-            "key_dim": channels // self.num_heads,
-            "dropout": self.attention_dropout,
-            "shift_size": self.shift_size,
-        }
-        if self.window_size is not None:
-            defaults["window_size"] = self.window_size
-        self.attention_layer = registry.build(
-            self.attention,
-            defaults,
-            self.attention_kwargs,
-            name="attention",
-            dtype=self.dtype_policy,
-        )
-        self.attention_layer.build(attention_shape)
-        self._attention_training = registry.call_accepts(
-            self.attention_layer, "training"
-        )
-        self._attention_mask = registry.call_accepts(self.attention_layer, "mask")
-        self._attention_scores = registry.call_accepts(
-            self.attention_layer, "return_attention_scores"
-        )
-        self.attention_norm = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon,
-            name="attention_norm",
-            dtype=self.dtype_policy,
-        )
-        self.attention_norm.build(input_shape)
-        self.mlp_norm = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, name="mlp_norm", dtype=self.dtype_policy
-        )
-        self.mlp_norm.build(input_shape)
-        self.mlp_hidden = keras.layers.Dense(
-            self.mlp_dim, activation="gelu", name="mlp_hidden", dtype=self.dtype_policy
-        )
-        self.mlp_hidden.build(input_shape)
-        self.mlp_output = keras.layers.Dense(
-            channels, name="mlp_output", dtype=self.dtype_policy
-        )
-        self.mlp_output.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
-        self.dropout_layer = keras.layers.Dropout(
-            self.dropout, dtype=self.dtype_policy
-        )
-        self.built = True
-
-    def call(
-        self, tokens, mask=None, return_attention_scores=False, training=None
-    ):
-        channels = tokens.shape[-1]
-        x = self.attention_norm(tokens)
-        if self.uses_grid:
-            x = ops.reshape(x, (-1,) + self.grid_shape + (channels,))
-        kwargs = {}
-        if self._attention_training:
-            kwargs["training"] = training
-        if mask is not None and self._attention_mask and not self.uses_grid:
-            kwargs["mask"] = mask
-        scores = None
-        if return_attention_scores and self._attention_scores:
-            x, scores = self.attention_layer(
-                x, return_attention_scores=True, **kwargs
-            )
-        else:
-            x = self.attention_layer(x, **kwargs)
-        if self.uses_grid:
-            x = ops.reshape(x, (-1, ops.shape(tokens)[1], channels))
-        x = tokens + self.dropout_layer(x, training=training)
-        y = self.mlp_hidden(self.mlp_norm(x))
-        y = self.dropout_layer(y, training=training)
-        y = self.mlp_output(y)
-        x = x + self.dropout_layer(y, training=training)
-        if return_attention_scores:
-            return x, scores
-        return x
-
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape)
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "mlp_dim": self.mlp_dim,
-                "dropout": self.dropout,
-                "attention_dropout": self.attention_dropout,
-                "attention": self.attention,
-                "attention_kwargs": self.attention_kwargs,
-                "grid_shape": self.grid_shape,
-                "window_size": self.window_size,
-                "shift_size": self.shift_size,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-            }
-        )
-        return config
-
-
-@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class VisionTransformerBackbone(app_base.Backbone):
     """ViT feature extractor (Dosovitskiy et al., 2021); Swin-style stages.
 
@@ -516,7 +317,7 @@ class VisionTransformerBackbone(app_base.Backbone):
         heads = _per_stage("num_heads", num_heads, len(depths), 2)
         mlp_dims = _per_stage("mlp_dim", mlp_dim, len(depths), 2)
         attention = registry.check_name(attention, kinds=("tokens", "grid"))
-        grid_attention = expects_grid(attention)
+        grid_attention = registry.input_kind(attention) == "grid"
         if pooling == "auto":
             pooling = "cls" if len(depths) == 1 and not grid_attention else "mean"
         if pooling not in ("cls", "mean"):
