@@ -55,7 +55,6 @@ The recipe (what `multi30k` does):
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 import warnings
@@ -75,118 +74,11 @@ from keras_attention.applications import Seq2SeqTranslator  # noqa: E402
 from keras_attention.applications import TransformerTranslator  # noqa: E402
 from keras_attention.applications.translation import date_task_preprocessor  # noqa: E402
 from keras_attention.applications.translation import load_translation_corpus  # noqa: E402
-
-
-def cpu_seconds():
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-class Budget(keras.callbacks.Callback):
-    """Stops `fit` once `seconds` of wall time have passed since `start`,
-    or `cpu_seconds` of this process's CPU time (all threads), if given.
-
-    CPU time stands in for wall time on dedicated cores when the machine is
-    shared: 45 minutes on 2 cores are 5,400 CPU-seconds.
-    """
-
-    def __init__(self, seconds, start=None, cpu_seconds=None):
-        super().__init__()
-        self.seconds = seconds
-        self.cpu_seconds = cpu_seconds
-        self.start = start
-        self.steps = 0
-
-    def on_train_begin(self, logs=None):
-        if self.start is None:
-            self.start = time.time()
-        self.cpu_start = cpu_seconds()
-
-    def spent(self):
-        """The fraction of the budget used so far (the larger of the two)."""
-        spent = (time.time() - self.start) / self.seconds
-        if self.cpu_seconds:
-            spent = max(spent, (cpu_seconds() - self.cpu_start) / self.cpu_seconds)
-        return spent
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.steps += 1
-        if time.time() - self.start > self.seconds or (
-            self.cpu_seconds
-            and cpu_seconds() - self.cpu_start > self.cpu_seconds
-        ):
-            self.model.stop_training = True
-
-
-class KeepBest(keras.callbacks.Callback):
-    """Restores the weights of the epoch with the lowest validation loss."""
-
-    def __init__(self):
-        super().__init__()
-        self.best, self.weights = np.inf, None
-
-    def on_epoch_end(self, epoch, logs=None):
-        loss = (logs or {}).get("val_loss", np.inf)
-        if loss < self.best:
-            self.best, self.weights = loss, self.model.get_weights()
-
-    def on_train_end(self, logs=None):
-        if self.weights is not None:
-            self.model.set_weights(self.weights)
-
-
-class BudgetLinearDecay(keras.callbacks.Callback):
-    """Warm-up, a constant rate, then linear decay to zero as the budget ends.
-
-    A budget-aware "warm-up, stable, decay" schedule (linear decay by the
-    budget: Li, Yumer and Ramanan, "Budgeted training", ICLR 2020): the
-    number of steps a time budget allows is not known in advance, so the
-    decay follows the fraction of the budget spent, read from the `Budget`
-    callback before every step:
-    `lr = peak * min(step / warmup, 1, (1 - spent) / decay_fraction)`.
-    `decay_fraction=1` decays over the whole budget. A schedule that never
-    anneals (inverse square root) leaves a time-limited model where the
-    loss is still falling fast.
-    """
-
-    def __init__(self, budget, peak, warmup, decay_fraction=0.3):
-        super().__init__()
-        self.budget, self.peak, self.warmup = budget, peak, warmup
-        self.decay_fraction = decay_fraction
-
-    @property
-    def step(self):
-        """The step about to be taken (1 for the first)."""
-        return int(self.model.optimizer.iterations) + 1
-
-    def on_train_batch_begin(self, batch, logs=None):
-        left = max(1.0 - self.budget.spent(), 0.0)
-        rate = self.peak * min(
-            self.step / self.warmup, 1.0, left / self.decay_fraction
-        )
-        self.model.optimizer.learning_rate = rate
-
-    def on_epoch_end(self, epoch, logs=None):
-        print(f"step {self.step}: learning rate "
-              f"{float(self.model.optimizer.learning_rate):.2e}, "
-              f"{self.budget.spent():.0%} of the budget spent", flush=True)
-
-
-class InverseSqrt(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up, then `peak * sqrt(warmup / step)` (Vaswani et al.)."""
-
-    def __init__(self, peak, warmup):
-        self.peak = peak
-        self.warmup = warmup
-
-    def __call__(self, step):
-        step = keras.ops.cast(step, "float32") + 1.0
-        warm = step / self.warmup
-        decay = keras.ops.sqrt(self.warmup / step)
-        return self.peak * keras.ops.minimum(warm, decay)
-
-    def get_config(self):
-        return {"peak": self.peak, "warmup": self.warmup}
+from keras_attention.training import BudgetLinearDecay  # noqa: E402
+from keras_attention.training import InverseSqrt  # noqa: E402
+from keras_attention.training import KeepBest  # noqa: E402
+from keras_attention.training import TimeBudget  # noqa: E402
+from keras_attention.training import cpu_seconds  # noqa: E402
 
 
 def bucketed_batches(x, y, batch_size, buckets, seed=0):
@@ -249,7 +141,7 @@ def train(model, data, minutes, batch_size, epochs=1000, validation=None,
     x, y = model.prepare(*data)
     if buckets:
         x, y, batch_size = bucketed_batches(x, y, batch_size, buckets), None, None
-    callbacks = [Budget(minutes * 60.0, cpu_seconds=(cpu_minutes or 0) * 60.0)]
+    callbacks = [TimeBudget(minutes * 60.0, cpu_seconds=(cpu_minutes or 0) * 60.0)]
     if budget_schedule:
         callbacks.append(BudgetLinearDecay(callbacks[0], *budget_schedule))
     if validation is not None and keep_best:
