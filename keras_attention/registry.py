@@ -54,11 +54,16 @@ def _default_origin(cls):
 
 
 def _declared_kind(cls):
-    """The input kind a class declares by attribute, or `None`."""
-    kind = getattr(cls, "input_kind", None)
-    if kind is None and getattr(cls, "expects_grid", None) is not None:
-        kind = "grid" if cls.expects_grid else "tokens"
-    return kind
+    """The input kind a class (or the nearest base) declares, or `None`.
+
+    `input_kind = "grid"`, or the older `expects_grid = True`.
+    """
+    for klass in cls.__mro__:
+        if "input_kind" in vars(klass):
+            return klass.input_kind
+        if "expects_grid" in vars(klass):
+            return "grid" if klass.expects_grid else "tokens"
+    return None
 
 
 def register(name, package=None, input_kind=None):
@@ -74,6 +79,7 @@ def register(name, package=None, input_kind=None):
         input_kind: what the layer takes: `"tokens"` `(B, T, C)`, `"grid"`
             `(B, H, W, C)` or `"graph"`. `None` reads the class attribute
             `input_kind` (or the older `expects_grid`), else `"tokens"`.
+            The class gets the attribute `input_kind`.
 
     Returns:
         A class decorator that returns the class unchanged.
@@ -119,15 +125,14 @@ def register(name, package=None, input_kind=None):
             keras.saving.register_keras_serializable(
                 package=package or _default_origin(cls), name=cls.__name__
             )(cls)
-            kind = input_kind or _declared_kind(cls) or next(
-                (_INPUT_KINDS[n] for n, c in _REGISTRY.items() if c is cls),
-                "tokens",
-            )
+            kind = input_kind or _declared_kind(cls) or "tokens"
             if kind not in INPUT_KINDS:
                 raise ValueError(
                     f"The layer class {cls.__qualname__} declares "
                     f"input_kind={kind!r}; expected one of {INPUT_KINDS}."
                 )
+            # Kept on the class too: a re-registration and subclasses read it.
+            cls.input_kind = kind
             _REGISTRY[name] = cls
             _ORIGINS[name] = origin
             _INPUT_KINDS[name] = kind
