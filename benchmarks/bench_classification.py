@@ -18,6 +18,13 @@ Tasks (`--tasks`, any of):
     python benchmarks/bench_classification.py --tasks digits finetune --verbose
     python benchmarks/bench_classification.py --tasks ablation
     python benchmarks/bench_classification.py --tasks mnist --verbose
+    python benchmarks/bench_classification.py --tasks digits --evaluate-on validation
+
+Tune with `--evaluate-on validation` (15 % of the training images held out,
+the test split not read); the published figures below are `test`. The
+recipes below (epochs, learning rates, shift) were chosen before that option
+existed, by watching the test accuracy: their test figures are therefore
+slightly optimistic, and future tuning goes through the validation split.
 
 Budgets. The issue's "3 minutes on 2 CPU cores" (digits) and "10 minutes"
 (MNIST) are enforced in CPU seconds of this process (`time.process_time()`,
@@ -101,6 +108,20 @@ def load_average():
     return os.getloadavg()[0]
 
 
+def held_out(args, train, test):
+    """`(train, evaluation, name)`: the test split, or a validation split.
+
+    With `--evaluate-on validation` a stratified 15 % of the training images
+    (seed 0) is held out and scored instead of the test split, which is then
+    never used: tune recipes that way, and run `test` once at the end.
+    """
+    if args.evaluate_on == "test":
+        return train, test, "test"
+    (x, y) = train
+    fit_part, val_part = datasets.stratified_split(y, 0.15, seed=0)
+    return (x[fit_part], y[fit_part]), (x[val_part], y[val_part]), "validation"
+
+
 def describe(figures, task):
     """One line: wall and CPU seconds against the task's budgets, load."""
     cpu_budget, wall_budget = CPU_BUDGETS[task], WALL_BUDGETS[task]
@@ -121,9 +142,11 @@ def describe(figures, task):
 
 def digits_task(args):
     for kind in ("vit", "cbam_resnet"):
-        (x_train, y_train), (x_test, y_test) = digits_for_preset(f"{kind}_digits")
+        (x_train, y_train), (x_test, y_test), split = held_out(
+            args, *digits_for_preset(f"{kind}_digits")
+        )
         print(
-            f"digits: {len(x_train)} train / {len(x_test)} test images of "
+            f"digits: {len(x_train)} train / {len(x_test)} {split} images of "
             f"{x_train.shape[1]}x{x_train.shape[2]}"
         )
         _, acc, figures = train_image_preset(
@@ -136,13 +159,15 @@ def digits_task(args):
             verbose=args.verbose,
         )
         print(
-            f"digits {kind}: test accuracy {acc:.4f}; {describe(figures, 'digits')}",
+            f"digits {kind}: {split} accuracy {acc:.4f}; {describe(figures, 'digits')}",
             flush=True,
         )
 
 
 def ablation_task(args):
-    (x_train, y_train), (x_test, y_test) = digits_for_preset("cbam_resnet_digits")
+    (x_train, y_train), (x_test, y_test), split = held_out(
+        args, *digits_for_preset("cbam_resnet_digits")
+    )
     rows = []
     for attention in args.attentions:
         attention = None if attention == "none" else attention
@@ -162,7 +187,7 @@ def ablation_task(args):
             walls.append(figures["wall"])
             cpus.append(figures["cpu"])
             print(
-                f"ablation {attention} seed {seed}: test accuracy {acc:.4f}; "
+                f"ablation {attention} seed {seed}: {split} accuracy {acc:.4f}; "
                 f"{describe(figures, 'digits')}",
                 flush=True,
             )
@@ -170,7 +195,7 @@ def ablation_task(args):
             (attention, model.count_params(), accuracies, np.mean(walls), np.mean(cpus))
         )
     print(
-        "\n| attention | parameters | test accuracy (mean over seeds) | "
+        f"\n| attention | parameters | {split} accuracy (mean over seeds) | "
         "fit s wall | fit CPU s |"
     )
     print("|---|---|---|---|---|")
@@ -187,8 +212,10 @@ def ablation_task(args):
 
 
 def mnist_task(args):
-    (x_train, y_train), (x_test, y_test) = datasets.load_mnist_t10k_split(args.mnist)
-    print(f"mnist: {len(x_train)} train / {len(x_test)} test images of 28x28")
+    (x_train, y_train), (x_test, y_test), split = held_out(
+        args, *datasets.load_mnist_t10k_split(args.mnist)
+    )
+    print(f"mnist: {len(x_train)} train / {len(x_test)} {split} images of 28x28")
     for kind in ("vit", "cbam_resnet"):
         _, acc, figures = train_image_preset(
             f"{kind}_mnist",
@@ -200,14 +227,16 @@ def mnist_task(args):
             verbose=args.verbose,
         )
         print(
-            f"mnist {kind}: test accuracy {acc:.4f}; {describe(figures, 'mnist')}",
+            f"mnist {kind}: {split} accuracy {acc:.4f}; {describe(figures, 'mnist')}",
             flush=True,
         )
 
 
 def finetune_task(args):
     for kind in ("vit", "cbam_resnet"):
-        (x_train, y_train), (x_test, y_test) = digits_for_preset(f"{kind}_digits")
+        (x_train, y_train), (x_test, y_test), split = held_out(
+            args, *digits_for_preset(f"{kind}_digits")
+        )
         binary_train = (y_train >= 5).astype("int32")
         binary_test = (y_test >= 5).astype("int32")
         keras.utils.set_random_seed(0)
@@ -219,7 +248,7 @@ def finetune_task(args):
         wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
         print(
             f"finetune {kind}_digits (frozen backbone, new 2-class head, 1 "
-            f"epoch): test accuracy {accuracy(model, x_test, binary_test):.4f}; "
+            f"epoch): {split} accuracy {accuracy(model, x_test, binary_test):.4f}; "
             f"{len(model.trainable_weights)} trainable tensors; fit {wall:.0f} s "
             f"wall, {cpu:.0f} CPU s",
             flush=True,
@@ -233,8 +262,10 @@ def text_task(args):
     texts, labels, keys = datasets.make_sentiment_task(
         4000, seed=0, return_key_positions=True
     )
+    # The validation sentences come from another seed than the test ones.
+    split = args.evaluate_on
     test_texts, test_labels, test_keys = datasets.make_sentiment_task(
-        1000, seed=1, return_key_positions=True
+        1000, seed=1 if split == "test" else 2, return_key_positions=True
     )
     keras.utils.set_random_seed(0)
     preprocessor = TextClassifierPreprocessor.from_texts(
@@ -259,7 +290,7 @@ def text_task(args):
         on_keys.append(row[key].sum())
         uniform.append(len(key) / len(words))
     print(
-        f"text: test accuracy {acc:.4f}; pooling weight on the deciding "
+        f"text: {split} accuracy {acc:.4f}; pooling weight on the deciding "
         f"tokens {np.mean(on_keys):.3f} (uniform would give "
         f"{np.mean(uniform):.3f}, {len(on_keys)} sentences); fit {wall:.0f} s",
         flush=True,
@@ -294,6 +325,11 @@ def main():
         help="attention modules of the ablation (`none`: the plain ResNet)",
     )
     parser.add_argument("--verbose", action="store_true", help="loss every 10 epochs")
+    parser.add_argument(
+        "--evaluate-on", default="test", choices=["test", "validation"],
+        help="score the test split (published figures) or a validation split "
+        "held out of the training data (for tuning: the test split is not read)",
+    )
     args = parser.parse_args()
     for task in args.tasks:
         if task not in TASKS:

@@ -6,8 +6,14 @@ instances of the training split), then scores held-out canvases (digit
 instances of the test split, another seed) with COCO mAP through
 `faster-coco-eval`. Training stops at the end of the epoch budget or when the
 wall-clock budget (`--minutes`, compilation included) runs out, whichever
-comes first. Prints one line per epoch (losses, mAP@0.5 on a held-out
-subset, elapsed time) and a final summary; `--json` also writes it to a file.
+comes first. Prints one line per epoch (losses, mAP@0.5 on validation
+canvases, elapsed time) and a final summary; `--json` also writes it to a file.
+
+The per-epoch monitor scores **validation** canvases (training-split digit
+instances, another seed), never the test canvases, so choices made while
+watching a run do not touch the test set. Until this change the monitor was
+the first 300 test canvases: the recipe below (epochs, learning rate, loss
+weights) was chosen with the test set in view, and its figures say so.
 
     python benchmarks/bench_detection.py                 # the documented recipe
     python benchmarks/bench_detection.py --minutes 3 --train-images 2000
@@ -43,7 +49,7 @@ from keras_attention.training import detr_optimizer  # noqa: E402
 
 
 class EpochReport(keras.callbacks.Callback):
-    """Prints losses and held-out mAP after every `every` epochs."""
+    """Prints losses and validation mAP after every `every` epochs."""
 
     def __init__(self, data, start, cpu_start, every=1, history=None):
         super().__init__()
@@ -78,7 +84,7 @@ def main():
     parser.add_argument("--train-images", type=int, default=4000)
     parser.add_argument("--test-images", type=int, default=1000)
     parser.add_argument("--monitor-images", type=int, default=300,
-                        help="held-out images scored after every epoch")
+                        help="validation canvases scored after every epoch")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=2e-3)
@@ -107,8 +113,8 @@ def main():
     test = make_detection_set(
         args.test_images, seed=args.seed + 1000, digit_split="test"
     )
-    monitor = test._replace(
-        **{f: getattr(test, f)[: args.monitor_images] for f in test._fields}
+    monitor = make_detection_set(
+        args.monitor_images, seed=args.seed + 2000, digit_split="train"
     )
     print(f"data: {time.time() - start:.1f}s", flush=True)
 

@@ -364,12 +364,13 @@ _FUSED = {}
 
 
 def _fused_kernel_available():
-    """Whether `keras.ops.dot_product_attention` runs a fused GPU kernel.
+    """Whether `keras.ops.dot_product_attention` runs a fused kernel.
 
-    True on the JAX backend with a GPU (cuDNN's flash attention through
-    `jax.nn.dot_product_attention`) and on the torch backend with CUDA
-    (`scaled_dot_product_attention`). TensorFlow's version is a chain of
-    plain ops, so there the blocked path stays.
+    True on the torch backend, CPU or CUDA (`scaled_dot_product_attention`
+    has fused kernels for both), and on the JAX backend with a GPU (cuDNN's
+    flash attention through `jax.nn.dot_product_attention`). TensorFlow's
+    version, and JAX's on the CPU, are chains of plain ops, so there the
+    blocked path stays.
     """
     backend = keras.backend.backend()
     if backend not in _FUSED:
@@ -380,9 +381,7 @@ def _fused_kernel_available():
 
                 available = jax.default_backend() == "gpu"
             elif backend == "torch":
-                import torch
-
-                available = torch.cuda.is_available()
+                available = True
         except Exception:  # pragma: no cover - a broken accelerator stack
             available = False
         _FUSED[backend] = available
@@ -393,16 +392,15 @@ def fused_attention(query, key, value, mask=None, is_causal=False, scale=None):
     """`keras.ops.dot_product_attention` with this module's semantics.
 
     Same layout and arguments as `dot_product_attention` (boolean `mask`
-    broadcastable to `(B, H, T, S)`); grouped key/value heads are repeated
-    first, and a query whose keys are all masked outputs zeros (the fused
-    kernels would average the masked values).
+    broadcastable to `(B, H, T, S)`); grouped key/value heads go to the
+    backend as they are (each backend's kernel shares them), and a query
+    whose keys are all masked outputs zeros (the fused kernels would average
+    the masked values).
     """
     num_heads = query.shape[2]
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     out_dtype = value.dtype
-    key = _repeat_heads(key, num_heads)
-    value = _repeat_heads(value, num_heads)
     out = ops.dot_product_attention(
         query, key, value, mask=mask, scale=scale, is_causal=is_causal
     )

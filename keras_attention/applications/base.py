@@ -216,26 +216,31 @@ class Classifier(PresetMixin, CompileFromConfig, InputChecks, keras.Model):
         self,
         optimizer="adam",
         loss="auto",
-        metrics="auto",
+        metrics=None,
+        weighted_metrics="auto",
         jit_compile="auto",
         **kwargs,
     ):
         """`keras.Model.compile` with defaults for classification.
 
         `loss="auto"` is the sparse categorical cross-entropy (from logits
-        when the head has no activation) and `metrics="auto"` the sparse
-        categorical accuracy.
+        when the head has no activation) and `weighted_metrics="auto"` the
+        sparse categorical accuracy, weighted by `sample_weight` when one is
+        given (Keras 3 ignores `sample_weight` for `metrics=`).
         """
         if loss == "auto":
             loss = keras.losses.SparseCategoricalCrossentropy(
                 from_logits=self.activation is keras.activations.linear
             )
-        if metrics == "auto":
-            metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+        if weighted_metrics == "auto":
+            weighted_metrics = [
+                keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+            ]
         super().compile(
             optimizer=optimizer,
             loss=loss,
             metrics=metrics,
+            weighted_metrics=weighted_metrics,
             jit_compile=jit_compile,
             **kwargs,
         )

@@ -455,9 +455,12 @@ class DETR(PresetMixin, keras.Model):
                 f"{type(sample_weight).__name__}"
             )
         total, final = self._loss_terms(y, y_pred)
-        self._class_loss_tracker.update_state(final["class_loss"])
-        self._l1_loss_tracker.update_state(final["l1_loss"])
-        self._giou_loss_tracker.update_state(final["giou_loss"])
+        # Weighted by the batch size, as Keras weighs its own `loss`, so a
+        # short last batch counts for its images only.
+        images = ops.cast(ops.shape(y_pred["logits"])[0], "float32")
+        self._class_loss_tracker.update_state(final["class_loss"], images)
+        self._l1_loss_tracker.update_state(final["l1_loss"], images)
+        self._giou_loss_tracker.update_state(final["giou_loss"], images)
         for loss in self.losses:
             total = total + ops.cast(ops.sum(loss), total.dtype)
         return _scale_for_replicas(total)

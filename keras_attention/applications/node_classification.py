@@ -314,26 +314,35 @@ class GATNodeClassifier(
         self,
         optimizer="auto",
         loss="auto",
-        metrics="auto",
+        metrics=None,
+        weighted_metrics="auto",
         jit_compile="auto",
         **kwargs,
     ):
         """`keras.Model.compile` with the paper's defaults.
 
         `optimizer="auto"` is Adam with learning rate 0.005, `loss="auto"`
-        the sparse categorical cross-entropy from logits, `metrics="auto"`
-        the accuracy.
+        the sparse categorical cross-entropy from logits, and
+        `weighted_metrics="auto"` the accuracy **weighted by the split's
+        sample weights**: `evaluate(..., sample_weight=data.test_weights)`
+        is the accuracy on the test nodes only, and `val_accuracy` in `fit`
+        counts the validation nodes only. (Keras 3 updates `metrics=`
+        without `sample_weight`, so an accuracy there would count every
+        node of the graph.)
         """
         if optimizer == "auto":
             optimizer = keras.optimizers.Adam(learning_rate=0.005)
         if loss == "auto":
             loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        if metrics == "auto":
-            metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+        if weighted_metrics == "auto":
+            weighted_metrics = [
+                keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+            ]
         super().compile(
             optimizer=optimizer,
             loss=loss,
             metrics=metrics,
+            weighted_metrics=weighted_metrics,
             jit_compile=jit_compile,
             **kwargs,
         )

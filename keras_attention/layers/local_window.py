@@ -11,6 +11,22 @@ from keras_attention.layers import base
 from keras_attention.registry import register
 
 
+def cyclic_shift(x, shift):
+    """`roll` of a `(B, H, W, C)` image by a static `shift` on both axes.
+
+    Written with slices and concatenation so that exported models need no
+    `Roll` op (LiteRT has no builtin one).
+    """
+    for axis in (1, 2):
+        size = x.shape[axis]
+        k = shift % size
+        if k:
+            head, tail = [slice(None)] * 4, [slice(None)] * 4
+            head[axis], tail[axis] = slice(size - k, None), slice(None, size - k)
+            x = ops.concatenate([x[tuple(head)], x[tuple(tail)]], axis=axis)
+    return x
+
+
 def window_geometry(height, width, window_size, shift_size):
     """The window, shift and padded size used on a `height x width` image.
 
@@ -281,7 +297,7 @@ class LocalWindowAttention(keras.layers.Layer):
         if (hp, wp) != (height, width):
             x = ops.pad(x, [[0, 0], [0, hp - height], [0, wp - width], [0, 0]])
         if shift:
-            x = ops.roll(x, shift=(-shift, -shift), axis=(1, 2))
+            x = cyclic_shift(x, -shift)
         x = partition_windows(x, window)  # (B * nW, T, C)
         t, heads, d = window * window, self.num_heads, self.head_dim
         qkv = ops.reshape(self.qkv(x), (-1, t, 3, heads, d))
@@ -308,7 +324,7 @@ class LocalWindowAttention(keras.layers.Layer):
         out = self.output_dense(ops.reshape(out, (-1, t, heads * d)))
         out = merge_windows(out, window, hp, wp)
         if shift:
-            out = ops.roll(out, shift=(shift, shift), axis=(1, 2))
+            out = cyclic_shift(out, shift)
         out = out[:, :height, :width, :]
         if return_attention_scores:
             num_windows = (hp // window) * (wp // window)

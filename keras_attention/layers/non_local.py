@@ -301,9 +301,11 @@ class NonLocalBlock(keras.layers.Layer):
         """`softmax_j(q_i . k_j) v_j` on the shared core, no scaling."""
         # Scores in float32: the raw inputs of "gaussian" can be large.
         result = attention_ops.dot_product_attention(
-            ops.cast(query, "float32")[:, :, None, :],  # (B, T, 1, D)
-            ops.cast(key, "float32")[:, :, None, :],  # (B, S, 1, D)
-            value[:, :, None, :],  # (B, S, 1, Dv)
+            # expand_dims rather than `[:, :, None]`: LiteRT has no builtin
+            # strided slice that adds axes.
+            ops.expand_dims(ops.cast(query, "float32"), 2),  # (B, T, 1, D)
+            ops.expand_dims(ops.cast(key, "float32"), 2),  # (B, S, 1, D)
+            ops.expand_dims(value, 2),  # (B, S, 1, Dv)
             attention_mask=key_mask,
             scale=1.0,
             return_weights=return_weights,

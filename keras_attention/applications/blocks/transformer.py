@@ -13,6 +13,18 @@ PACKAGE = "keras_attention"
 DROPOUT_KINDS = ("keras", "hash")
 
 
+@keras.saving.register_keras_serializable(package="keras_attention")
+def gelu(x):
+    """Exact GELU, `x * Phi(x)`, written with `erf`.
+
+    Equal to `keras.activations.gelu(x, approximate=False)` within float32
+    rounding; TensorFlow's own GELU uses `erfc`, which ONNX lacks, so this
+    form keeps `model.export(format="onnx")` working. The blocks use it for
+    `activation="gelu"`.
+    """
+    return 0.5 * x * (1.0 + ops.erf(x * 0.7071067811865476))
+
+
 def check_dropout_kind(value):
     if value not in DROPOUT_KINDS:
         raise base.invalid("dropout_kind", f"one of {DROPOUT_KINDS}", value)
@@ -90,7 +102,7 @@ class _TransformerBlock(keras.layers.Layer):
         self.mlp_norm = self._norm("mlp_norm", input_shape)
         self.mlp_hidden = keras.layers.Dense(
             self.mlp_dim,
-            activation=self.activation,
+            activation=gelu if self.activation == "gelu" else self.activation,
             name="mlp_hidden",
             dtype=self.dtype_policy,
         )
