@@ -127,8 +127,9 @@ class Backbone(InputChecks, keras.Model):
     """A functional model from the inputs to one feature vector per sample.
 
     Subclasses build their graph in `__init__` and call
-    `super().__init__(inputs=..., outputs=...)`; `get_config` returns their
-    constructor arguments and `from_config` calls the constructor.
+    `super().__init__(inputs=..., outputs=...)`, keep each constructor
+    argument as an attribute and name them in `config_keys`; `get_config`
+    returns them and `from_config` calls the constructor.
     `from_preset(name)` returns the backbone of a preset's classifier, with
     its weights.
     """
@@ -147,8 +148,14 @@ class Backbone(InputChecks, keras.Model):
         """Size of the feature vector the backbone outputs."""
         return self.output.shape[-1]
 
+    # The constructor arguments that `get_config` returns; each is kept as an
+    # attribute of the same name.
+    config_keys = ()
+
     def get_config(self):
-        return {"name": self.name, "trainable": self.trainable}
+        config = {"name": self.name, "trainable": self.trainable}
+        config.update({key: getattr(self, key) for key in self.config_keys})
+        return config
 
     @classmethod
     def from_config(cls, config):

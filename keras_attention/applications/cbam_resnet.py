@@ -65,6 +65,12 @@ class CBAMResNetBackbone(app_base.Backbone):
           https://arxiv.org/abs/1512.03385
     """
 
+    config_keys = (
+        "image_size", "num_channels", "filters", "blocks_per_stage",
+        "stem_filters", "stem_strides", "attention", "attention_kwargs",
+        "weight_decay",
+    )
+
     def __init__(
         self,
         image_size,
@@ -174,23 +180,6 @@ class CBAMResNetBackbone(app_base.Backbone):
             else:
                 x = layer(x)
         return scores
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "image_size": self.image_size,
-                "num_channels": self.num_channels,
-                "filters": self.filters,
-                "blocks_per_stage": self.blocks_per_stage,
-                "stem_filters": self.stem_filters,
-                "stem_strides": self.stem_strides,
-                "attention": self.attention,
-                "attention_kwargs": self.attention_kwargs,
-                "weight_decay": self.weight_decay,
-            }
-        )
-        return config
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)

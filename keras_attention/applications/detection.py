@@ -2,24 +2,21 @@
 
 Carion et al., End-to-End Object Detection with Transformers, ECCV 2020.
 
-A small residual CNN (optionally with CBAM in every block) turns an image into
-a grid of features; a transformer encoder of the registry's
-`MultiHeadAttention` refines them with 2-D sine position encodings; a decoder
-turns `num_queries` learned object queries into `num_queries` predictions,
-each a class (or "no object") and a box. Training matches predictions to the
-ground-truth objects one-to-one (exact Hungarian matching, inside the
-compiled train step) and applies `detection_loss.set_prediction_loss` to the
-output of every decoder layer. The building blocks are in
-`detection_layers.py`, the COCO evaluation in `detection_metrics.py` (both
-re-exported here).
+A small residual CNN (optionally with a grid attention such as CBAM in every
+block) turns an image into a grid of features; a transformer encoder (the
+shared `TransformerEncoderBlock`, attention by registry name) refines them
+with 2-D sine position encodings; a decoder turns `num_queries` learned
+object queries into `num_queries` predictions, each a class (or "no
+object") and a box. Training matches predictions to the ground-truth
+objects one-to-one (exact Hungarian matching, inside the compiled train
+step) and applies `detection_loss.set_prediction_loss` to the output of
+every decoder layer. The backbone is in `detection_layers.py`, the decoding
+of outputs and the COCO evaluation in `detection_metrics.py`.
 
 Shape letters: `B` images, `N` object queries, `M` ground-truth objects
 (padded), `K` classes, `L` decoder layers, `h, w` the feature grid,
 `S = h * w`, `H` attention heads, `D` model width.
 """
-
-import math
-
 
 import keras
 import numpy as np
@@ -35,22 +32,38 @@ from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention.applications.detection_loss import validate_targets
 from keras_attention.applications.detection_layers import DETRBackbone
 from keras_attention.applications.detection_layers import sine_position_encoding
+from keras_attention.applications.detection_metrics import decode_detections
 
 PACKAGE = "keras_attention"
 
-def _scale_for_replicas(loss):
-    """`loss` divided by the replicas of the current `tf.distribute` strategy.
 
-    The replicas' gradients are summed, so each replica's loss is divided by
-    their number, as Keras's own losses are; a `compute_loss` override must
-    do it itself (without it, two replicas take steps twice too large).
-    """
-    if keras.backend.backend() != "tensorflow":
-        return loss
-    import tensorflow as tf
+def _check_widths(hidden_dim, num_heads, num_encoder_layers):
+    if hidden_dim % 4:
+        raise base.invalid("hidden_dim", "a multiple of 4", hidden_dim)
+    if hidden_dim % num_heads:
+        raise base.invalid(
+            "hidden_dim", f"a multiple of num_heads={num_heads}", hidden_dim
+        )
+    if (
+        isinstance(num_encoder_layers, bool)
+        or not isinstance(num_encoder_layers, int)
+        or num_encoder_layers < 0
+    ):
+        raise base.invalid(
+            "num_encoder_layers", "a non-negative integer", num_encoder_layers
+        )
 
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    return loss / replicas if replicas > 1 else loss
+
+# The constructor arguments `get_config` returns, each kept as an attribute.
+_CONFIG = (
+    "num_classes", "num_queries", "hidden_dim", "num_heads",
+    "num_encoder_layers", "num_decoder_layers", "feedforward_dim", "dropout",
+    "norm_first", "backbone_filters", "blocks_per_stage", "stem_strides",
+    "attention_module", "attention_kwargs", "transformer_attention",
+    "transformer_attention_kwargs", "aux_loss", "eos_coef",
+    "class_loss_weight", "bbox_loss_weight", "giou_loss_weight",
+    "class_cost", "bbox_cost", "giou_cost",
+)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -176,22 +189,7 @@ class DETR(PresetMixin, keras.Model):
         self.num_queries = base.check_positive_int("num_queries", num_queries)
         self.hidden_dim = base.check_positive_int("hidden_dim", hidden_dim)
         self.num_heads = base.check_positive_int("num_heads", num_heads)
-        if hidden_dim % 4:
-            raise base.invalid("hidden_dim", "a multiple of 4", hidden_dim)
-        if hidden_dim % num_heads:
-            raise base.invalid(
-                "hidden_dim", f"a multiple of num_heads={num_heads}",
-                hidden_dim,
-            )
-        if (
-            isinstance(num_encoder_layers, bool)
-            or not isinstance(num_encoder_layers, int)
-            or num_encoder_layers < 0
-        ):
-            raise base.invalid(
-                "num_encoder_layers", "a non-negative integer",
-                num_encoder_layers,
-            )
+        _check_widths(hidden_dim, num_heads, num_encoder_layers)
         self.num_encoder_layers = num_encoder_layers
         self.num_decoder_layers = base.check_positive_int(
             "num_decoder_layers", num_decoder_layers
@@ -216,44 +214,35 @@ class DETR(PresetMixin, keras.Model):
             transformer_attention_kwargs or {}
         )
         self.aux_loss = bool(aux_loss)
-        for name, value in (
-            ("eos_coef", eos_coef),
-            ("class_loss_weight", class_loss_weight),
-            ("bbox_loss_weight", bbox_loss_weight),
-            ("giou_loss_weight", giou_loss_weight),
-            ("class_cost", class_cost),
-            ("bbox_cost", bbox_cost),
-            ("giou_cost", giou_cost),
-        ):
-            if isinstance(value, bool) or not isinstance(
-                value, (int, float)
-            ) or not (value >= 0 and math.isfinite(value)):
-                raise base.invalid(name, "a non-negative float", value)
-        if eos_coef <= 0:
-            raise base.invalid("eos_coef", "a positive float", eos_coef)
-        self.eos_coef = float(eos_coef)
-        self.class_loss_weight = float(class_loss_weight)
-        self.bbox_loss_weight = float(bbox_loss_weight)
-        self.giou_loss_weight = float(giou_loss_weight)
-        self.class_cost = float(class_cost)
-        self.bbox_cost = float(bbox_cost)
-        self.giou_cost = float(giou_cost)
+        weights = detection_loss.check_loss_weights(
+            eos_coef=eos_coef,
+            class_loss_weight=class_loss_weight,
+            bbox_loss_weight=bbox_loss_weight,
+            giou_loss_weight=giou_loss_weight,
+            class_cost=class_cost,
+            bbox_cost=bbox_cost,
+            giou_cost=giou_cost,
+        )
+        for name, value in weights.items():
+            setattr(self, name, value)
+        self._make_layers()
 
+    def _make_layers(self):
         self.backbone = DETRBackbone(
             self.backbone_filters,
-            blocks_per_stage=blocks_per_stage,
-            stem_strides=stem_strides,
-            attention_module=attention_module,
+            blocks_per_stage=self.blocks_per_stage,
+            stem_strides=self.stem_strides,
+            attention_module=self.attention_module,
             attention_kwargs=self.attention_kwargs,
             name="backbone",
             dtype=self.dtype_policy,
         )
         self.input_projection = keras.layers.Conv2D(
-            hidden_dim, 1, name="input_projection", dtype=self.dtype_policy
+            self.hidden_dim, 1, name="input_projection", dtype=self.dtype_policy
         )
         block_args = dict(
-            num_heads=num_heads,
-            mlp_dim=feedforward_dim,
+            num_heads=self.num_heads,
+            mlp_dim=self.feedforward_dim,
             dropout=self.dropout,
             attention_dropout=self.dropout,
             attention=self.transformer_attention,
@@ -265,28 +254,28 @@ class DETR(PresetMixin, keras.Model):
         )
         self.encoder_layers = [
             TransformerEncoderBlock(name=f"encoder_{i}", **block_args)
-            for i in range(num_encoder_layers)
+            for i in range(self.num_encoder_layers)
         ]
         self.encoder_norm = (
             keras.layers.LayerNormalization(
                 epsilon=1e-5, name="encoder_norm", dtype=self.dtype_policy
             )
-            if self.norm_first and num_encoder_layers
+            if self.norm_first and self.num_encoder_layers
             else None
         )
         self.decoder_layers = [
             TransformerDecoderBlock(name=f"decoder_{i}", **block_args)
-            for i in range(num_decoder_layers)
+            for i in range(self.num_decoder_layers)
         ]
         self.decoder_norm = keras.layers.LayerNormalization(
             epsilon=1e-5, name="decoder_norm", dtype=self.dtype_policy
         )
         self.class_head = keras.layers.Dense(
-            num_classes + 1, name="class_head", dtype=self.dtype_policy
+            self.num_classes + 1, name="class_head", dtype=self.dtype_policy
         )
         self.box_head = [
             keras.layers.Dense(
-                hidden_dim, activation="relu", name=f"box_head_{i}",
+                self.hidden_dim, activation="relu", name=f"box_head_{i}",
                 dtype=self.dtype_policy,
             )
             for i in range(2)
@@ -463,7 +452,7 @@ class DETR(PresetMixin, keras.Model):
         self._giou_loss_tracker.update_state(final["giou_loss"], images)
         for loss in self.losses:
             total = total + ops.cast(ops.sum(loss), total.dtype)
-        return _scale_for_replicas(total)
+        return detection_loss.scale_for_replicas(total)
 
     def validate_targets(self, y):
         """`validate_targets` with this model's classes and queries.
@@ -574,78 +563,13 @@ class DETR(PresetMixin, keras.Model):
             outputs = {k: np.concatenate(v) for k, v in outputs.items()}
         else:
             outputs = self.predict(images, batch_size=batch_size, verbose=0)
-        logits = np.asarray(outputs["logits"], dtype="float64")
-        probs = np.exp(logits - logits.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        object_probs = probs[..., :-1]
-        labels = object_probs.argmax(-1).astype("int32")
-        scores = object_probs.max(-1).astype("float32")
-        scale = np.array([width, height, width, height], "float32")
-        corners = ops.convert_to_numpy(
-            detection_loss.cxcywh_to_xyxy(
-                ops.convert_to_tensor(outputs["boxes"], "float32")
-            )
+        return decode_detections(
+            outputs, (height, width), score_threshold, upsample_attention
         )
-        corners = np.clip(corners, 0.0, 1.0) * scale
-        maps = None
-        if return_attention:
-            maps = outputs["cross_attention"].mean(axis=1)  # B, N, h, w
-            if upsample_attention:
-                b, n, h, w = maps.shape
-                resized = ops.image.resize(
-                    maps.reshape(b * n, h, w, 1), (height, width),
-                    interpolation="bilinear",
-                )
-                maps = ops.convert_to_numpy(resized).reshape(
-                    b, n, height, width
-                )
-                maps = maps / np.maximum(
-                    maps.sum(axis=(2, 3), keepdims=True), 1e-12
-                )
-        detections = []
-        for index in range(len(images)):
-            keep = np.flatnonzero(scores[index] >= score_threshold)
-            keep = keep[np.argsort(-scores[index, keep], kind="stable")]
-            item = {
-                "boxes": corners[index, keep].astype("float32"),
-                "scores": scores[index, keep],
-                "labels": labels[index, keep],
-            }
-            if maps is not None:
-                item["attention"] = maps[index, keep].astype("float32")
-            detections.append(item)
-        return detections
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "num_classes": self.num_classes,
-                "num_queries": self.num_queries,
-                "hidden_dim": self.hidden_dim,
-                "num_heads": self.num_heads,
-                "num_encoder_layers": self.num_encoder_layers,
-                "num_decoder_layers": self.num_decoder_layers,
-                "feedforward_dim": self.feedforward_dim,
-                "dropout": self.dropout,
-                "norm_first": self.norm_first,
-                "backbone_filters": self.backbone_filters,
-                "blocks_per_stage": self.blocks_per_stage,
-                "stem_strides": self.stem_strides,
-                "attention_module": self.attention_module,
-                "attention_kwargs": self.attention_kwargs,
-                "transformer_attention": self.transformer_attention,
-                "transformer_attention_kwargs": self.transformer_attention_kwargs,
-                "aux_loss": self.aux_loss,
-                "eos_coef": self.eos_coef,
-                "class_loss_weight": self.class_loss_weight,
-                "bbox_loss_weight": self.bbox_loss_weight,
-                "giou_loss_weight": self.giou_loss_weight,
-                "class_cost": self.class_cost,
-                "bbox_cost": self.bbox_cost,
-                "giou_cost": self.giou_cost,
-            }
-        )
+        config.update({name: getattr(self, name) for name in _CONFIG})
         return config
 
 

@@ -13,9 +13,13 @@ Boxes are normalised `(cx, cy, w, h)` in `[0, 1]` as in DETR; padded targets
 have the label `-1` (`keras_attention.datasets.PAD_LABEL`).
 """
 
+import math
+
+import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _validation as base
 from keras_attention import matching
 
 PAD_LABEL = -1
@@ -381,3 +385,29 @@ def validate_targets(
             labels = np.take_along_axis(labels, order, axis=1)
     return boxes, labels
 
+
+def check_loss_weights(**weights):
+    """The loss and matching weights as floats; each non-negative."""
+    for name, value in weights.items():
+        if isinstance(value, bool) or not isinstance(
+            value, (int, float)
+        ) or not (value >= 0 and math.isfinite(value)):
+            raise base.invalid(name, "a non-negative float", value)
+    if weights["eos_coef"] <= 0:
+        raise base.invalid("eos_coef", "a positive float", weights["eos_coef"])
+    return {name: float(value) for name, value in weights.items()}
+
+
+def scale_for_replicas(loss):
+    """`loss` divided by the replicas of the current `tf.distribute` strategy.
+
+    The replicas' gradients are summed, so each replica's loss is divided by
+    their number, as Keras's own losses are; a `compute_loss` override must
+    do it itself (without it, two replicas take steps twice too large).
+    """
+    if keras.backend.backend() != "tensorflow":
+        return loss
+    import tensorflow as tf
+
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return loss / replicas if replicas > 1 else loss

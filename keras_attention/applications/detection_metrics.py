@@ -1,8 +1,10 @@
-"""COCO mean average precision of DETR's detections (`faster-coco-eval`)."""
+"""DETR's detections: decoding its outputs, COCO mean average precision."""
 
 import keras
 import numpy as np
+from keras import ops
 
+from keras_attention.applications import detection_loss
 from keras_attention.applications.detection_loss import PAD_LABEL
 
 
@@ -144,3 +146,61 @@ def evaluate_detections(
         "num_objects": int(real.sum()),
         "num_detections": len(results),
     }
+
+
+def decode_detections(outputs, image_size, score_threshold=0.5, upsample_attention=False):
+    """Per-image detections in pixels from DETR's outputs (NumPy arrays).
+
+    A query's score is its most likely object class's probability (softmax
+    over the `K + 1` classes); queries scoring below `score_threshold` are
+    dropped. See `DETR.predict_boxes` for the returned dicts.
+
+    Args:
+        outputs: `{"logits": (B, N, K + 1), "boxes": (B, N, 4)}`, and
+            `"cross_attention"` `(B, H, N, h, w)` for attention maps.
+        image_size: `(height, width)` of the images, for the pixel boxes.
+        score_threshold: the least score kept.
+        upsample_attention: resize the maps to the image size (bilinear).
+    """
+    height, width = image_size
+    logits = np.asarray(outputs["logits"], dtype="float64")
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    object_probs = probs[..., :-1]
+    labels = object_probs.argmax(-1).astype("int32")
+    scores = object_probs.max(-1).astype("float32")
+    scale = np.array([width, height, width, height], "float32")
+    corners = ops.convert_to_numpy(
+        detection_loss.cxcywh_to_xyxy(
+            ops.convert_to_tensor(outputs["boxes"], "float32")
+        )
+    )
+    corners = np.clip(corners, 0.0, 1.0) * scale
+    maps = None
+    if "cross_attention" in outputs:
+        maps = outputs["cross_attention"].mean(axis=1)  # B, N, h, w
+        if upsample_attention:
+            b, n, h, w = maps.shape
+            resized = ops.image.resize(
+                maps.reshape(b * n, h, w, 1), (height, width),
+                interpolation="bilinear",
+            )
+            maps = ops.convert_to_numpy(resized).reshape(
+                b, n, height, width
+            )
+            maps = maps / np.maximum(
+                maps.sum(axis=(2, 3), keepdims=True), 1e-12
+            )
+    detections = []
+    for index in range(len(scores)):
+        keep = np.flatnonzero(scores[index] >= score_threshold)
+        keep = keep[np.argsort(-scores[index, keep], kind="stable")]
+        item = {
+            "boxes": corners[index, keep].astype("float32"),
+            "scores": scores[index, keep],
+            "labels": labels[index, keep],
+        }
+        if maps is not None:
+            item["attention"] = maps[index, keep].astype("float32")
+        detections.append(item)
+    return detections

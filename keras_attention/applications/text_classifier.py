@@ -312,6 +312,12 @@ class TextClassifierBackbone(app_base.Backbone):
           Classification, 2016. https://aclanthology.org/N16-1174
     """
 
+    config_keys = (
+        "vocabulary_size", "sequence_length", "hidden_dim", "depth",
+        "num_heads", "mlp_dim", "dropout", "attention", "attention_kwargs",
+        "pooling_units",
+    )
+
     def __init__(
         self,
         vocabulary_size,
@@ -387,24 +393,6 @@ class TextClassifierBackbone(app_base.Backbone):
         if self._weights_model is None:
             self._weights_model = keras.Model(self.input, self._weights_output)
         return ops.convert_to_numpy(self._weights_model(token_ids, training=False))
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "vocabulary_size": self.vocabulary_size,
-                "sequence_length": self.sequence_length,
-                "hidden_dim": self.hidden_dim,
-                "depth": self.depth,
-                "num_heads": self.num_heads,
-                "mlp_dim": self.mlp_dim,
-                "dropout": self.dropout,
-                "attention": self.attention,
-                "attention_kwargs": self.attention_kwargs,
-                "pooling_units": self.pooling_units,
-            }
-        )
-        return config
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)

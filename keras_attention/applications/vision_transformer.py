@@ -278,6 +278,13 @@ class VisionTransformerBackbone(app_base.Backbone):
         - Liu et al., Swin Transformer, 2021. https://arxiv.org/abs/2103.14030
     """
 
+    config_keys = (
+        "image_size", "patch_size", "hidden_dim", "depth", "num_heads",
+        "mlp_dim", "dropout", "attention_dropout", "attention",
+        "attention_kwargs", "window_size", "pooling", "num_channels",
+        "layer_norm_epsilon",
+    )
+
     def __init__(
         self,
         image_size,
@@ -423,28 +430,6 @@ class VisionTransformerBackbone(app_base.Backbone):
             else:
                 x = layer(x)
         return scores
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "image_size": self.image_size,
-                "patch_size": self.patch_size,
-                "hidden_dim": self.hidden_dim,
-                "depth": self.depth,
-                "num_heads": self.num_heads,
-                "mlp_dim": self.mlp_dim,
-                "dropout": self.dropout,
-                "attention_dropout": self.attention_dropout,
-                "attention": self.attention,
-                "attention_kwargs": self.attention_kwargs,
-                "window_size": self.window_size,
-                "pooling": self.pooling,
-                "num_channels": self.num_channels,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-            }
-        )
-        return config
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
