@@ -20,7 +20,7 @@ from keras_attention.applications.node_classification import (  # noqa: E402
     GATNodeClassifier,
     node_classification_data,
 )
-from keras_attention.applications.translation import TokenAccuracy  # noqa: E402
+from keras_attention.applications.translation_metrics import TokenAccuracy  # noqa: E402
 from keras_attention.datasets import load_karate_club  # noqa: E402
 
 
