@@ -50,7 +50,6 @@ def evaluate_detections(
     scores["map50"], scores["map"]
     ```
     """
-    from faster_coco_eval import COCO
     from faster_coco_eval import COCOeval_faster
 
     images = np.asarray(images)
@@ -82,49 +81,10 @@ def evaluate_detections(
     if num_classes is None:
         num_classes = int(labels[real].max()) + 1 if real.any() else 1
 
-    # COCO ids start at 1: image i is i + 1, class c is c + 1.
-    scale = np.array([width, height, width, height], "float64")
-    pixel = boxes * scale
-    gt_annotations = []
-    for i, j in zip(*np.nonzero(real)):
-        cx, cy, w, h = pixel[i, j]
-        gt_annotations.append(
-            {
-                "id": len(gt_annotations) + 1,
-                "image_id": int(i) + 1,
-                "category_id": int(labels[i, j]) + 1,
-                "bbox": [cx - w / 2, cy - h / 2, w, h],
-                "area": w * h,
-                "iscrowd": 0,
-            }
-        )
-    image_entries = [
-        {"id": i + 1, "width": int(width), "height": int(height)}
-        for i in range(len(boxes))
-    ]
-    categories = [{"id": c + 1, "name": str(c)} for c in range(num_classes)]
-    ground_truth = COCO()
-    ground_truth.dataset = {
-        "images": image_entries,
-        "annotations": gt_annotations,
-        "categories": categories,
-    }
-    ground_truth.createIndex()
-
-    results = []
-    for i, detection in enumerate(predictions):
-        corners = np.asarray(detection["boxes"], dtype="float64").reshape(-1, 4)
-        order = np.argsort(-np.asarray(detection["scores"]), kind="stable")
-        for k in order[:max_detections]:
-            x1, y1, x2, y2 = corners[k]
-            results.append(
-                {
-                    "image_id": i + 1,
-                    "category_id": int(detection["labels"][k]) + 1,
-                    "bbox": [x1, y1, x2 - x1, y2 - y1],
-                    "score": float(detection["scores"][k]),
-                }
-            )
+    ground_truth = _coco_ground_truth(
+        boxes, labels, real, (height, width), num_classes
+    )
+    results = _coco_results(predictions, max_detections)
     detections = ground_truth.loadRes(results)
     evaluator = COCOeval_faster(
         ground_truth, detections, iouType="bbox", print_function=lambda *a: None
@@ -146,6 +106,62 @@ def evaluate_detections(
         "num_objects": int(real.sum()),
         "num_detections": len(results),
     }
+
+
+def _coco_ground_truth(boxes, labels, real, image_size, num_classes):
+    """A `faster_coco_eval.COCO` of the targets, boxes in pixels.
+
+    COCO ids start at 1: image `i` is `i + 1`, class `c` is `c + 1`.
+    """
+    from faster_coco_eval import COCO
+
+    height, width = image_size
+    pixel = boxes * np.array([width, height, width, height], "float64")
+    annotations = []
+    for i, j in zip(*np.nonzero(real)):
+        cx, cy, w, h = pixel[i, j]
+        annotations.append(
+            {
+                "id": len(annotations) + 1,
+                "image_id": int(i) + 1,
+                "category_id": int(labels[i, j]) + 1,
+                "bbox": [cx - w / 2, cy - h / 2, w, h],
+                "area": w * h,
+                "iscrowd": 0,
+            }
+        )
+    ground_truth = COCO()
+    ground_truth.dataset = {
+        "images": [
+            {"id": i + 1, "width": int(width), "height": int(height)}
+            for i in range(len(boxes))
+        ],
+        "annotations": annotations,
+        "categories": [
+            {"id": c + 1, "name": str(c)} for c in range(num_classes)
+        ],
+    }
+    ground_truth.createIndex()
+    return ground_truth
+
+
+def _coco_results(predictions, max_detections):
+    """The COCO result list of per-image detections (best first, capped)."""
+    results = []
+    for i, detection in enumerate(predictions):
+        corners = np.asarray(detection["boxes"], dtype="float64").reshape(-1, 4)
+        order = np.argsort(-np.asarray(detection["scores"]), kind="stable")
+        for k in order[:max_detections]:
+            x1, y1, x2, y2 = corners[k]
+            results.append(
+                {
+                    "image_id": i + 1,
+                    "category_id": int(detection["labels"][k]) + 1,
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    "score": float(detection["scores"][k]),
+                }
+            )
+    return results
 
 
 def decode_detections(outputs, image_size, score_threshold=0.5, upsample_attention=False):
