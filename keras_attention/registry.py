@@ -277,11 +277,13 @@ def check_name(value, argument="attention", allow_none=False, kinds=None):
     return value
 
 
-def call_accepts(layer, argument):
+def call_accepts(layer, argument, var_keyword=False):
     """Whether `layer.call` has a parameter named `argument`.
 
-    A `**kwargs` catch-all does not count: the caller would pass an argument
-    (`return_attention_scores`, `mask`) that the layer may silently drop.
+    A `**kwargs` catch-all counts only with `var_keyword=True`: an
+    application would pass an argument (`return_attention_scores`, `mask`)
+    that such a layer may silently drop, while the attention-map hooks try
+    any layer that might take it.
     """
     import inspect
 
@@ -289,7 +291,10 @@ def call_accepts(layer, argument):
         parameters = inspect.signature(layer.call).parameters
     except (TypeError, ValueError):
         return False
-    return argument in parameters
+    return argument in parameters or (
+        var_keyword
+        and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    )
 
 
 def get(name, /, **kwargs):

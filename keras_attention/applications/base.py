@@ -11,8 +11,8 @@ functional models:
 Both are `keras.Model`s whose `get_config` holds their constructor
 arguments, so they save and load as `.keras` files with no `custom_objects`.
 Every application (classifiers, translators, DETR, GAT) takes its presets
-from `PresetMixin` and, when it overrides `compile`, its
-`compile_from_config` from `CompileFromConfig`. A preprocessor (text,
+from `PresetMixin`; those with compile defaults (classifiers, translators,
+GAT) take `compile` and `compile_from_config` from `CompileDefaults`. A preprocessor (text,
 translation) is a plain serializable object with `__call__(inputs)` and
 `get_config()` / `from_config()`; the task holding it keeps it in its
 config.
@@ -68,13 +68,49 @@ class PresetMixin:
         return model
 
 
-class CompileFromConfig:
-    """`compile_from_config` for models that override `compile`.
+class CompileDefaults:
+    """`compile` with each application's defaults, and `compile_from_config`.
 
-    Keras leaves it to a class whose `compile` differs from its own; ours
-    take the same arguments, so a loaded model is compiled again (optimizer
-    state included).
+    `optimizer`, `loss` and `weighted_metrics` given as `"auto"`, and
+    `jit_compile=None`, take the values of `compile_defaults()`, which
+    subclasses implement. Metrics default to `weighted_metrics`, so that a
+    `sample_weight` (a split's mask) weighs them too; Keras 3 updates
+    `metrics=` without it. Keras leaves `compile_from_config` to a class that
+    overrides `compile`; ours takes the same arguments, so a loaded model is
+    compiled again (optimizer state included).
     """
+
+    def compile_defaults(self):
+        """`{"optimizer", "loss", "weighted_metrics", "jit_compile"}`."""
+        raise NotImplementedError
+
+    def compile(
+        self,
+        optimizer="auto",
+        loss="auto",
+        metrics=None,
+        weighted_metrics="auto",
+        jit_compile=None,
+        **kwargs,
+    ):
+        """`keras.Model.compile` with the defaults of `compile_defaults()`."""
+        defaults = self.compile_defaults()
+        if optimizer == "auto":
+            optimizer = defaults["optimizer"]
+        if loss == "auto":
+            loss = defaults["loss"]
+        if weighted_metrics == "auto":
+            weighted_metrics = defaults["weighted_metrics"]
+        if jit_compile is None:
+            jit_compile = defaults.get("jit_compile", "auto")
+        super().compile(
+            optimizer=optimizer,
+            loss=loss,
+            metrics=metrics,
+            weighted_metrics=weighted_metrics,
+            jit_compile=jit_compile,
+            **kwargs,
+        )
 
     def compile_from_config(self, config):
         config = keras.saving.deserialize_keras_object(config)
@@ -174,7 +210,7 @@ class Backbone(InputChecks, keras.Model):
         ).backbone
 
 
-class Classifier(PresetMixin, CompileFromConfig, InputChecks, keras.Model):
+class Classifier(PresetMixin, CompileDefaults, InputChecks, keras.Model):
     """A head (dropout, `Dense(num_classes)`) on a `Backbone`.
 
     Args:
@@ -189,6 +225,14 @@ class Classifier(PresetMixin, CompileFromConfig, InputChecks, keras.Model):
     """
 
     backbone_class = Backbone
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # The backbone's `from_preset` reads the presets of its classifier.
+        if cls.backbone_class is not Backbone and (
+            cls.backbone_class.classifier_class is None
+        ):
+            cls.backbone_class.classifier_class = cls
 
     def __init__(
         self, backbone, num_classes, activation=None, head_dropout=0.0, **kwargs
@@ -219,38 +263,53 @@ class Classifier(PresetMixin, CompileFromConfig, InputChecks, keras.Model):
     def check_inputs(self, inputs):
         self.backbone.check_inputs(inputs)
 
-    def compile(
-        self,
-        optimizer="adam",
-        loss="auto",
-        metrics=None,
-        weighted_metrics="auto",
-        jit_compile="auto",
-        **kwargs,
-    ):
-        """`keras.Model.compile` with defaults for classification.
+    def attention_scores(self, inputs):
+        """The attention scores of every block; see the backbone's method."""
+        return self.backbone.attention_scores(inputs)
 
-        `loss="auto"` is the sparse categorical cross-entropy (from logits
-        when the head has no activation) and `weighted_metrics="auto"` the
-        sparse categorical accuracy, weighted by `sample_weight` when one is
-        given (Keras 3 ignores `sample_weight` for `metrics=`).
+    @classmethod
+    def backbone_from(cls, backbone, arguments, required, hint=""):
+        """`backbone`, or a new `backbone_class` from a constructor's `arguments`.
+
+        A subclass's constructor takes its backbone's arguments as well; it
+        passes `locals()` here, and the ones the backbone's constructor names
+        build it. `required` are those that have no default.
         """
-        if loss == "auto":
-            loss = keras.losses.SparseCategoricalCrossentropy(
-                from_logits=self.activation is keras.activations.linear
+        if backbone is not None:
+            return backbone
+        missing = [name for name in required if arguments.get(name) is None]
+        if missing:
+            raise ValueError(
+                f"{cls.__name__} needs "
+                + " and ".join(f"`{name}`" for name in required)
+                + f" (or {hint}a `backbone`). Received: "
+                + ", ".join(f"{name}={arguments.get(name)}" for name in required)
             )
-        if weighted_metrics == "auto":
-            weighted_metrics = [
-                keras.metrics.SparseCategoricalAccuracy(name="accuracy")
-            ]
-        super().compile(
-            optimizer=optimizer,
-            loss=loss,
-            metrics=metrics,
-            weighted_metrics=weighted_metrics,
-            jit_compile=jit_compile,
-            **kwargs,
+        import inspect
+
+        parameters = inspect.signature(cls.backbone_class.__init__).parameters
+        return cls.backbone_class(
+            **{
+                name: arguments[name]
+                for name in parameters
+                if name in arguments and name not in ("self", "kwargs")
+            },
+            name="backbone",
         )
+
+    def compile_defaults(self):
+        """Adam, the sparse categorical cross-entropy (from logits when the
+        head has no activation) and the accuracy, weighted by
+        `sample_weight` when one is given."""
+        return {
+            "optimizer": "adam",
+            "loss": keras.losses.SparseCategoricalCrossentropy(
+                from_logits=self.activation is keras.activations.linear
+            ),
+            "weighted_metrics": [
+                keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+            ],
+        }
 
     def get_config(self):
         return {

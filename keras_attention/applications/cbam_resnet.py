@@ -237,24 +237,7 @@ class CBAMResNet(app_base.Classifier):
         head_dropout=0.0,
         **kwargs,
     ):
-        if backbone is None:
-            if image_size is None:
-                raise ValueError(
-                    "CBAMResNet needs `image_size` (or a `backbone`). "
-                    "Received: image_size=None"
-                )
-            backbone = CBAMResNetBackbone(
-                image_size=image_size,
-                num_channels=num_channels,
-                filters=filters,
-                blocks_per_stage=blocks_per_stage,
-                stem_filters=stem_filters,
-                stem_strides=stem_strides,
-                attention=attention,
-                attention_kwargs=attention_kwargs,
-                weight_decay=weight_decay,
-                name="backbone",
-            )
+        backbone = self.backbone_from(backbone, locals(), ("image_size",))
         super().__init__(
             backbone,
             num_classes,
@@ -262,13 +245,6 @@ class CBAMResNet(app_base.Classifier):
             head_dropout=head_dropout,
             **kwargs,
         )
-
-    def attention_scores(self, images):
-        """The attention maps of every block; see the backbone's method."""
-        return self.backbone.attention_scores(images)
-
-
-CBAMResNetBackbone.classifier_class = CBAMResNet
 
 
 presets.register_preset(

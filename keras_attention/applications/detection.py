@@ -341,23 +341,17 @@ class DETR(PresetMixin, keras.Model):
         weights = None
         last = len(self.decoder_layers) - 1
         for index, layer in enumerate(self.decoder_layers):
-            if return_attention_scores and index == last:
-                x, weights = layer(
-                    x,
-                    memory,
-                    position=query_position,
-                    memory_position=position,
-                    training=training,
-                    return_attention_scores=True,
-                )
-            else:
-                x = layer(
-                    x,
-                    memory,
-                    position=query_position,
-                    memory_position=position,
-                    training=training,
-                )
+            scores = return_attention_scores and index == last
+            x = layer(
+                x,
+                memory,
+                position=query_position,
+                memory_position=position,
+                training=training,
+                return_attention_scores=scores,
+            )
+            if scores:
+                x, weights = x
             if self.aux_loss or index == last:
                 outputs.append(self.decoder_norm(x))
         hidden = ops.stack(outputs, axis=1)  # B, L, N, D

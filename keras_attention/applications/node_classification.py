@@ -114,7 +114,7 @@ def _is_symbolic(x):
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class GATNodeClassifier(
     app_base.PresetMixin,
-    app_base.CompileFromConfig,
+    app_base.CompileDefaults,
     app_base.InputChecks,
     keras.Model,
 ):
@@ -310,42 +310,21 @@ class GATNodeClassifier(
                     f"values in [{low}, {high}]"
                 )
 
-    def compile(
-        self,
-        optimizer="auto",
-        loss="auto",
-        metrics=None,
-        weighted_metrics="auto",
-        jit_compile="auto",
-        **kwargs,
-    ):
-        """`keras.Model.compile` with the paper's defaults.
-
-        `optimizer="auto"` is Adam with learning rate 0.005, `loss="auto"`
-        the sparse categorical cross-entropy from logits, and
-        `weighted_metrics="auto"` the accuracy **weighted by the split's
-        sample weights**: `evaluate(..., sample_weight=data.test_weights)`
-        is the accuracy on the test nodes only, and `val_accuracy` in `fit`
-        counts the validation nodes only. (Keras 3 updates `metrics=`
-        without `sample_weight`, so an accuracy there would count every
-        node of the graph.)
-        """
-        if optimizer == "auto":
-            optimizer = keras.optimizers.Adam(learning_rate=0.005)
-        if loss == "auto":
-            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        if weighted_metrics == "auto":
-            weighted_metrics = [
+    def compile_defaults(self):
+        """The paper's: Adam with learning rate 0.005, the sparse categorical
+        cross-entropy from logits, and the accuracy **weighted by the
+        split's sample weights**: `evaluate(...,
+        sample_weight=data.test_weights)` is the accuracy on the test nodes
+        only, and `val_accuracy` in `fit` counts the validation nodes only.
+        (Keras 3 updates `metrics=` without `sample_weight`, so an accuracy
+        there would count every node of the graph.)"""
+        return {
+            "optimizer": keras.optimizers.Adam(learning_rate=0.005),
+            "loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            "weighted_metrics": [
                 keras.metrics.SparseCategoricalAccuracy(name="accuracy")
-            ]
-        super().compile(
-            optimizer=optimizer,
-            loss=loss,
-            metrics=metrics,
-            weighted_metrics=weighted_metrics,
-            jit_compile=jit_compile,
-            **kwargs,
-        )
+            ],
+        }
 
     def attention_scores(self, inputs):
         """The coefficients of both layers, run eagerly.

@@ -461,30 +461,15 @@ class TextClassifier(app_base.Classifier):
     ):
         if isinstance(preprocessor, dict):
             preprocessor = keras.saving.deserialize_keras_object(preprocessor)
-        if backbone is None:
-            if preprocessor is not None:
-                vocabulary_size = vocabulary_size or preprocessor.vocabulary_size
-                sequence_length = sequence_length or preprocessor.sequence_length
-            if vocabulary_size is None or sequence_length is None:
-                raise ValueError(
-                    "TextClassifier needs `vocabulary_size` and "
-                    "`sequence_length` (or a `preprocessor`, or a "
-                    f"`backbone`). Received: vocabulary_size={vocabulary_size}"
-                    f", sequence_length={sequence_length}"
-                )
-            backbone = TextClassifierBackbone(
-                vocabulary_size=vocabulary_size,
-                sequence_length=sequence_length,
-                hidden_dim=hidden_dim,
-                depth=depth,
-                num_heads=num_heads,
-                mlp_dim=mlp_dim,
-                dropout=dropout,
-                attention=attention,
-                attention_kwargs=attention_kwargs,
-                pooling_units=pooling_units,
-                name="backbone",
-            )
+        if backbone is None and preprocessor is not None:
+            vocabulary_size = vocabulary_size or preprocessor.vocabulary_size
+            sequence_length = sequence_length or preprocessor.sequence_length
+        backbone = self.backbone_from(
+            backbone,
+            locals(),
+            ("vocabulary_size", "sequence_length"),
+            hint="a `preprocessor`, or ",
+        )
         if preprocessor is not None and (
             preprocessor.sequence_length != backbone.sequence_length
             or preprocessor.vocabulary_size > backbone.vocabulary_size

@@ -31,7 +31,7 @@ from keras_attention.applications.text_preprocessing import (
 from keras_attention.applications.text_preprocessing import corpus_bleu
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
-from keras_attention.applications.base import CompileFromConfig
+from keras_attention.applications.base import CompileDefaults
 from keras_attention.applications.base import PresetMixin
 from keras_attention.applications.translation_metrics import TokenAccuracy
 
@@ -98,7 +98,7 @@ def _next_power_of_two(n):
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-class Translator(PresetMixin, CompileFromConfig, keras.Model):
+class Translator(PresetMixin, CompileDefaults, keras.Model):
     """Base of the translators: preprocessing, training defaults, decoding.
 
     Not used directly; see `Seq2SeqTranslator` and `TransformerTranslator`.
@@ -184,41 +184,21 @@ class Translator(PresetMixin, CompileFromConfig, keras.Model):
         )
         return weights
 
-    def compile(
-        self,
-        optimizer="auto",
-        loss="auto",
-        metrics=None,
-        weighted_metrics="auto",
-        jit_compile=True,
-        **kwargs,
-    ):
-        """`keras.Model.compile` with translation defaults.
-
-        `"auto"` gives Adam (`default_learning_rate`, gradient norm clipped
-        at 1), cross-entropy on logits that ignores padding (id 0), and
-        `TokenAccuracy` (non-padding tokens over the whole evaluation,
-        weighted by `sample_weight` when one is given). XLA is on by
-        default.
-        """
-        if optimizer == "auto":
-            optimizer = keras.optimizers.Adam(
+    def compile_defaults(self):
+        """Adam (`default_learning_rate`, gradient norm clipped at 1),
+        cross-entropy on logits that ignores padding (id 0), `TokenAccuracy`
+        (non-padding tokens over the whole evaluation, weighted by
+        `sample_weight` when one is given), and XLA."""
+        return {
+            "optimizer": keras.optimizers.Adam(
                 learning_rate=self.default_learning_rate, clipnorm=1.0
-            )
-        if loss == "auto":
-            loss = keras.losses.SparseCategoricalCrossentropy(
+            ),
+            "loss": keras.losses.SparseCategoricalCrossentropy(
                 from_logits=True, ignore_class=0
-            )
-        if weighted_metrics == "auto":
-            weighted_metrics = [TokenAccuracy(name="token_accuracy")]
-        super().compile(
-            optimizer=optimizer,
-            loss=loss,
-            metrics=metrics,
-            weighted_metrics=weighted_metrics,
-            jit_compile=jit_compile,
-            **kwargs,
-        )
+            ),
+            "weighted_metrics": [TokenAccuracy(name="token_accuracy")],
+            "jit_compile": True,
+        }
 
     def prepare(self, sources, targets):
         """`(x, labels)` for `fit`/`evaluate` from sentence pairs."""

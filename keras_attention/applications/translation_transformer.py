@@ -183,22 +183,22 @@ class TransformerTranslator(Translator):
 
     # Hooks -------------------------------------------------------------------
 
+    def _embed(self, ids, side, training):
+        """Token plus position embeddings of `ids` and their padding mask."""
+        limit = getattr(self.preprocessor, f"{side}_length")
+        self._check_length(ids, limit, f"{side}_ids")
+        x = getattr(self, f"{side}_embedding")(ids)
+        x = x + getattr(self, f"{side}_positions")(x)
+        return self.embedding_dropout(x, training=training), ops.not_equal(ids, 0)
+
     def encode(self, source_ids, training=False):
-        self._check_length(source_ids, self.preprocessor.source_length, "source_ids")
-        mask = ops.not_equal(source_ids, 0)
-        x = self.source_embedding(source_ids)
-        x = x + self.source_positions(x)
-        x = self.embedding_dropout(x, training=training)
+        x, mask = self._embed(source_ids, "source", training)
         for block in self.encoder_blocks:
             x = block(x, mask=mask, training=training)
         return {"states": self.encoder_norm(x), "source_mask": mask}
 
     def decode_sequence(self, target_ids, encoded, training=False):
-        self._check_length(target_ids, self.preprocessor.target_length, "target_ids")
-        mask = ops.not_equal(target_ids, 0)
-        x = self.target_embedding(target_ids)
-        x = x + self.target_positions(x)
-        x = self.embedding_dropout(x, training=training)
+        x, mask = self._embed(target_ids, "target", training)
         for block in self.decoder_blocks:
             x, weights = block(
                 x,

@@ -501,29 +501,9 @@ class VisionTransformer(app_base.Classifier):
         head_dropout=0.0,
         **kwargs,
     ):
-        if backbone is None:
-            if image_size is None or patch_size is None:
-                raise ValueError(
-                    "VisionTransformer needs `image_size` and `patch_size` "
-                    "(or a `backbone`). Received: "
-                    f"image_size={image_size}, patch_size={patch_size}"
-                )
-            backbone = VisionTransformerBackbone(
-                image_size=image_size,
-                patch_size=patch_size,
-                hidden_dim=hidden_dim,
-                depth=depth,
-                num_heads=num_heads,
-                mlp_dim=mlp_dim,
-                dropout=dropout,
-                attention_dropout=attention_dropout,
-                attention=attention,
-                attention_kwargs=attention_kwargs,
-                window_size=window_size,
-                pooling=pooling,
-                num_channels=num_channels,
-                name="backbone",
-            )
+        backbone = self.backbone_from(
+            backbone, locals(), ("image_size", "patch_size")
+        )
         super().__init__(
             backbone,
             num_classes,
@@ -531,13 +511,6 @@ class VisionTransformer(app_base.Classifier):
             head_dropout=head_dropout,
             **kwargs,
         )
-
-    def attention_scores(self, images):
-        """The scores of every encoder block; see the backbone's method."""
-        return self.backbone.attention_scores(images)
-
-
-VisionTransformerBackbone.classifier_class = VisionTransformer
 
 
 presets.register_preset(

@@ -52,3 +52,24 @@ def call_attention(
     if return_attention_scores and "return_attention_scores" in accepted:
         return layer(query, return_attention_scores=True, **kwargs)
     return layer(query, **kwargs), None
+
+
+def call_self_attention(layer, accepted, x, mask=None, position=None, **options):
+    """`call_attention` for self-attention over `x` (B, T, C).
+
+    Without `position` the layer gets `x` alone (and `query_mask=mask`);
+    with it, queries and keys are `x + position` and values `x` (DETR).
+    """
+    if position is None:
+        return call_attention(layer, accepted, x, query_mask=mask, **options)
+    query = x + position
+    return call_attention(
+        layer,
+        accepted,
+        query,
+        value=x,
+        key=query,
+        query_mask=mask,
+        value_mask=mask,
+        **options,
+    )

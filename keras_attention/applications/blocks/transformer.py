@@ -7,6 +7,7 @@ from keras_attention import _validation as base
 from keras_attention import registry
 from keras_attention.applications.blocks.attention_call import accepted_call_arguments
 from keras_attention.applications.blocks.attention_call import call_attention
+from keras_attention.applications.blocks.attention_call import call_self_attention
 from keras_attention.layers.dropout import HashDropout
 
 PACKAGE = "keras_attention"
@@ -288,19 +289,7 @@ class TransformerEncoderBlock(_TransformerBlock):
             grid = ops.reshape(x, (-1,) + self.grid_shape + (channels,))
             h, scores = call_attention(layer, accepted, grid, **options)
             return ops.reshape(h, (-1, ops.shape(x)[1], channels)), scores
-        if position is None:
-            return call_attention(layer, accepted, x, query_mask=mask, **options)
-        query = x + position
-        return call_attention(
-            layer,
-            accepted,
-            query,
-            value=x,
-            key=query,
-            query_mask=mask,
-            value_mask=mask,
-            **options,
-        )
+        return call_self_attention(layer, accepted, x, mask, position, **options)
 
     def call(
         self,
@@ -394,19 +383,7 @@ class TransformerDecoderBlock(_TransformerBlock):
     def _self_attend(self, x, mask, position, use_causal_mask, training):
         layer, accepted = self.self_attention, self._self_accepted
         options = dict(use_causal_mask=use_causal_mask, training=training)
-        if position is None:
-            return call_attention(layer, accepted, x, query_mask=mask, **options)
-        query = x + position
-        return call_attention(
-            layer,
-            accepted,
-            query,
-            value=x,
-            key=query,
-            query_mask=mask,
-            value_mask=mask,
-            **options,
-        )
+        return call_self_attention(layer, accepted, x, mask, position, **options)
 
     def _cross_attend(
         self, x, memory, mask, memory_mask, position, memory_position,
