@@ -213,7 +213,9 @@ def dot_product_attention(
             (a counter-based mask, `hash_dropout`; without a seed,
             `keras.random.dropout`).
         training: whether dropout is active.
-        return_weights: also return the weights `(B, H, T, S)`.
+        return_weights: also return the weights `(B, H, T, S)`, taken
+            before dropout (normalised over keys, zero for a query that
+            sees no key).
         implementation: `"auto"`, `"dense"`, `"blocked"` or `"fused"`.
             `"auto"`, when the weights are not requested and no bias or
             dropout applies, takes the backend's fused kernel on a GPU
@@ -301,15 +303,19 @@ def dot_product_attention(
     if bias is not None:
         scores = ops.cast(scores, "float32") + ops.cast(bias, "float32")
     weights = masked_softmax(scores, mask)
+    # The weights returned are those before dropout (they sum to one), as
+    # keras.layers.MultiHeadAttention returns them; dropout only reaches the
+    # weighted sum.
+    dropped = weights
     if dropout_active:
         if seed is None:
-            weights = keras.random.dropout(weights, dropout_rate)
+            dropped = keras.random.dropout(weights, dropout_rate)
         else:
             # Counter-based mask: a few fused integer operations under XLA,
             # where the backend's generator is slow on CPU (`hash_dropout`).
-            weights = hash_dropout(weights, dropout_rate, seed)
+            dropped = hash_dropout(weights, dropout_rate, seed)
     v = ops.transpose(value, (0, 2, 1, 3))
-    out = ops.matmul(ops.cast(weights, v.dtype), v)  # (B, H, T, Dv)
+    out = ops.matmul(ops.cast(dropped, v.dtype), v)  # (B, H, T, Dv)
     out = ops.cast(ops.transpose(out, (0, 2, 1, 3)), out_dtype)
     if return_weights:
         return out, weights

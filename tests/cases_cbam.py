@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from tests.harness import LayerCase
+from tests.harness import ScoreContract
 
 
 def value(variable):
@@ -196,6 +197,14 @@ def sequence_mask(rng, b=2, t=7):
     return m
 
 
+def first_sample_masked(rng, x):
+    """A Keras mask that hides every position of the first sample: its
+    queries see no key; their weights are `weights[0]`."""
+    mask = np.ones(x.shape[:-1], bool)
+    mask[0] = False
+    return {"mask": mask}, (0,)
+
+
 CASES = {
     # A 1D sequence with padding: any rank works, masks keep pads out.
     "channel": LayerCase(
@@ -203,16 +212,26 @@ CASES = {
         make_inputs=normal(2, 7, 8),
         reference=channel_reference,
         mask=sequence_mask,
+        scores=ScoreContract(
+            shapes=lambda x: [(x.shape[0], x.shape[-1])], kinds=("gate",)
+        ),
     ),
     "spatial": LayerCase(
         kwargs={"kernel_size": 3},
         make_inputs=normal(2, 6, 5, 4),
         reference=spatial_reference,
+        scores=ScoreContract(
+            shapes=lambda x: [x.shape[:-1] + (1,)], kinds=("gate",)
+        ),
     ),
     "cbam": LayerCase(
         kwargs={"reduction": 4, "kernel_size": 3},
         make_inputs=normal(2, 6, 5, 8),
         reference=cbam_reference,
+        scores=ScoreContract(
+            shapes=lambda x: [(x.shape[0], x.shape[-1]), x.shape[:-1] + (1,)],
+            kinds=("gate", "gate"),
+        ),
     ),
     # zero_init_residual=False, or the reference would only see the identity.
     "non_local": LayerCase(
@@ -224,5 +243,10 @@ CASES = {
         },
         make_inputs=normal(2, 5, 4, 6),
         reference=non_local_reference,
+        # (B, 1, T, S): T = 5 * 4 positions, S = 3 * 2 pooled positions.
+        scores=ScoreContract(
+            shapes=lambda x: [(x.shape[0], 1, 20, 6)],
+            no_key=first_sample_masked,
+        ),
     ),
 }

@@ -10,6 +10,7 @@ explicit list of edges `(source, target, features)`.
 import numpy as np
 
 from tests.harness import LayerCase
+from tests.harness import ScoreContract
 
 
 def value(variable):
@@ -171,6 +172,18 @@ def random_graph(rng, num_nodes=7, num_edges=16, features=5, edge_dim=None):
     return [x, edges, rng.normal(size=(num_edges, edge_dim)).astype("float32")]
 
 
+def incoming_sums(weights, inputs):
+    """Each node's incoming coefficients summed, `(N, H)`: the edge list
+    with one self loop per node appended (`with_self_loops`)."""
+    x, edges = inputs[0], np.asarray(inputs[1])
+    n = x.shape[0]
+    targets = np.concatenate([edges[1], np.arange(n)])
+    return np.stack(
+        [np.bincount(targets, weights=weights[:, h], minlength=n)
+         for h in range(weights.shape[1])], -1,
+    )
+
+
 CASES = {
     # The edge-list (sparse) path on one graph: the node axis is the batch
     # axis of the harness's inputs, and the whole graph is one fit step.
@@ -178,5 +191,11 @@ CASES = {
         kwargs=dict(units=3, num_heads=2, activation="elu"),
         make_inputs=random_graph,
         reference=graph_reference,
+        # (E + N, H): the edges, then one self loop per node.
+        scores=ScoreContract(
+            shapes=lambda g: [(g[1].shape[1] + g[0].shape[0], 2)],
+            sums=incoming_sums,
+            dropout={"dropout": 0.5, "seed": 1},
+        ),
     ),
 }

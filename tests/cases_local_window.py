@@ -3,6 +3,7 @@
 import numpy as np
 
 from tests.harness import LayerCase
+from tests.harness import ScoreContract
 
 
 def swin_reference(
@@ -130,5 +131,10 @@ CASES = {
         ),
         make_inputs=image,
         reference=local_window_reference,
+        # (B, nW, H, T, T): 2 x 2 windows of 4 x 4 tokens on the 8 x 8 padding.
+        scores=ScoreContract(
+            shapes=lambda x: [(x.shape[0], 4, 2, 16, 16)],
+            dropout={"dropout": 0.5, "seed": 1},
+        ),
     ),
 }

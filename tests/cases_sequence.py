@@ -1,8 +1,10 @@
 """Harness cases and NumPy references for the three sequence layers."""
 
+import keras
 import numpy as np
 
 from tests.harness import LayerCase
+from tests.harness import ScoreContract
 
 
 def softmax(x, mask=None):
@@ -30,6 +32,10 @@ def padding_mask(rng, b=2, t=5):
     return m
 
 
+def np_(variable):
+    return np.asarray(keras.ops.convert_to_numpy(variable))
+
+
 def mha_reference(layer, inputs):
     wq, bq, wk, bk, wv, bv, wo, bo = layer.get_weights()
     x = inputs
@@ -49,7 +55,8 @@ def mha_reference(layer, inputs):
 
 def additive_reference(layer, inputs):
     query, value = inputs
-    w1, w2, b, v = layer.get_weights()
+    w1, w2 = np_(layer.query_kernel), np_(layer.key_kernel)
+    b, v = np_(layer.bias), np_(layer.score_kernel)
     hidden = (query @ w1)[:, :, None, :] + (value @ w2)[:, None, :, :] + b
     scores = np.tanh(hidden) @ v
     return softmax(scores) @ value
@@ -67,18 +74,53 @@ def luong_general_reference(layer, inputs):
     return softmax(query @ w @ np.swapaxes(value, 1, 2)) @ value
 
 
+def no_key_for_query_1(rank=3):
+    """An attention mask `(B, T, S)` that hides every key from query 1 of
+    the first sample; the weights' index of that query."""
+
+    def make(rng, inputs):
+        query = inputs[0] if isinstance(inputs, (list, tuple)) else inputs
+        value = inputs[1] if isinstance(inputs, (list, tuple)) else inputs
+        mask = np.ones((query.shape[0], query.shape[1], value.shape[1]), bool)
+        mask[0, 1] = False
+        index = (0, slice(None), 1) if rank == 4 else (0, 1)
+        return {"attention_mask": mask}, index
+
+    return make
+
+
+def sequence_scores(heads=None):
+    def shapes(inputs):
+        query = inputs[0] if isinstance(inputs, (list, tuple)) else inputs
+        value = inputs[1] if isinstance(inputs, (list, tuple)) else inputs
+        b, t, s = query.shape[0], query.shape[1], value.shape[1]
+        return [(b, t, s) if heads is None else (b, heads, t, s)]
+
+    return shapes
+
+
 CASES = {
     "multi_head": LayerCase(
         kwargs=dict(num_heads=4, key_dim=4, num_key_value_heads=2, use_causal_mask=True),
         make_inputs=seq,
         reference=mha_reference,
         mask=padding_mask,
+        scores=ScoreContract(
+            shapes=sequence_scores(heads=4),  # keras's (B, H, T, S)
+            dropout={"dropout": 0.5, "seed": 1},
+            no_key=no_key_for_query_1(rank=4),
+        ),
     ),
     "additive": LayerCase(
         kwargs=dict(units=6),
         make_inputs=cross,
         reference=additive_reference,
         mask=lambda rng: padding_mask(rng, t=4),
+        scores=ScoreContract(
+            shapes=sequence_scores(),  # keras's AdditiveAttention: (B, T, S)
+            dropout={"dropout": 0.5, "seed": 1},
+            no_key=no_key_for_query_1(),
+        ),
     ),
     "scaled_dot_product": LayerCase(
         kwargs=dict(),
@@ -86,6 +128,11 @@ CASES = {
         reference=sdpa_reference,
         mask=padding_mask,
         trainable=False,
+        scores=ScoreContract(
+            shapes=sequence_scores(),  # keras's Attention: (B, T, S)
+            dropout={"dropout": 0.5, "seed": 1},
+            no_key=no_key_for_query_1(),
+        ),
     ),
 }
 

@@ -19,6 +19,32 @@ import keras_attention
 
 
 @dataclasses.dataclass
+class ScoreContract:
+    """What `return_attention_scores=True` returns (docs/design.md).
+
+    Args:
+        shapes: `inputs -> [shape, ...]`, one shape per returned tensor
+            (CBAM returns two).
+        kinds: per tensor, `"softmax"` (normalised over the keys: sums to 1,
+            or 0 for a query that sees no key), `"gate"` (sigmoid gates in
+            (0, 1), not a distribution) or `"mean"` (non-local `f / N`).
+        sums: `(weights, inputs) -> sums over the keys`; defaults to the
+            sum over the last axis.
+        dropout: constructor arguments that turn dropout on, when the layer
+            has dropout: the weights must be those before dropout.
+        no_key: `(rng, inputs) -> (call kwargs, index)`: masks that leave the
+            queries at `index` of the weights without a key; those weights
+            must be exactly zero.
+    """
+
+    shapes: Callable
+    kinds: tuple = ("softmax",)
+    sums: Optional[Callable] = None
+    dropout: Optional[dict] = None
+    no_key: Optional[Callable] = None
+
+
+@dataclasses.dataclass
 class LayerCase:
     kwargs: dict
     make_inputs: Callable
@@ -28,6 +54,7 @@ class LayerCase:
     trainable: bool = True
     atol: float = 1e-5
     low_precision_atol: float = 5e-2
+    scores: Optional[ScoreContract] = None
 
 
 def load_cases():

@@ -335,7 +335,11 @@ def test_attention_pooling_matches_numpy():
     mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
     layer = AttentionPooling(units=4)
     pooled, weights = layer(x, mask=mask, return_attention_scores=True)
-    w1, w2, b, v = layer.attention.get_weights()
+    attention = layer.attention
+    w1, w2, b, v = (
+        keras.ops.convert_to_numpy(w)
+        for w in (attention.query_kernel, attention.key_kernel, attention.bias, attention.score_kernel)
+    )
     query = layer.query.numpy()[0]  # (1, C)
     scores = np.tanh(query @ w1 + x @ w2 + b) @ v  # (B, T)
     scores = np.where(mask, scores, -np.inf)

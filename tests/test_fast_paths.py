@@ -109,25 +109,35 @@ def test_hash_dropout_dynamic_shape_equals_static():
 
 
 def test_attention_dropout_keeps_its_share_and_rescales():
-    """The core's weight dropout: about `1 - rate` kept, scaled by 1/(1-rate)."""
+    """The core's weight dropout: about `1 - rate` kept, scaled by 1/(1-rate).
+
+    The weights returned are those before dropout; one-hot values make the
+    output show the dropped weights themselves.
+    """
     import keras
 
     rng = np.random.default_rng(8)
-    q, k, v = (tf.constant(rng.normal(size=(4, 32, 2, 8)).astype("float32"))
-               for _ in range(3))
+    q, k = (tf.constant(rng.normal(size=(4, 32, 2, 8)).astype("float32"))
+            for _ in range(2))
+    # v[b, s, h] = e_s, so out[b, t, h, s] = dropped weight (b, h, t, s).
+    v = tf.constant(np.broadcast_to(
+        np.eye(32, dtype="float32")[None, :, None, :], (4, 32, 2, 32)
+    ).copy())
     _, plain = attention_ops.dot_product_attention(q, k, v, return_weights=True)
     generator = keras.random.SeedGenerator(2)
-    _, dropped = attention_ops.dot_product_attention(
-        q, k, v, dropout_rate=0.25, seed=generator, training=True,
-        return_weights=True,
-    )
-    _, again = attention_ops.dot_product_attention(
-        q, k, v, dropout_rate=0.25, seed=generator, training=True,
-        return_weights=True,
-    )
-    kept = dropped.numpy() != 0
+
+    def dropped_weights():
+        out, weights = attention_ops.dot_product_attention(
+            q, k, v, dropout_rate=0.25, seed=generator, training=True,
+            return_weights=True,
+        )
+        np.testing.assert_allclose(weights.numpy(), plain.numpy(), rtol=1e-6)
+        return np.transpose(out.numpy(), (0, 2, 1, 3))
+
+    dropped, again = dropped_weights(), dropped_weights()
+    kept = dropped != 0
     assert 0.72 < kept.mean() < 0.78
     np.testing.assert_allclose(
-        dropped.numpy()[kept], plain.numpy()[kept] / 0.75, rtol=1e-5
+        dropped[kept], plain.numpy()[kept] / 0.75, rtol=1e-5
     )
-    assert (again.numpy() != dropped.numpy()).any()  # a new mask per call
+    assert (again != dropped).any()  # a new mask per call

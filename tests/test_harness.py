@@ -136,3 +136,48 @@ def test_masked_values_do_not_matter(name):
         changed = [noisy]
     out2 = numpy(first(call(layer, changed, case, mask=keras_mask)))
     np.testing.assert_allclose(out[mask], out2[mask], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_score_contract(name):
+    """`return_attention_scores=True` as docs/design.md's score contract says:
+    the layout, normalised over the keys (or gates in (0, 1)), taken before
+    dropout, zero for a query that sees no key."""
+    case = case_for(name)
+    contract = case.scores
+    if contract is None:
+        assert name not in OWN, f"add a ScoreContract to the case of {name!r}"
+        pytest.skip(f"no score contract for the plugin layer {name!r}")
+    inputs = case.make_inputs(np.random.default_rng(4))
+    keras.utils.set_random_seed(4)
+    layer = make_layer(name, case, **(contract.dropout or {}))
+    out, scores = call(layer, inputs, case, return_attention_scores=True, training=False)
+    parts = list(scores) if isinstance(scores, (list, tuple)) else [scores]
+    assert [tuple(p.shape) for p in parts] == [tuple(s) for s in contract.shapes(inputs)]
+    for part, kind in zip(parts, contract.kinds):
+        w = numpy(part).astype("float32")
+        assert np.all(np.isfinite(w))
+        if kind == "gate":
+            assert np.all((w > 0) & (w < 1))
+            continue
+        assert np.all(w >= 0)
+        sums = contract.sums(w, inputs) if contract.sums else w.sum(-1)
+        # Each query's weights sum to 1, or are all zero where the query
+        # sees no key (e.g. the padding tokens of local windows).
+        assert np.all((np.abs(sums - 1.0) < 1e-5) | (sums == 0.0)), sums
+        assert np.mean(np.abs(sums - 1.0) < 1e-5) > 0.5
+    if contract.dropout:
+        out_train, train_scores = call(
+            layer, inputs, case, return_attention_scores=True, training=True
+        )
+        np.testing.assert_allclose(numpy(train_scores), numpy(scores), atol=1e-6)
+        assert not np.allclose(numpy(out_train), numpy(out)), "dropout had no effect"
+    if contract.no_key:
+        kwargs, index = contract.no_key(np.random.default_rng(5), inputs)
+        _, masked = call(layer, inputs, case, return_attention_scores=True, **kwargs)
+        masked = numpy(masked)
+        assert np.all(masked[index] == 0)
+        sums = masked.sum(-1)
+        seen = np.ones(sums.shape, bool)
+        seen[index] = False
+        np.testing.assert_allclose(sums[seen], 1.0, atol=1e-5)

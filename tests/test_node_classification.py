@@ -23,7 +23,10 @@ def elu(x):
 
 def reference_gat_layer(layer, x, edges, concat):
     """GAT (v1) from the paper's equations, with one self loop per node."""
-    kernel, a_source, a_target, bias = layer.get_weights()
+    kernel, a_source, a_target, bias = (
+        keras.ops.convert_to_numpy(w)
+        for w in (layer.kernel, layer.attention_source, layer.attention_target, layer.bias)
+    )
     n = x.shape[0]
     heads, units = a_source.shape
     h = (x @ kernel).reshape(n, heads, units)

@@ -52,7 +52,7 @@ def identity_mha(dtype, num_heads=2, implementation="dense"):
     kernel = eye.reshape(dim, num_heads, HEAD_DIM)
     weights = []
     for w in layer.weights:
-        if w.path.endswith("output_kernel"):
+        if w.path.endswith("attention_output/kernel"):
             weights.append(eye.reshape(num_heads, HEAD_DIM, dim))
         elif "kernel" in w.path:
             weights.append(kernel)

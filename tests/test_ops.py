@@ -234,18 +234,31 @@ def test_gradient_agrees_with_finite_differences():
             np.testing.assert_allclose(t_grad, n_grad, atol=5e-3)
 
 
-def test_dropout_is_applied_in_training_only():
+def test_dropout_is_applied_in_training_only_and_weights_come_before_it():
     rng = np.random.default_rng(6)
     q, k, v = random_qkv(rng)
-    _, w = attention_ops.dot_product_attention(
+    out_train, w_train = attention_ops.dot_product_attention(
         q, k, v, dropout_rate=0.5, seed=1, training=True, return_weights=True
     )
-    w = keras.ops.convert_to_numpy(w)
-    assert (w == 0).mean() > 0.3
-    _, w = attention_ops.dot_product_attention(
+    out_eval, w_eval = attention_ops.dot_product_attention(
         q, k, v, dropout_rate=0.5, seed=1, training=False, return_weights=True
     )
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(w).sum(-1), 1.0, atol=1e-5)
+    w_train = keras.ops.convert_to_numpy(w_train)
+    w_eval = keras.ops.convert_to_numpy(w_eval)
+    # The weights are returned before dropout, as keras's layer returns them.
+    np.testing.assert_allclose(w_train, w_eval, atol=1e-6)
+    np.testing.assert_allclose(w_train.sum(-1), 1.0, atol=1e-5)
+    # The output is the dropped weights times the values: the dropped
+    # weights are zero or w / (1 - rate).
+    out_train = keras.ops.convert_to_numpy(out_train)
+    out_eval = keras.ops.convert_to_numpy(out_eval)
+    assert not np.allclose(out_train, out_eval, atol=1e-3)
+    keep = attention_ops.hash_dropout(np.ones(w_eval.shape, "float32"), 0.5, 1)
+    dropped = w_eval * keras.ops.convert_to_numpy(keep)
+    # (B, H, T, S) x (B, S, H, D) -> (B, T, H, D)
+    v = np.repeat(v, q.shape[2] // v.shape[2], axis=2)  # grouped heads
+    expected = np.einsum("bhts,bshd->bthd", dropped, v)
+    np.testing.assert_allclose(out_train, expected, atol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """The attention layers; importing this module registers them all."""
 
 from keras_attention.layers.additive import AdditiveAttention
+from keras_attention.layers.base import enable_lora
 from keras_attention.layers.cbam import CBAM
 from keras_attention.layers.cbam import ChannelAttention
 from keras_attention.layers.cbam import SpatialAttention

@@ -7,7 +7,7 @@ from keras_attention.registry import register
 
 
 @register("additive", input_kind="tokens")
-class AdditiveAttention(base.SequenceAttention):
+class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
     """Additive attention (Bahdanau et al., 2015).
 
     Each query `q_t` scores every key `k_s` with a small perceptron,
@@ -106,25 +106,33 @@ class AdditiveAttention(base.SequenceAttention):
                 f"query.shape={query_shape}"
             )
         base.check_rank("key", key_shape)
-        self.query_kernel = self.add_weight(
-            name="query_kernel",
-            shape=(query_shape[-1], self.units),
-            initializer=self._initializer(),
-        )
-        self.key_kernel = self.add_weight(
-            name="key_kernel",
-            shape=(key_shape[-1], self.units),
-            initializer=self._initializer(),
-        )
-        self.bias = (
-            self.add_weight(name="bias", shape=(self.units,), initializer="zeros")
-            if self.use_bias
-            else None
-        )
+        # v, then W1 and W2 (+ b) as keras Dense layers (LoRA, quantization).
         self.score_kernel = self.add_weight(
             name="score_kernel", shape=(self.units,), initializer=self._initializer()
         )
+        self.query_dense = keras.layers.Dense(
+            self.units,
+            use_bias=False,
+            kernel_initializer=self._initializer(),
+            dtype=self.dtype_policy,
+            name="query",
+        )
+        self.query_dense.build((None, query_shape[-1]))
+        self.key_dense = keras.layers.Dense(
+            self.units,
+            use_bias=self.use_bias,
+            kernel_initializer=self._initializer(),
+            bias_initializer="zeros",
+            dtype=self.dtype_policy,
+            name="key",
+        )
+        self.key_dense.build((None, key_shape[-1]))
         self.built = True
+
+    # W1, W2 and b under their former names (NumPy references).
+    query_kernel = property(lambda self: self.query_dense.kernel)
+    key_kernel = property(lambda self: self.key_dense.kernel)
+    bias = property(lambda self: self.key_dense.bias)
 
     def project_key(self, key):
         """`W2 k + b` `(B, S, units)`: the keys' half of the perceptron.
@@ -141,11 +149,7 @@ class AdditiveAttention(base.SequenceAttention):
                 "or build it with `build(query_shape, value_shape)` first. "
                 f"Received: key.shape={tuple(key.shape)} for an unbuilt layer"
             )
-        dtype = self.compute_dtype  # also outside `__call__`'s autocast
-        k = ops.matmul(ops.cast(key, dtype), ops.cast(self.key_kernel, dtype))
-        if self.bias is not None:
-            k = k + ops.cast(self.bias, dtype)
-        return k
+        return self.key_dense(key)
 
     def call(
         self,
@@ -177,7 +181,7 @@ class AdditiveAttention(base.SequenceAttention):
             key_mask=key_mask,
             attention_mask=attention_mask,
         )
-        q = ops.matmul(query, self.query_kernel)  # (B, T, U)
+        q = self.query_dense(query)  # (B, T, U)
         if projected_key is None:
             k = self.project_key(key)  # (B, S, U), bias included
         else:
@@ -194,12 +198,24 @@ class AdditiveAttention(base.SequenceAttention):
             k = ops.cast(projected_key, q.dtype)
         hidden = q[:, :, None, :] + k[:, None, :, :]  # (B, T, S, U)
         scores = ops.tensordot(ops.tanh(hidden), self.score_kernel, axes=1)
-        weights = attention_ops.masked_softmax(scores, combined)  # (B, T, S)
-        if training and self.dropout > 0:
-            weights = keras.random.dropout(
-                weights, self.dropout, seed=self.seed_generator
-            )
-        output = ops.matmul(ops.cast(weights, value.dtype), value)
+        # softmax(scores) V with masks and dropout on the shared core: the
+        # additive scores enter as its bias (the dot-product term is zero,
+        # one-dimensional heads); the weights come back before dropout.
+        batch, t_len = ops.shape(scores)[0], ops.shape(scores)[1]
+        s_len = ops.shape(scores)[2]
+        output, weights = attention_ops.dot_product_attention(
+            ops.zeros((batch, t_len, 1, 1), value.dtype),
+            ops.zeros((batch, s_len, 1, 1), value.dtype),
+            value[:, :, None, :],
+            attention_mask=combined,
+            bias=scores[:, None, :, :],
+            dropout_rate=self.dropout,
+            seed=self.seed_generator,
+            training=training,
+            return_weights=True,
+        )
+        output = output[:, :, 0, :]  # (B, T, Dv)
+        weights = ops.cast(weights[:, 0], self.compute_dtype)  # (B, T, S)
         if one_step:
             output, weights = output[:, 0], weights[:, 0]
         if return_attention_scores:

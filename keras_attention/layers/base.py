@@ -59,6 +59,244 @@ def check_mask_shape(argument, mask, expected):
         )
 
 
+# keras's layers whose kernels take LoRA (`enable_lora`) and, the dense
+# ones, quantization (`quantize`): the projections of every layer here.
+_LORA_LAYERS = (
+    keras.layers.Dense,
+    keras.layers.EinsumDense,
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.Conv3D,
+)
+
+
+def projection_sublayers(layer):
+    """`{name: sublayer}` of the keras projections inside `layer`.
+
+    Nested keras_attention layers are searched too (`CBAM`'s channel MLP),
+    named by their path below `layer` (`"channel_attention/hidden"`).
+    """
+    found = {}
+    prefix = layer.path + "/" if getattr(layer, "path", None) else ""
+    for sub in layer._flatten_layers(include_self=False, recursive=True):
+        if isinstance(sub, _LORA_LAYERS):
+            name = sub.path[len(prefix):] if sub.path.startswith(prefix) else sub.name
+            found[name] = sub
+    return found
+
+
+def enable_lora_on(layer, rank, lora_alpha=None, target_names=None):
+    """`enable_lora(rank)` on `layer`'s projections, all or nothing.
+
+    Every argument and every target is checked before the first sublayer
+    changes, so a bad call leaves the layer exactly as it was.
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        raise invalid("rank", "a positive integer", rank)
+    if lora_alpha is not None and (
+        isinstance(lora_alpha, bool)
+        or not isinstance(lora_alpha, (int, float))
+        or lora_alpha <= 0
+    ):
+        raise invalid("lora_alpha", "a positive number or None", lora_alpha)
+    if not layer.built:
+        raise ValueError(
+            f"Cannot enable LoRA on the layer {layer.name!r} before it is "
+            f"built: call it once or `build` it first. Received: rank={rank}"
+        )
+    targets = projection_sublayers(layer)
+    if target_names is not None:
+        names = [target_names] if isinstance(target_names, str) else list(target_names)
+        unknown = [n for n in names if not any(
+            key == n or key.endswith("/" + n) for key in targets
+        )]
+        if unknown or not names:
+            raise invalid(
+                "target_names",
+                f"names among {sorted(targets)}",
+                target_names,
+            )
+        targets = {
+            key: sub for key, sub in targets.items()
+            if any(key == n or key.endswith("/" + n) for n in names)
+        }
+    if not targets:
+        raise ValueError(
+            f"The layer {layer.name!r} has no projection kernels to adapt "
+            f"with LoRA. Received: rank={rank}"
+        )
+    enabled = sorted(k for k, sub in targets.items() if sub.lora_enabled)
+    if enabled:
+        raise ValueError(
+            f"LoRA is already enabled on {enabled} of the layer "
+            f"{layer.name!r}; it can be enabled once. Received: rank={rank}"
+        )
+    constrained = sorted(
+        k for k, sub in targets.items() if getattr(sub, "kernel_constraint", None)
+    )
+    if constrained:
+        raise ValueError(
+            f"LoRA is incompatible with kernel constraints, set on "
+            f"{constrained} of the layer {layer.name!r}. Received: rank={rank}"
+        )
+    for sub in targets.values():
+        sub.enable_lora(rank, lora_alpha=lora_alpha)
+
+
+def enable_lora(model, rank, lora_alpha=None, target_names=("query", "value")):
+    """LoRA fine-tuning of a model's attention layers, as keras-hub's
+    `Backbone.enable_lora`: the named projections get trainable low-rank
+    updates and every other weight of `model` is frozen.
+
+    Args:
+        model: a built `keras.Model` or layer (a backbone) holding
+            keras_attention layers.
+        rank: the rank of the updates, a positive integer.
+        lora_alpha: the updates' scale numerator; defaults to `rank`.
+        target_names: the projection names to adapt in every attention
+            layer that has them (`"query"`, `"value"` of the multi-head
+            layers by default, as keras-hub; see `projection_sublayers`).
+
+    Returns:
+        The adapted projection sublayers, `{path: layer}`.
+
+    Raises:
+        ValueError: for a bad argument, an unbuilt model, no matching
+            projection, or LoRA already enabled on one; nothing changes then.
+
+    Example:
+
+    ```python
+    model = VisionTransformer.from_preset("vit_digits")
+    enable_lora(model.backbone, rank=4)
+    model.compile("adam", "sparse_categorical_crossentropy")  # head + LoRA train
+    ```
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        raise invalid("rank", "a positive integer", rank)
+    names = [target_names] if isinstance(target_names, str) else list(target_names)
+    if not names or not all(isinstance(n, str) for n in names):
+        raise invalid("target_names", "a non-empty list of names", target_names)
+    if not model.built:
+        raise ValueError(
+            f"Cannot enable LoRA on {model.name!r} before it is built. "
+            f"Received: rank={rank}"
+        )
+    owners = [
+        layer for layer in model._flatten_layers(include_self=True)
+        if isinstance(layer, ProjectionMixin)
+    ]
+    targets, seen = {}, set()
+    for layer in owners:
+        for key, sub in projection_sublayers(layer).items():
+            if id(sub) in seen:
+                continue  # a nested attention layer (CBAM's parts)
+            if key.split("/")[-1] in names:
+                targets[sub.path] = sub
+                seen.add(id(sub))
+    if not targets:
+        raise invalid(
+            "target_names",
+            f"names of projections in {model.name!r}'s attention layers",
+            target_names,
+        )
+    # Check everything before the first change (all or nothing).
+    for sub in targets.values():
+        if sub.lora_enabled:
+            raise ValueError(
+                f"LoRA is already enabled on {sub.path!r}; it can be "
+                f"enabled once. Received: rank={rank}"
+            )
+        if getattr(sub, "kernel_constraint", None):
+            raise ValueError(
+                f"LoRA is incompatible with the kernel constraint of "
+                f"{sub.path!r}. Received: rank={rank}"
+            )
+    if lora_alpha is not None and (
+        isinstance(lora_alpha, bool)
+        or not isinstance(lora_alpha, (int, float))
+        or lora_alpha <= 0
+    ):
+        raise invalid("lora_alpha", "a positive number or None", lora_alpha)
+    for sub in targets.values():
+        sub.enable_lora(rank, lora_alpha=lora_alpha)
+    target_ids = {id(sub) for sub in targets.values()}
+    for layer in model._flatten_layers(include_self=True):
+        if id(layer) in target_ids:
+            continue  # keras froze its kernel; its factors and bias train
+        if not list(layer._flatten_layers(include_self=False)):
+            layer.trainable = False  # a leaf (BatchNormalization: inference)
+        else:
+            # A container of targets: freeze only its own weights.
+            for variable in layer._trainable_variables:
+                variable.trainable = False
+    return targets
+
+
+class ProjectionMixin:
+    """`enable_lora` for a layer whose kernels live in keras sublayers."""
+
+    def enable_lora(self, rank, lora_alpha=None, target_names=None):
+        """LoRA on the layer's projections (Hu et al., 2021).
+
+        The base kernels are frozen and a trainable low-rank update
+        `A B * lora_alpha / rank` is added to each, as keras's
+        `Dense.enable_lora` does; saving merges the update into the kernel.
+
+        Args:
+            rank: the rank of the updates, a positive integer.
+            lora_alpha: the updates' scale numerator; defaults to `rank`.
+            target_names: the projections to adapt (sublayer names, see
+                `keras_attention.layers.base.projection_sublayers`); all by
+                default.
+
+        Raises:
+            ValueError: for a bad `rank`, `lora_alpha` or `target_names`, an
+                unbuilt layer, or LoRA already enabled; nothing changes then.
+        """
+        enable_lora_on(self, rank, lora_alpha, target_names)
+
+    def get_config(self):
+        config = super().get_config()
+        policy = quantized_policy_map(self)
+        if policy is not None:
+            config["dtype"] = keras.dtype_policies.serialize(policy)
+        return config
+
+
+def quantized_policy_map(layer):
+    """A `DTypePolicyMap` of `layer`'s quantized projections, or `None`.
+
+    `model.quantize("int8")` changes the dtype policy of the projection
+    sublayers only, which a layer's config does not hold: rebuilt from its
+    config, the layer would make float kernels and could not load the
+    quantized ones (keras's own `MultiHeadAttention` has this problem).
+    Saving the sublayers' policies in a map under their paths, as keras's
+    `test_dtype_policy_map` builds one by hand, makes the rebuilt sublayers
+    quantized again, so a `.keras` file of a quantized model loads.
+    """
+    quantized = {
+        sub.path: sub.dtype_policy
+        for sub in projection_sublayers(layer).values()
+        if sub.quantization_mode is not None
+    }
+    if not quantized:
+        return None
+    own = layer._dtype_policy
+    if isinstance(own, keras.dtype_policies.DTypePolicyMap):
+        policy = keras.dtype_policies.DTypePolicyMap(
+            default_policy=own.default_policy
+        )
+        for path, item in own.items():
+            policy[path] = item
+    else:
+        policy = keras.dtype_policies.DTypePolicyMap(default_policy=own)
+    for path, item in quantized.items():
+        if path not in policy:
+            policy[path] = item
+    return policy
+
+
 class SequenceAttention(keras.layers.Layer):
     """Base of the sequence attention layers: input unpacking and masks.
 

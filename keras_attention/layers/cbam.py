@@ -72,7 +72,7 @@ def _clone_initializer(initializer):
     return initializer.__class__.from_config(initializer.get_config())
 
 
-class _ImageAttention(keras.layers.Layer):
+class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
     """What the CBAM layers share: arguments of their weights, masks, specs."""
 
     def __init__(
@@ -92,23 +92,39 @@ class _ImageAttention(keras.layers.Layer):
         self.bias_regularizer = keras.regularizers.get(bias_regularizer)
         self.supports_masking = True
 
-    def _add_kernel(self, name, shape):
-        return self.add_weight(
+    def _sublayer_kwargs(self, name):
+        return dict(
+            use_bias=self.use_bias,
+            kernel_initializer=_clone_initializer(self.kernel_initializer),
+            bias_initializer=_clone_initializer(self.bias_initializer),
+            kernel_regularizer=self.kernel_regularizer,
+            bias_regularizer=self.bias_regularizer,
+            dtype=self.dtype_policy,
             name=name,
-            shape=shape,
-            initializer=_clone_initializer(self.kernel_initializer),
-            regularizer=self.kernel_regularizer,
         )
 
-    def _add_bias(self, name, shape):
-        if not self.use_bias:
-            return None
-        return self.add_weight(
-            name=name,
-            shape=shape,
-            initializer=_clone_initializer(self.bias_initializer),
-            regularizer=self.bias_regularizer,
+    def _dense(self, name, units, input_dim):
+        """A built `keras.layers.Dense` projection (LoRA, quantization)."""
+        dense = keras.layers.Dense(units, **self._sublayer_kwargs(name))
+        dense.build((None, input_dim))
+        return dense
+
+    def _conv(self, name, input_shape, filters, kernel_size):
+        """A built same-padded `keras.layers.Conv{1,2,3}D` (LoRA)."""
+        conv_class = {
+            1: keras.layers.Conv1D,
+            2: keras.layers.Conv2D,
+            3: keras.layers.Conv3D,
+        }[len(input_shape) - 2]
+        conv = conv_class(
+            filters,
+            kernel_size,
+            padding="same",
+            data_format="channels_last",
+            **self._sublayer_kwargs(name),
         )
+        conv.build(tuple(input_shape))
+        return conv
 
     def compute_output_spec(self, *args, **kwargs):
         # Trace `call`, so `return_attention_scores=True` gives the right
@@ -198,22 +214,21 @@ class ChannelAttention(_ImageAttention):
                 self.reduction,
             )
         hidden = channels // self.reduction
-        # The shared MLP: W0 (C -> C/r), ReLU, W1 (C/r -> C).
-        self.hidden_kernel = self._add_kernel("hidden_kernel", (channels, hidden))
-        self.hidden_bias = self._add_bias("hidden_bias", (hidden,))
-        self.output_kernel = self._add_kernel("output_kernel", (hidden, channels))
-        self.output_bias = self._add_bias("output_bias", (channels,))
+        # The shared MLP: W0 (C -> C/r), ReLU, W1 (C/r -> C), as keras
+        # Dense layers (LoRA, quantization, keras weight files).
+        self.hidden_dense = self._dense("hidden", hidden, channels)
+        self.output_dense = self._dense("output", channels, hidden)
         self.built = True
+
+    # The MLP's weights under their former names (NumPy references).
+    hidden_kernel = property(lambda self: self.hidden_dense.kernel)
+    hidden_bias = property(lambda self: self.hidden_dense.bias)
+    output_kernel = property(lambda self: self.output_dense.kernel)
+    output_bias = property(lambda self: self.output_dense.bias)
 
     def mlp(self, descriptor):
         """The shared MLP on a `(B, C)` descriptor."""
-        h = ops.matmul(descriptor, self.hidden_kernel)
-        if self.hidden_bias is not None:
-            h = h + self.hidden_bias
-        h = ops.matmul(ops.relu(h), self.output_kernel)
-        if self.output_bias is not None:
-            h = h + self.output_bias
-        return h
+        return self.output_dense(ops.relu(self.hidden_dense(descriptor)))
 
     def call(self, inputs, return_attention_scores=False, mask=None):
         mask = check_position_mask(mask, inputs)
@@ -304,13 +319,13 @@ class SpatialAttention(_ImageAttention):
 
     def build(self, input_shape):
         check_feature_map(input_shape, max_rank=5)
-        spatial_rank = len(input_shape) - 2
-        # (k, ..., k, 2 pooled maps, 1 output channel)
-        self.kernel = self._add_kernel(
-            "kernel", (self.kernel_size,) * spatial_rank + (2, 1)
-        )
-        self.bias = self._add_bias("bias", (1,))
+        # Kernel (k, ..., k, 2 pooled maps, 1 output channel).
+        pooled_shape = tuple(input_shape[:-1]) + (2,)
+        self.conv = self._conv("conv", pooled_shape, 1, self.kernel_size)
         self.built = True
+
+    kernel = property(lambda self: self.conv.kernel)
+    bias = property(lambda self: self.conv.bias)
 
     def call(self, inputs, return_attention_scores=False, mask=None):
         mask = check_position_mask(mask, inputs)
@@ -319,12 +334,7 @@ class SpatialAttention(_ImageAttention):
         pooled = ops.concatenate([avg, peak], axis=-1)  # (B, ..., 2)
         if mask is not None:
             pooled = ops.where(mask[..., None], pooled, ops.zeros_like(pooled))
-        logits = ops.conv(
-            pooled, self.kernel, strides=1, padding="same",
-            data_format="channels_last",
-        )
-        if self.bias is not None:
-            logits = logits + self.bias
+        logits = self.conv(pooled)
         attention_map = ops.sigmoid(logits)  # (B, ..., 1)
         outputs = inputs * attention_map
         if return_attention_scores:

@@ -10,7 +10,7 @@ SCORE_MODES = ("scaled_dot", "dot", "general")
 
 
 @register("scaled_dot_product", input_kind="tokens")
-class ScaledDotProductAttention(base.SequenceAttention):
+class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
     """Single-head dot-product attention (Vaswani et al.; Luong et al.).
 
     `softmax(score(Q, K)) V` with one of three scores:
@@ -86,12 +86,17 @@ class ScaledDotProductAttention(base.SequenceAttention):
         base.check_rank("query", query_shape)
         base.check_rank("key", key_shape)
         base.check_rank("value", value_shape)
+        self.general_dense = None
         if self.score_mode == "general":
-            self.kernel = self.add_weight(
-                name="kernel",
-                shape=(query_shape[-1], key_shape[-1]),
-                initializer=self.kernel_initializer,
+            # W of `q^T W k`, as a keras Dense layer (LoRA, quantization).
+            self.general_dense = keras.layers.Dense(
+                key_shape[-1],
+                use_bias=False,
+                kernel_initializer=self.kernel_initializer,
+                dtype=self.dtype_policy,
+                name="general",
             )
+            self.general_dense.build((None, query_shape[-1]))
         elif query_shape[-1] != key_shape[-1]:
             raise ValueError(
                 f"score_mode={self.score_mode!r} needs `query` and `key` with "
@@ -99,6 +104,11 @@ class ScaledDotProductAttention(base.SequenceAttention):
                 f"Received: query.shape={query_shape}, key.shape={key_shape}"
             )
         self.built = True
+
+    @property
+    def kernel(self):
+        """`W` of the `"general"` score (`None` for the others)."""
+        return None if self.general_dense is None else self.general_dense.kernel
 
     def call(
         self,
@@ -127,7 +137,7 @@ class ScaledDotProductAttention(base.SequenceAttention):
             mask=mask,
         )
         if self.score_mode == "general":
-            query = keras.ops.matmul(query, self.kernel)  # (B, T, Dk)
+            query = self.general_dense(query)  # (B, T, Dk)
         scale = (
             1.0 / math.sqrt(query.shape[-1])
             if self.score_mode == "scaled_dot"

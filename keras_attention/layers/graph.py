@@ -52,8 +52,12 @@ def _shape_or_none(x):
     return None if x is None else tuple(x.shape)
 
 
+def _kernel_of(sublayer):
+    return None if sublayer is None else sublayer.kernel
+
+
 @register("graph", input_kind="graph")
-class GraphAttention(keras.layers.Layer):
+class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
     """Graph attention (GAT, Veličković et al., 2018; GATv2, Brody et al., 2022).
 
     Each node `i` attends over its neighbours `j` (the sources of its
@@ -281,26 +285,47 @@ class GraphAttention(keras.layers.Layer):
 
     # -------------------------------------------------------------- weights
 
-    def _add_kernel(self, name, shape):
+    def _initializer(self):
         config = self.kernel_initializer.get_config()
         if isinstance(config.get("seed"), int):
             # A seeded initializer draws the same values for every weight of
             # one shape (the two attention vectors): offset the seed.
-            config["seed"] += len(self.weights)
+            config["seed"] += self._initializers_made
+        self._initializers_made += 1
+        return self.kernel_initializer.__class__.from_config(config)
+
+    def _add_kernel(self, name, shape):
         return self.add_weight(
             name=name,
             shape=shape,
-            initializer=self.kernel_initializer.__class__.from_config(config),
+            initializer=self._initializer(),
             regularizer=self.kernel_regularizer,
             constraint=self.kernel_constraint,
         )
+
+    def _projection(self, name, width, input_dim):
+        """A built `keras.layers.Dense` without bias: `(..., F) -> (..., H C)`,
+        with LoRA, quantization and keras weight files."""
+        dense = keras.layers.Dense(
+            width,
+            use_bias=False,
+            kernel_initializer=self._initializer(),
+            kernel_regularizer=self.kernel_regularizer,
+            kernel_constraint=self.kernel_constraint,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+        dense.build((None, input_dim))
+        return dense
 
     def build(self, input_shape):
         features, _, edge_features = self._split_shapes(input_shape)
         heads, units = self.num_heads, self.units
         width = heads * units
+        self._initializers_made = 0
+        self.projection = self.source = self.target = None
         if self.version == "v1":
-            self.kernel = self._add_kernel("kernel", (features[-1], width))
+            self.projection = self._projection("projection", width, features[-1])
             self.attention_source = self._add_kernel(
                 "attention_source", (heads, units)
             )
@@ -308,20 +333,16 @@ class GraphAttention(keras.layers.Layer):
                 "attention_target", (heads, units)
             )
         else:
-            self.source_kernel = self._add_kernel(
-                "source_kernel", (features[-1], width)
-            )
-            self.target_kernel = self._add_kernel(
-                "target_kernel", (features[-1], width)
-            )
+            self.source = self._projection("source", width, features[-1])
+            self.target = self._projection("target", width, features[-1])
             self.attention_kernel = self._add_kernel(
                 "attention_kernel", (heads, units)
             )
-        self.edge_kernel = None
+        self.edge_projection = None
         self.attention_edge = None
         if edge_features is not None:
-            self.edge_kernel = self._add_kernel(
-                "edge_kernel", (edge_features[-1], width)
+            self.edge_projection = self._projection(
+                "edge_projection", width, edge_features[-1]
             )
             if self.version == "v1":
                 self.attention_edge = self._add_kernel(
@@ -337,6 +358,12 @@ class GraphAttention(keras.layers.Layer):
                 constraint=self.bias_constraint,
             )
         self.built = True
+
+    # The projection kernels under their former names (NumPy references).
+    kernel = property(lambda self: _kernel_of(self.projection))
+    source_kernel = property(lambda self: _kernel_of(self.source))
+    target_kernel = property(lambda self: _kernel_of(self.target))
+    edge_kernel = property(lambda self: _kernel_of(self.edge_projection))
 
     # -------------------------------------------------------------- checks
 
@@ -421,9 +448,9 @@ class GraphAttention(keras.layers.Layer):
 
     # -------------------------------------------------------------- math
 
-    def _heads(self, x, kernel):
+    def _heads(self, x, projection):
         """`(..., F) -> (..., H, units)`."""
-        y = ops.matmul(x, kernel)
+        y = projection(x)
         return ops.reshape(
             y, tuple(ops.shape(y)[:-1]) + (self.num_heads, self.units)
         )
@@ -474,9 +501,9 @@ class GraphAttention(keras.layers.Layer):
             source, target = edges[0], edges[1]
         edge_term = None
         if edge_features is not None:
-            edge_term = self._heads(edge_features, self.edge_kernel)  # (E', H, C)
+            edge_term = self._heads(edge_features, self.edge_projection)  # (E', H, C)
         if self.version == "v1":
-            h = self._heads(features, self.kernel)  # (N, H, C)
+            h = self._heads(features, self.projection)  # (N, H, C)
             score_source = ops.sum(h * self.attention_source, axis=-1)  # (N, H)
             score_target = ops.sum(h * self.attention_target, axis=-1)
             scores = ops.take(score_source, source, axis=0) + ops.take(
@@ -487,8 +514,8 @@ class GraphAttention(keras.layers.Layer):
             scores = ops.leaky_relu(scores, self.negative_slope)
             messages = ops.take(h, source, axis=0)  # (E', H, C)
         else:
-            h_source = self._heads(features, self.source_kernel)
-            h_target = self._heads(features, self.target_kernel)
+            h_source = self._heads(features, self.source)
+            h_target = self._heads(features, self.target)
             messages = ops.take(h_source, source, axis=0)  # (E', H, C)
             z = messages + ops.take(h_target, target, axis=0)
             if edge_term is not None:
@@ -533,9 +560,9 @@ class GraphAttention(keras.layers.Layer):
             mask = ops.logical_or(mask, eye)
         edge_term = None
         if edge_features is not None:
-            edge_term = self._heads(edge_features, self.edge_kernel)  # (B, N, N, H, C)
+            edge_term = self._heads(edge_features, self.edge_projection)  # (B, N, N, H, C)
         if self.version == "v1":
-            h = self._heads(features, self.kernel)  # (B, N, H, C)
+            h = self._heads(features, self.projection)  # (B, N, H, C)
             score_source = ops.sum(h * self.attention_source, axis=-1)  # (B, N, H)
             score_target = ops.sum(h * self.attention_target, axis=-1)
             score_source = ops.transpose(score_source, (0, 2, 1))[:, :, None, :]
@@ -548,8 +575,8 @@ class GraphAttention(keras.layers.Layer):
             scores = ops.leaky_relu(scores, self.negative_slope)
             values = h
         else:
-            values = self._heads(features, self.source_kernel)  # (B, N, H, C)
-            h_target = self._heads(features, self.target_kernel)
+            values = self._heads(features, self.source)  # (B, N, H, C)
+            h_target = self._heads(features, self.target)
             # (B, N_target, N_source, H, C)
             z = values[:, None, :, :, :] + h_target[:, :, None, :, :]
             if edge_term is not None:
@@ -558,11 +585,22 @@ class GraphAttention(keras.layers.Layer):
             scores = ops.transpose(
                 ops.sum(z * self.attention_kernel, axis=-1), (0, 3, 1, 2)
             )
-        alpha = attention_ops.masked_softmax(scores, mask[:, None, :, :])
-        weights = self._coefficient_dropout(alpha, training)
-        v = ops.transpose(values, (0, 2, 1, 3))  # (B, H, N, C)
-        heads = ops.matmul(ops.cast(weights, v.dtype), v)
-        heads = ops.transpose(heads, (0, 2, 1, 3))  # (B, N, H, C)
+        # softmax, dropout and the weighted sum on the shared core: the
+        # scores enter as its bias (the dot-product term is zero, heads of
+        # size one); the coefficients come back before dropout.
+        zeros = ops.zeros_like(values[..., :1])  # (B, N, H, 1)
+        heads, alpha = attention_ops.dot_product_attention(
+            zeros,
+            zeros,
+            values,
+            attention_mask=mask[:, None, :, :],
+            bias=scores,
+            dropout_rate=self.dropout,
+            seed=self.seed_generator,
+            training=training,
+            return_weights=True,
+        )  # (B, N, H, C), (B, H, N, N)
+        alpha = ops.cast(alpha, scores.dtype)
         out = self._finish(heads)
         if unbatched:
             return out[0], alpha[0]
@@ -578,10 +616,10 @@ class GraphAttention(keras.layers.Layer):
         features, edges = inputs[0], inputs[1]
         edge_features = inputs[2] if len(inputs) == 3 else None
         mode = self._check_inputs(features, edges, edge_features)
-        if (edge_features is None) != (self.edge_kernel is None):
+        if (edge_features is None) != (self.edge_projection is None):
             raise ValueError(
                 "The layer was built "
-                + ("with" if self.edge_kernel is not None else "without")
+                + ("with" if self.edge_projection is not None else "without")
                 + " edge features and must be called the same way. Received: "
                 f"edge_features.shape={_shape_or_none(edge_features)}"
             )

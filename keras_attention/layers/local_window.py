@@ -109,7 +109,7 @@ def shifted_window_mask(height, width, window, shift):
 
 
 @register("local_window", input_kind="grid")
-class LocalWindowAttention(keras.layers.Layer):
+class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
     """Window attention with shifted windows (Liu et al., 2021, Swin).
 
     The image `(B, height, width, C)` is split into non-overlapping

@@ -1,30 +1,79 @@
 import math
+import string
 
 import keras
 from keras import ops
+# No public API sets a tensor's Keras mask; keras's own layer uses this.
+from keras.src.backend import set_keras_mask
 
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.registry import register
 
+IMPLEMENTATIONS = ("auto", "dense", "blocked", "fused")
+
+
+def _projection_equation(free_dims, bound_dims, output_dims):
+    """`EinsumDense`'s equation and bias axes for a projection.
+
+    The same letters as `keras.layers.MultiHeadAttention`'s, so kernels have
+    its shapes (e.g. `"abc,cde->abde"`, bias `"de"`, for `(B, T, dim)` to
+    `(B, T, heads, size)`).
+    """
+    letters = string.ascii_lowercase
+    free = letters[:free_dims]
+    bound = letters[free_dims : free_dims + bound_dims]
+    out = letters[free_dims + bound_dims : free_dims + bound_dims + output_dims]
+    return f"{free}{bound},{bound}{out}->{free}{out}", out
+
+
+def _product(dims):
+    total = 1
+    for d in dims:
+        total = total * d
+    return total
+
 
 @register("multi_head", input_kind="tokens")
-class MultiHeadAttention(base.SequenceAttention):
-    """Multi-head attention (Vaswani et al., 2017), with grouped-query heads.
+class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
+    """Multi-head attention (Vaswani et al., 2017): a superset of keras's.
 
     The query, key and value are projected to `num_heads` heads of size
     `key_dim` (values: `value_dim`), each head computes
     `softmax(Q K^T / sqrt(key_dim)) V`, and the heads are concatenated and
-    projected back to the query's feature size (or `output_shape`). With
-    `num_key_value_heads < num_heads`, groups of query heads share key and
-    value heads (Ainslie et al., 2023).
+    projected back to the query's feature size (or `output_shape`).
 
-    Called on **one** tensor it is self-attention, so it stacks in a
-    `keras.Sequential`; called on `[query, value]` or `[query, value, key]`
-    (or with `query`, `value`, `key` arguments) it is cross-attention.
-    Its weights have the shapes and order of `keras.layers.MultiHeadAttention`
-    (`ours.set_weights(theirs.get_weights())` works), and long sequences use
-    the memory-efficient core when the scores are not requested.
+    A drop-in replacement for `keras.layers.MultiHeadAttention`: the same
+    constructor and call arguments with keras's meaning (`attention_axes`,
+    `sliding_window`, `use_gate`, `flash_attention`, keras's mask
+    broadcasting), the same `EinsumDense` sublayers (`_query_dense`,
+    `_key_dense`, `_value_dense`, `_output_dense`, `_gate_dense`) with the
+    same weight shapes, order and paths, so `.weights.h5` files and
+    `get_weights()` interchange both ways, and LoRA (`enable_lora`),
+    quantization (`model.quantize("int8")`) and dtype-policy maps work as
+    they do on keras's layer. keras's own test file for its layer passes
+    against this class (`tests/test_keras_mha_suite.py`).
+
+    On top of keras's layer:
+
+    - called on **one** tensor it is self-attention, so it stacks in a
+      `keras.Sequential`; `[query, value(, key)]` lists work too;
+    - `use_causal_mask` can be set once in the constructor;
+    - `num_key_value_heads < num_heads` shares key and value heads between
+      groups of query heads (grouped-query attention, Ainslie et al., 2023);
+      the key and value kernels are then `(dim, K, D)`;
+    - the attention runs on keras_attention's core
+      (`keras_attention.ops.dot_product_attention`): long sequences take a
+      memory-efficient path that never holds the `T x S` scores, and
+      `implementation` picks a path;
+    - a query that sees no key (all its keys masked, or a padded query)
+      attends to nothing: its heads and attention weights are zero. keras's
+      layer gives such a query uniform weights over all keys instead (the
+      average of the values); the outputs of queries that see at least one
+      key are the same in both.
+
+    The attention weights are returned before dropout (they sum to one over
+    the keys), as keras returns them.
 
     Args:
         num_heads: number of query heads `H`.
@@ -32,37 +81,52 @@ class MultiHeadAttention(base.SequenceAttention):
         value_dim: size of each value head; defaults to `key_dim`.
         dropout: dropout rate on the attention weights.
         use_bias: whether the projections have biases.
-        output_shape: feature size (int or tuple) of the output; defaults to
-            the query's last dimension.
+        output_shape: feature shape (int or tuple) of the output; defaults
+            to the query's last dimension.
+        attention_axes: the axes attention runs over, for inputs of rank
+            above 3 (e.g. `(1, 2)` for 2-D attention over an image's
+            `H x W`); `None` attends over every axis but the batch and the
+            features.
+        sliding_window: if set, query `t` sees only keys `s` with
+            `|t - s| < sliding_window` (combine with `use_causal_mask` for a
+            causal window).
+        flash_attention: `True` runs the backend's fused kernel
+            (`keras.ops.dot_product_attention`; no dropout, no scores);
+            `None` follows `keras.config.is_flash_attention_enabled()`.
+        kernel_initializer, bias_initializer, kernel_regularizer,
+        bias_regularizer, activity_regularizer, kernel_constraint,
+        bias_constraint: as for `keras.layers.EinsumDense`.
+        use_gate: gate the heads with `sigmoid(query W_g)` before the output
+            projection (Qiu et al., 2025).
+        seed: seed of the dropout.
         num_key_value_heads: number of key/value heads `K`, dividing
             `num_heads`; defaults to `num_heads` (plain multi-head).
         use_causal_mask: always apply a causal mask (for `Sequential` use);
-            can also be asked for per call.
-        kernel_initializer, bias_initializer, kernel_regularizer,
-        bias_regularizer, kernel_constraint, bias_constraint: as for
-            `keras.layers.Dense`.
-        seed: seed of the dropout.
+            a call's `use_causal_mask` overrides it.
         implementation: `"auto"`, `"dense"`, `"blocked"` or `"fused"` (see
             `keras_attention.ops.dot_product_attention`).
 
     Call arguments:
-        query: `(B, T, dim)`, or a list `[query, value]` /
-            `[query, value, key]`.
-        value: optional `(B, S, dim)`; defaults to `query` (self-attention).
-        key: optional `(B, S, dim)`; defaults to `value`.
+        query: `(B, T, dim)` (or `(B, ..., dim)` with `attention_axes`), or
+            a list `[query, value]` / `[query, value, key]`.
+        value: `(B, S, dim)`; defaults to `query` (self-attention).
+        key: `(B, S, dim)`; defaults to `value`.
         query_mask, value_mask, key_mask: optional boolean `(B, T)` /
             `(B, S)` padding masks; Keras masks are used when not given.
-        attention_mask: optional boolean `(B, T, S)` or `(B, H, T, S)`,
-            `True` where a query may attend to a key.
-        use_causal_mask: apply a causal mask in this call.
-        return_attention_scores: also return the weights `(B, H, T, S)`.
+        attention_mask: optional boolean mask, `True` where a query may
+            attend to a key: `(B, T, S)`, or anything keras's layer
+            broadcasts: `(T, S)`, `(1, T, S)`, `(B, T, 1)`, `(B, 1, S)`,
+            `(B, H, T, S)`, `(1, 1, T, S)`...
+        return_attention_scores: also return the attention weights,
+            `(B, H, T, S)` (with `attention_axes`, keras's layout
+            `(B, <other axes>, H, <query axes>, <key axes>)`).
         training: whether dropout is active.
+        use_causal_mask: apply a causal mask in this call; `None` (the
+            default) uses the constructor's.
 
     Returns:
-        `(B, T, output_shape)`, and the attention weights if
-        `return_attention_scores=True`. Queries whose keys are all masked
-        attend to nothing: their heads are zero (keras's layer averages the
-        values there instead).
+        `(B, T, *output_shape)`, and the attention weights if
+        `return_attention_scores=True`.
 
     Example:
 
@@ -74,12 +138,21 @@ class MultiHeadAttention(base.SequenceAttention):
         keras.layers.Dense(2),
     ])
     model(np.zeros((3, 10, 32))).shape  # (3, 2)
+
+    # 2-D attention over an image's rows and columns.
+    images = np.random.rand(2, 6, 6, 16).astype("float32")
+    layer = MultiHeadAttention(num_heads=2, key_dim=8, attention_axes=(1, 2))
+    out, scores = layer(images, return_attention_scores=True)
+    out.shape, scores.shape  # (2, 6, 6, 16), (2, 2, 6, 6, 6, 6)
+
+    layer.enable_lora(4)  # frozen kernels, trainable low-rank updates
     ```
 
     References:
         - Vaswani et al., Attention Is All You Need, 2017.
           https://arxiv.org/abs/1706.03762
         - Ainslie et al., GQA, 2023. https://arxiv.org/abs/2305.13245
+        - Hu et al., LoRA, 2021. https://arxiv.org/abs/2106.09685
     """
 
     def __init__(
@@ -90,169 +163,310 @@ class MultiHeadAttention(base.SequenceAttention):
         dropout=0.0,
         use_bias=True,
         output_shape=None,
-        num_key_value_heads=None,
-        use_causal_mask=False,
+        attention_axes=None,
+        sliding_window=None,
+        flash_attention=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         kernel_regularizer=None,
         bias_regularizer=None,
+        activity_regularizer=None,
         kernel_constraint=None,
         bias_constraint=None,
+        use_gate=False,
         seed=None,
+        num_key_value_heads=None,
+        use_causal_mask=False,
         implementation="auto",
         **kwargs,
     ):
-        super().__init__(**kwargs)
-        self.num_heads = base.check_positive_int("num_heads", num_heads)
-        self.key_dim = base.check_positive_int("key_dim", key_dim)
-        self.value_dim = base.check_positive_int(
-            "value_dim", value_dim, allow_none=True
-        )
-        self.dropout = base.check_rate("dropout", dropout)
-        self.use_bias = bool(use_bias)
+        dropout = base.check_rate("dropout", dropout)
         if output_shape is not None:
             dims = (
                 (output_shape,)
                 if isinstance(output_shape, int)
-                else tuple(output_shape)
+                else output_shape
             )
-            for d in dims:
-                base.check_positive_int("output_shape", d)
-        self._output_shape = output_shape
-        self.num_key_value_heads = base.check_positive_int(
+            if not isinstance(dims, (tuple, list)) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d > 0
+                for d in dims
+            ) or not dims:
+                raise ValueError(
+                    f"Invalid `output_shape`: received an invalid value for "
+                    "argument `output_shape`, expected a positive integer or "
+                    f"a tuple of them. Received: output_shape={output_shape!r}"
+                )
+        num_key_value_heads = base.check_positive_int(
             "num_key_value_heads", num_key_value_heads, allow_none=True
         )
-        if self.num_key_value_heads and num_heads % self.num_key_value_heads:
+        if (
+            num_key_value_heads
+            and isinstance(num_heads, int)
+            and num_heads % num_key_value_heads
+        ):
             raise base.invalid(
                 "num_key_value_heads",
                 f"a divisor of num_heads={num_heads}",
                 num_key_value_heads,
             )
-        self.use_causal_mask = bool(use_causal_mask)
-        if implementation not in ("auto", "dense", "blocked", "fused"):
+        if implementation not in IMPLEMENTATIONS:
             raise base.invalid(
-                "implementation", "one of 'auto', 'dense', 'blocked', 'fused'",
-                implementation,
+                "implementation", f"one of {IMPLEMENTATIONS}", implementation
             )
-        self.implementation = implementation
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
-        self.kernel_constraint = keras.constraints.get(kernel_constraint)
-        self.bias_constraint = keras.constraints.get(bias_constraint)
-        self.seed = seed
-        self.seed_generator = (
-            keras.random.SeedGenerator(seed) if self.dropout > 0 else None
+        super().__init__(
+            num_heads=num_heads,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            dropout=dropout,
+            use_bias=use_bias,
+            output_shape=output_shape,
+            attention_axes=attention_axes,
+            sliding_window=sliding_window,
+            flash_attention=flash_attention,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer,
+            bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer,
+            kernel_constraint=kernel_constraint,
+            bias_constraint=bias_constraint,
+            use_gate=use_gate,
+            seed=seed,
+            **kwargs,
         )
+        self.flash_attention = flash_attention
+        self.num_key_value_heads = num_key_value_heads
+        self.use_causal_mask = bool(use_causal_mask)
+        self.implementation = implementation
 
-    @property
-    def output_shape(self):
-        return self._output_shape
+    # ----------------------------------------------------------- properties
 
     @property
     def kv_heads(self):
-        return self.num_key_value_heads or self.num_heads
+        """The number of key/value heads `K`."""
+        return self.num_key_value_heads or self._num_heads
 
     @property
     def head_value_dim(self):
-        return self.value_dim or self.key_dim
+        return self._value_dim
 
-    def _add_kernel(self, name, shape):
-        return self.add_weight(
+    @property
+    def sliding_window(self):
+        return self._sliding_window
+
+    @property
+    def use_gate(self):
+        return self._use_gate
+
+    # --------------------------------------------------------------- build
+
+    def _projection(self, name, input_shape, heads, size, activation=None):
+        free = len(input_shape) - 1
+        equation, bias_axes = _projection_equation(free, 1, 2)
+        dense = keras.layers.EinsumDense(
+            equation,
+            output_shape=[None] * (free - 1) + [heads, size],
+            bias_axes=bias_axes if self._use_bias else None,
+            activation=activation,
             name=name,
-            shape=shape,
-            # Each kernel gets its own initializer so seeded ones differ.
-            initializer=self.kernel_initializer.__class__.from_config(
-                self.kernel_initializer.get_config()
-            ),
-            regularizer=self.kernel_regularizer,
-            constraint=self.kernel_constraint,
+            **self._get_common_kwargs_for_sublayer(),
         )
-
-    def _add_bias(self, name, shape):
-        if not self.use_bias:
-            return None
-        return self.add_weight(
-            name=name,
-            shape=shape,
-            initializer=self.bias_initializer.__class__.from_config(
-                self.bias_initializer.get_config()
-            ),
-            regularizer=self.bias_regularizer,
-            constraint=self.bias_constraint,
-        )
-
-    def _output_dims(self, query_shape):
-        if self._output_shape is None:
-            return (query_shape[-1],)
-        if isinstance(self._output_shape, int):
-            return (self._output_shape,)
-        return tuple(self._output_shape)
+        dense.build(input_shape)
+        return dense
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         query_shape, value_shape, key_shape = base.split_shapes(
             query_shape, value_shape, key_shape
         )
+        self._check_shapes(query_shape, value_shape, key_shape)
+        # keras's creation order: query, key, gate, value, output.
+        self._query_dense = self._projection(
+            "query", query_shape, self._num_heads, self._key_dim
+        )
+        self._key_dense = self._projection(
+            "key", key_shape, self.kv_heads, self._key_dim
+        )
+        if self._use_gate:
+            self._gate_dense = self._projection(
+                "gate", query_shape, self._num_heads, self._value_dim, "sigmoid"
+            )
+        self._value_dense = self._projection(
+            "value", value_shape, self.kv_heads, self._value_dim
+        )
+        self._build_attention(len(value_shape) + 1)
+        self._output_dense = self._make_output_dense(
+            query_shape,
+            self._get_common_kwargs_for_sublayer(),
+            "attention_output",
+        )
+        heads_shape = list(self._query_dense.compute_output_shape(query_shape))
+        heads_shape[-1] = self._value_dim
+        self._output_dense.build(tuple(heads_shape))
+
+    def _check_shapes(self, query_shape, value_shape, key_shape):
+        if tuple(value_shape[1:-1]) != tuple(key_shape[1:-1]):
+            raise ValueError(
+                "All dimensions of `value` and `key`, except the last one, "
+                f"must be equal. Received: value_shape={tuple(value_shape)} "
+                f"and key_shape={tuple(key_shape)}"
+            )
         for name, shape in (
             ("query", query_shape),
             ("value", value_shape),
             ("key", key_shape),
         ):
-            base.check_rank(name, shape)
-            if shape[-1] is None:
+            if len(shape) < 3:
                 raise ValueError(
-                    f"The last dimension of `{name}` must be known. "
-                    f"Received: {name}.shape={shape}"
+                    f"Received an invalid value for argument `{name}`, "
+                    "expected a tensor of rank 3 (B, T, dim) or more. "
+                    f"Received: {name}.shape={tuple(shape)}"
                 )
-        h, k, d, dv = self.num_heads, self.kv_heads, self.key_dim, self.head_value_dim
-        # Same names, shapes and creation order as keras.layers.MultiHeadAttention.
-        self.query_kernel = self._add_kernel("query_kernel", (query_shape[-1], h, d))
-        self.query_bias = self._add_bias("query_bias", (h, d))
-        self.key_kernel = self._add_kernel("key_kernel", (key_shape[-1], k, d))
-        self.key_bias = self._add_bias("key_bias", (k, d))
-        self.value_kernel = self._add_kernel("value_kernel", (value_shape[-1], k, dv))
-        self.value_bias = self._add_bias("value_bias", (k, dv))
-        out_dims = self._output_dims(query_shape)
-        self.output_kernel = self._add_kernel("output_kernel", (h, dv) + out_dims)
-        self.output_bias = self._add_bias("output_bias", out_dims)
-        self.built = True
+        if len(query_shape) != len(value_shape):
+            raise ValueError(
+                "Expected `query` and `value` of the same rank. Received: "
+                f"query.shape={tuple(query_shape)}, "
+                f"value.shape={tuple(value_shape)}"
+            )
 
-    def project(self, x, kernel, bias):
-        """`(B, T, dim) -> (B, T, heads, size)` as one matmul."""
-        dim, heads, size = kernel.shape
-        y = ops.matmul(x, ops.reshape(kernel, (dim, heads * size)))
-        y = ops.reshape(y, (-1, ops.shape(x)[1], heads, size))
-        if bias is not None:
-            y = y + bias
-        return y
+    # ------------------------------------------------------------- the core
 
-    def project_output(self, x):
-        """`(B, T, H, Dv) -> (B, T, *output_shape)`."""
-        h, dv = self.output_kernel.shape[:2]
-        out_dims = tuple(self.output_kernel.shape[2:])
-        y = ops.reshape(x, (-1, ops.shape(x)[1], h * dv))
-        y = ops.matmul(y, ops.reshape(self.output_kernel, (h * dv, -1)))
-        if len(out_dims) > 1:
-            y = ops.reshape(y, (-1, ops.shape(x)[1]) + out_dims)
-        if self.output_bias is not None:
-            y = y + self.output_bias
-        return y
+    def attend(
+        self, query, key, value, mask, return_weights, training, is_causal=False
+    ):
+        """Hook: the attention of projected heads `(B, T, H, D)`.
 
-    def attend(self, query, key, value, mask, return_weights, training):
-        """Hook: the attention of projected heads `(B, T, H, D)`."""
+        `key`, `value`: `(B, S, K, D)`. `mask` has the core's meaning
+        (`keras_attention.ops.dot_product_attention`): `(B, S)`,
+        `(B, T, S)` or rank 4 `(B, H, T, S)`, any axis 1 to broadcast.
+        Returns `(B, T, H, Dv)`, and the weights `(B, H, T, S)` (before
+        dropout) if `return_weights`.
+        """
+        implementation = self.implementation
+        if self._flash_attention and not return_weights:
+            implementation = "fused"
+        seed = getattr(self._dropout_layer, "seed_generator", None)
         return attention_ops.dot_product_attention(
             query,
             key,
             value,
             attention_mask=mask,
-            scale=1.0 / math.sqrt(self.key_dim),
-            dropout_rate=self.dropout,
-            seed=self.seed_generator,
+            is_causal=is_causal,
+            scale=self._inverse_sqrt_key_dim,
+            dropout_rate=self._dropout,
+            seed=seed,
             training=training,
             return_weights=return_weights,
-            implementation=self.implementation,
+            implementation=implementation,
         )
+
+    def _compute_attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        use_causal_mask=False,
+    ):
+        """keras's hook, on the core: projected heads in, heads out.
+
+        `query` `(B, <axes>, H, D)`, `key`/`value` `(B, <axes>, K, D|Dv)`;
+        `attention_mask` as keras broadcasts it. Returns the heads
+        `(B, <axes>, H, Dv)` and the weights in keras's layout (or `None`).
+        """
+        if self._flash_attention and return_attention_scores:
+            raise ValueError(
+                "Returning attention scores is not supported when flash "
+                "attention is enabled. Please disable flash attention to access"
+                " attention scores."
+            )
+        rank = len(query.shape)
+        axes = tuple(self._attention_axes)
+        others = [i for i in range(1, rank - 2) if i not in axes]
+        scores_rank = 2 + len(others) + 2 * len(axes)
+        mask = attention_mask
+        if mask is not None:
+            mask = ops.cast(mask, "bool")
+            # keras's broadcasting: missing axes go before the query axes.
+            while len(mask.shape) < scores_rank:
+                mask = ops.expand_dims(mask, -2 * len(axes) - 1)
+        simple = rank == 4
+        if simple:
+            q, k, v = query, key, value
+        else:
+            # (B, <others>, <axes>, H, D) -> (B * others, prod(axes), H, D)
+            perm = [0] + others + list(axes) + [rank - 2, rank - 1]
+            q_shape, k_shape = ops.shape(query), ops.shape(key)
+            outer = [q_shape[0]] + [q_shape[i] for i in others]
+            q_axes = [q_shape[i] for i in axes]
+            k_axes = [k_shape[i] for i in axes]
+
+            def flat(x, axes_dims):
+                x = ops.transpose(x, perm)
+                return ops.reshape(
+                    x, (-1, _product(axes_dims)) + tuple(x.shape[-2:])
+                )
+
+            q, k, v = flat(query, q_axes), flat(key, k_axes), flat(value, k_axes)
+            if mask is not None:
+                # (b|1, <others>|1, h|1, <q axes>, <k axes>) -> rank 4.
+                heads = mask.shape[len(others) + 1]
+                mask = ops.broadcast_to(
+                    mask, tuple(outer) + (heads,) + tuple(q_axes) + tuple(k_axes)
+                )
+                mask = ops.reshape(
+                    mask, (-1, heads, _product(q_axes), _product(k_axes))
+                )
+        result = self.attend(
+            q, k, v, mask, return_attention_scores, training, use_causal_mask
+        )
+        out, weights = result if return_attention_scores else (result, None)
+        if not simple:
+            out = ops.reshape(
+                out, tuple(outer) + tuple(q_axes) + tuple(out.shape[-2:])
+            )
+            out = ops.transpose(out, [perm.index(i) for i in range(rank)])
+            if weights is not None:
+                weights = ops.reshape(
+                    weights,
+                    tuple(outer) + (self._num_heads,) + tuple(q_axes) + tuple(k_axes),
+                )
+        return out, weights
+
+    def _check_masks(
+        self, query, value, query_mask, value_mask, key_mask, attention_mask
+    ):
+        """Static checks of the masks, alike in eager and symbolic calls."""
+        for name, m, like in (
+            ("query_mask", query_mask, query),
+            ("value_mask", value_mask, value),
+            ("key_mask", key_mask, value),
+        ):
+            base.check_mask_shape(name, m, tuple(like.shape[:-1]))
+        if attention_mask is None or len(query.shape) != 3:
+            return
+        batch, t_len, s_len = query.shape[0], query.shape[1], value.shape[1]
+        full = (batch, self._num_heads, t_len, s_len)
+        shape = tuple(attention_mask.shape)
+        if len(shape) == 2:
+            expected = full[2:]
+        elif len(shape) == 3:
+            expected = (batch,) + full[2:]
+        else:
+            expected = full
+        if len(shape) not in (2, 3, 4) or any(
+            d is not None and e is not None and d not in (1, e)
+            for d, e in zip(shape, expected)
+        ):
+            raise ValueError(
+                "Received an invalid value for argument `attention_mask`, "
+                "expected a boolean tensor that broadcasts to (B, H, T, S) = "
+                f"{full} as (T, S), (B, T, S) or (B, H, T, S). Received: "
+                f"attention_mask.shape={shape}"
+            )
+
+    # ---------------------------------------------------------------- call
 
     def call(
         self,
@@ -263,73 +477,186 @@ class MultiHeadAttention(base.SequenceAttention):
         value_mask=None,
         key_mask=None,
         attention_mask=None,
-        use_causal_mask=None,
         return_attention_scores=False,
         training=None,
+        use_causal_mask=None,
         mask=None,
     ):
+        query, value, key, query_mask, value_mask, key_mask = (
+            base.SequenceAttention.flatten_inputs(
+                query, value, key, query_mask, value_mask, key_mask, mask
+            )
+        )
+        if value is None:  # self-attention
+            value = query
+            value_mask = query_mask if value_mask is None else value_mask
+        if key is None:
+            key = value
+            key_mask = value_mask if key_mask is None else key_mask
+        self._check_masks(
+            query, value, query_mask, value_mask, key_mask, attention_mask
+        )
         causal = self.use_causal_mask if use_causal_mask is None else use_causal_mask
-        query, value, key, combined = self.unpack_inputs(
+        causal = bool(causal)
+        # The core applies the causal mask itself (no (T, S) tensor, and the
+        # blocked path skips nothing it needs), unless a subclass overrides
+        # keras's `_compute_attention` with its older signature.
+        own_core = (
+            type(self)._compute_attention is MultiHeadAttention._compute_attention
+        )
+        core_causal = causal and own_core and len(query.shape) == 3
+        attention_mask = self._compute_attention_mask(
             query,
             value,
-            key,
             query_mask=query_mask,
             value_mask=value_mask,
             key_mask=key_mask,
             attention_mask=attention_mask,
-            use_causal_mask=causal,
-            mask=mask,
+            use_causal_mask=causal and not core_causal,
         )
-        q = self.project(query, self.query_kernel, self.query_bias)
-        k = self.project(key, self.key_kernel, self.key_bias)
-        v = self.project(value, self.value_kernel, self.value_bias)
-        result = self.attend(q, k, v, combined, return_attention_scores, training)
+        # The masks are in `attention_mask` now; the projections take none
+        # (as in keras's layer, which clears them the same way).
+        for x in (query, value, key):
+            set_keras_mask(x, None)
+        if self._use_gate:
+            gate = self._gate_dense(query)
+        q = self._query_dense(query)
+        k = self._key_dense(key)
+        v = self._value_dense(value)
+        extra = {"use_causal_mask": True} if core_causal else {}
+        heads, scores = self._compute_attention(
+            q, k, v, attention_mask, training, return_attention_scores, **extra
+        )
+        if self._use_gate:
+            heads = ops.multiply(heads, gate)
+        output = self._output_dense(heads)
         if return_attention_scores:
-            heads, weights = result
-            return self.project_output(heads), weights
-        return self.project_output(result)
+            return output, scores
+        return output
 
-    def compute_output_shape(
-        self, query_shape, value_shape=None, key_shape=None
-    ):
-        query_shape, value_shape, _ = base.split_shapes(
+    def compute_mask(self, inputs, mask=None):
+        # The output is aligned with the query, so it keeps the query's mask.
+        if isinstance(mask, (list, tuple)):
+            return mask[0] if mask else None
+        return mask
+
+    # -------------------------------------------------------------- shapes
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        query_shape, value_shape, key_shape = base.split_shapes(
             query_shape, value_shape, key_shape
         )
-        base.check_rank("query", query_shape)
-        return tuple(query_shape[:-1]) + self._output_dims(query_shape)
+        if tuple(value_shape[1:-1]) != tuple(key_shape[1:-1]):
+            raise ValueError(
+                "All dimensions of `value` and `key`, except the last one, "
+                f"must be equal. Received: value_shape={tuple(value_shape)} "
+                f"and key_shape={tuple(key_shape)}"
+            )
+        if self._output_shape:
+            return tuple(query_shape[:-1]) + tuple(self._output_shape)
+        return tuple(query_shape)
+
+    def _scores_shape(self, query_shape, key_shape):
+        rank = len(query_shape) + 1
+        if self._attention_axes is None:
+            axes = tuple(range(1, rank - 2))
+        else:
+            axes = tuple(a if a >= 0 else rank - 1 + a for a in self._attention_axes)
+        others = [i for i in range(1, rank - 2) if i not in axes]
+        return (
+            (query_shape[0],)
+            + tuple(query_shape[i] for i in others)
+            + (self._num_heads,)
+            + tuple(query_shape[i] for i in axes)
+            + tuple(key_shape[i] for i in axes)
+        )
+
+    def compute_output_spec(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=None,
+        mask=None,
+    ):
+        query, value, key, query_mask, value_mask, key_mask = (
+            base.SequenceAttention.flatten_inputs(
+                query, value, key, query_mask, value_mask, key_mask, mask
+            )
+        )
+        value = query if value is None else value
+        key = value if key is None else key
+        self._check_shapes(
+            tuple(query.shape), tuple(value.shape), tuple(key.shape)
+        )
+        self._check_masks(
+            query, value, query_mask, value_mask, key_mask, attention_mask
+        )
+        output = keras.KerasTensor(
+            self.compute_output_shape(query.shape, value.shape, key.shape),
+            dtype=self.compute_dtype,
+        )
+        if not return_attention_scores:
+            return output
+        if self._flash_attention:
+            raise ValueError(
+                "Returning attention scores is not supported when flash "
+                "attention is enabled. Please disable flash attention to access"
+                " attention scores."
+            )
+        scores = keras.KerasTensor(
+            self._scores_shape(tuple(query.shape), tuple(key.shape)),
+            dtype=self.compute_dtype,
+        )
+        return output, scores
+
+    # -------------------------------------------------------------- config
 
     def get_config(self):
         config = super().get_config()
         config.update(
             {
-                "num_heads": self.num_heads,
-                "key_dim": self.key_dim,
-                "value_dim": self.value_dim,
-                "dropout": self.dropout,
-                "use_bias": self.use_bias,
-                "output_shape": self._output_shape,
+                "flash_attention": self.flash_attention,
                 "num_key_value_heads": self.num_key_value_heads,
                 "use_causal_mask": self.use_causal_mask,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "bias_initializer": keras.initializers.serialize(
-                    self.bias_initializer
-                ),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
-                "bias_regularizer": keras.regularizers.serialize(
-                    self.bias_regularizer
-                ),
-                "kernel_constraint": keras.constraints.serialize(
-                    self.kernel_constraint
-                ),
-                "bias_constraint": keras.constraints.serialize(
-                    self.bias_constraint
-                ),
-                "seed": self.seed,
                 "implementation": self.implementation,
             }
         )
         return config
+
+    # ---------------------------------------- helpers of cached decoding
+
+    @property
+    def query_kernel(self):
+        """The query projection (`EinsumDense`), for `project`."""
+        return self._query_dense
+
+    @property
+    def key_kernel(self):
+        return self._key_dense
+
+    @property
+    def value_kernel(self):
+        return self._value_dense
+
+    query_bias = key_bias = value_bias = None
+
+    def project(self, x, projection, bias=None):
+        """`(B, T, dim) -> (B, T, heads, size)` with one of the projections.
+
+        For decoders that project one new position at a time (a key/value
+        cache): `layer.project(x, layer.key_kernel)` is `layer._key_dense(x)`,
+        LoRA and quantization included.
+        """
+        del bias  # in the sublayer
+        return projection(x)
+
+    def project_output(self, heads):
+        """`(B, T, H, Dv) -> (B, T, *output_shape)` (no gate)."""
+        return self._output_dense(heads)

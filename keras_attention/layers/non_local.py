@@ -35,8 +35,12 @@ def _check_sub_sample(sub_sample):
     )
 
 
+def _weight(sublayer, name):
+    return None if sublayer is None else getattr(sublayer, name)
+
+
 @register("non_local", input_kind="grid")
-class NonLocalBlock(keras.layers.Layer):
+class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
     """Non-local block (Wang et al., 2018), for 1D, 2D and 3D feature maps.
 
     Every position `i` of the map aggregates the features of all positions
@@ -176,43 +180,48 @@ class NonLocalBlock(keras.layers.Layer):
             regularizer=self.kernel_regularizer,
         )
 
-    def _add_bias(self, name, shape):
-        if not self.use_bias:
-            return None
-        return self.add_weight(
-            name=name,
-            shape=shape,
-            initializer=self.bias_initializer.__class__.from_config(
+    def _projection(self, name, units, input_dim, initializer=None):
+        """A 1x1 convolution as a built `keras.layers.Dense` (on the last
+        axis of `(B, ..., C)`): LoRA, quantization, keras weight files."""
+        initializer = initializer or self.kernel_initializer
+        dense = keras.layers.Dense(
+            units,
+            use_bias=self.use_bias,
+            kernel_initializer=initializer.__class__.from_config(
+                initializer.get_config()
+            ),
+            bias_initializer=self.bias_initializer.__class__.from_config(
                 self.bias_initializer.get_config()
             ),
-            regularizer=self.bias_regularizer,
+            kernel_regularizer=self.kernel_regularizer,
+            bias_regularizer=self.bias_regularizer,
+            dtype=self.dtype_policy,
+            name=name,
         )
+        dense.build((None, input_dim))
+        return dense
 
     def build(self, input_shape):
         check_feature_map(input_shape, max_rank=5)
         self.pool_size(len(input_shape) - 2)  # validates `sub_sample`
         channels = input_shape[-1]
         inter = self.inter_channels or max(1, channels // 2)
-        self.theta_kernel = self.theta_bias = None
-        self.phi_kernel = self.phi_bias = None
+        self.theta = self.phi = None
         self.concat_kernel = None
-        if self.mode != "gaussian":  # gaussian compares raw inputs
-            self.theta_kernel = self._add_kernel("theta_kernel", (channels, inter))
-            self.theta_bias = self._add_bias("theta_bias", (inter,))
-            self.phi_kernel = self._add_kernel("phi_kernel", (channels, inter))
-            self.phi_bias = self._add_bias("phi_bias", (inter,))
         if self.mode == "concatenation":
             # w_f of the paper: [w_theta; w_phi], one score per pair.
             self.concat_kernel = self._add_kernel("concat_kernel", (2 * inter,))
-        self.g_kernel = self._add_kernel("g_kernel", (channels, inter))
-        self.g_bias = self._add_bias("g_bias", (inter,))
+        if self.mode != "gaussian":  # gaussian compares raw inputs
+            self.theta = self._projection("theta", inter, channels)
+            self.phi = self._projection("phi", inter, channels)
+        self.g = self._projection("g", inter, channels)
         zero_kernel = self.zero_init_residual and not self.use_batch_norm
-        self.output_kernel = self._add_kernel(
-            "output_kernel",
-            (inter, channels),
+        self.output_dense = self._projection(
+            "output",
+            channels,
+            inter,
             keras.initializers.Zeros() if zero_kernel else None,
         )
-        self.output_bias = self._add_bias("output_bias", (channels,))
         self.batch_norm = None
         if self.use_batch_norm:
             self.batch_norm = keras.layers.BatchNormalization(
@@ -223,11 +232,15 @@ class NonLocalBlock(keras.layers.Layer):
             self.batch_norm.build(tuple(input_shape))
         self.built = True
 
-    @staticmethod
-    def _project(x, kernel, bias):
-        """A 1x1 convolution: `(B, ..., C) -> (B, ..., C')`."""
-        y = ops.matmul(x, kernel)
-        return y if bias is None else y + bias
+    # The projections' weights under their former names (NumPy references).
+    theta_kernel = property(lambda self: _weight(self.theta, "kernel"))
+    theta_bias = property(lambda self: _weight(self.theta, "bias"))
+    phi_kernel = property(lambda self: _weight(self.phi, "kernel"))
+    phi_bias = property(lambda self: _weight(self.phi, "bias"))
+    g_kernel = property(lambda self: self.g.kernel)
+    g_bias = property(lambda self: self.g.bias)
+    output_kernel = property(lambda self: self.output_dense.kernel)
+    output_bias = property(lambda self: self.output_dense.bias)
 
     def _pool(self, x, mask, pool_size):
         """Max-pool the keys or values (and their mask) `(B, ..., C)`."""
@@ -262,18 +275,14 @@ class NonLocalBlock(keras.layers.Layer):
             return ops.reshape(t, (batch, -1, t.shape[-1]))
 
         g, key_mask = self._pool(
-            self._project(x, self.g_kernel, self.g_bias), mask, pool_size
+            self.g(x), mask, pool_size
         )
         if self.mode == "gaussian":
             query = x
             key, _ = self._pool(x, mask, pool_size)
         else:
-            query = self._project(x, self.theta_kernel, self.theta_bias)
-            key, _ = self._pool(
-                self._project(x, self.phi_kernel, self.phi_bias),
-                mask,
-                pool_size,
-            )
+            query = self.theta(x)
+            key, _ = self._pool(self.phi(x), mask, pool_size)
         query, key, value = flatten(query), flatten(key), flatten(g)
         if key_mask is not None:
             key_mask = ops.reshape(key_mask, (batch, -1))  # (B, S)
@@ -289,7 +298,7 @@ class NonLocalBlock(keras.layers.Layer):
                 query, key, value, key_mask, return_attention_scores
             )
         y = ops.reshape(y, tuple(ops.shape(x)[:-1]) + (y.shape[-1],))
-        z = self._project(y, self.output_kernel, self.output_bias)
+        z = self.output_dense(y)
         if self.batch_norm is not None:
             z = self.batch_norm(z, training=training, mask=mask)
         outputs = x + ops.cast(z, x.dtype)

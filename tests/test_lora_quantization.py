@@ -1,0 +1,196 @@
+"""LoRA and quantization of every layer with projection kernels.
+
+The projections are keras `EinsumDense` / `Dense` / `Conv` sublayers, so
+`layer.enable_lora(rank)` and `model.quantize(mode)` have keras's meaning:
+
+- LoRA: the base kernels are frozen, the low-rank factors `A`, `B` are
+  trainable and start with `B = 0` (outputs unchanged); saving merges
+  `A B * alpha / rank` into the kernels, so a `.keras` file reloads as a
+  plain model with the same outputs.
+- Quantization: `int8` and `float8` kernels for the dense projections
+  (keras quantizes no convolution, so `SpatialAttention` keeps a float
+  kernel). Outputs stay within a relative error (max abs error / max abs
+  output) of 5e-2 for int8 and 2e-1 for float8 (e4m3 keeps 3 mantissa bits)
+  of the float model on the harness inputs; measured at most 1.3e-2 and
+  1.2e-1. A quantized model's `.keras` file reloads with identical outputs
+  (the layers save their sublayers' quantized policies as a
+  `DTypePolicyMap`).
+- Bad input (a rank that is not a positive integer, LoRA twice, an unknown
+  quantization mode) raises a `ValueError` naming the argument and value,
+  and leaves the model exactly as it was.
+"""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_attention
+from keras_attention.layers.base import projection_sublayers
+from tests.cases_sequence import LUONG_GENERAL
+from tests.harness import load_cases
+from tests.harness import numpy
+from tests.harness import symbolic_model
+
+CASES = dict(load_cases())
+CASES["scaled_dot_product"] = LUONG_GENERAL  # the score with a kernel
+NAMES = sorted(CASES)
+TOLERANCE = {"int8": 5e-2, "float8": 2e-1}
+
+
+def model_for(name, seed=0):
+    case = CASES[name]
+    inputs = case.make_inputs(np.random.default_rng(seed))
+    keras.utils.set_random_seed(seed)
+    layer = keras_attention.get(name, **case.kwargs)
+    model = symbolic_model(layer, inputs, case)
+    return model, layer, inputs
+
+
+def snapshot(model):
+    return [(v.path, v.trainable, np.array(v.numpy())) for v in model.variables]
+
+
+def assert_unchanged(model, before):
+    after = snapshot(model)
+    assert [(p, t) for p, t, _ in after] == [(p, t) for p, t, _ in before]
+    for (_, _, a), (_, _, b) in zip(after, before):
+        np.testing.assert_array_equal(a, b)
+
+
+def relative_error(actual, expected):
+    return float(np.abs(actual - expected).max()) / max(1.0, float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_layer_with_kernels_has_projection_sublayers(name):
+    _, layer, _ = model_for(name)
+    projections = projection_sublayers(layer)
+    assert projections, f"{name} has no keras projection sublayer"
+    raw = [v.path for v in layer.weights if "kernel" in v.path.split("/")[-1]
+           and not any(v.path.startswith(s.path + "/") for s in projections.values())]
+    # Raw kernels left on purpose are score vectors, not projections.
+    assert all(
+        any(word in p for word in ("attention_", "score_kernel", "concat_kernel"))
+        for p in raw
+    ), raw
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_enable_lora_freezes_kernels_trains_factors_and_saves_merged(name, tmp_path):
+    model, layer, inputs = model_for(name)
+    x = tuple(inputs) if isinstance(inputs, (list, tuple)) else inputs
+    before = numpy(model(x))
+    layer.enable_lora(2)
+    for sub in projection_sublayers(layer).values():
+        assert sub.lora_enabled and not sub._kernel.trainable
+        assert sub.lora_kernel_a.trainable and sub.lora_kernel_b.trainable
+    np.testing.assert_allclose(numpy(model(x)), before, atol=1e-6)  # B = 0
+    frozen = {s.path: np.array(s._kernel.numpy()) for s in projection_sublayers(layer).values()}
+    target = np.random.default_rng(1).normal(size=before.shape).astype("float32")
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    # One whole batch (graph inputs have no batch axis), as the harness fits.
+    model.fit(tf.data.Dataset.from_tensors((x, target)).repeat(2), verbose=0)
+    for sub in projection_sublayers(layer).values():
+        np.testing.assert_array_equal(sub._kernel.numpy(), frozen[sub.path])
+    assert any(np.any(s.lora_kernel_b.numpy()) for s in projection_sublayers(layer).values())
+    tuned = numpy(model(x))
+    assert not np.allclose(tuned, before)
+    path = str(tmp_path / "lora.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    np.testing.assert_allclose(numpy(loaded(x)), tuned, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_lora_calls_raise_and_change_nothing(name):
+    model, layer, _ = model_for(name)
+    before = snapshot(model)
+    for rank in (0, -1, 1.5, True, "2", None):
+        with pytest.raises(ValueError, match=f"rank={rank!r}"):
+            layer.enable_lora(rank)
+        assert_unchanged(model, before)
+    with pytest.raises(ValueError, match="target_names"):
+        layer.enable_lora(2, target_names=["no_such_projection"])
+    assert_unchanged(model, before)
+    layer.enable_lora(2)
+    after_first = snapshot(model)
+    with pytest.raises(ValueError, match="already enabled.*rank=3"):
+        layer.enable_lora(3)
+    assert_unchanged(model, after_first)
+
+
+@pytest.mark.parametrize("mode", ["int8", "float8"])
+@pytest.mark.parametrize("name", NAMES)
+def test_quantize_stays_close_and_round_trips(name, mode, tmp_path):
+    model, layer, inputs = model_for(name)
+    x = tuple(inputs) if isinstance(inputs, (list, tuple)) else inputs
+    expected = numpy(model(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # leaves without kernels say so
+        model.quantize(mode)
+    dense = [
+        s for s in projection_sublayers(layer).values()
+        if isinstance(s, (keras.layers.Dense, keras.layers.EinsumDense))
+    ]
+    if not dense:
+        pytest.skip("keras quantizes no convolution")
+    assert all(s.quantization_mode == mode for s in dense)
+    if mode == "int8":
+        assert all(keras.backend.standardize_dtype(s._kernel.dtype) == "int8" for s in dense)
+    quantized = numpy(model(x))
+    assert relative_error(quantized, expected) <= TOLERANCE[mode]
+    path = str(tmp_path / "quantized.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    np.testing.assert_array_equal(numpy(loaded(x)), quantized)
+
+
+@pytest.mark.parametrize("name", ["multi_head", "additive", "cbam"])
+def test_unknown_quantization_mode_raises_and_changes_nothing(name):
+    model, _, _ = model_for(name)
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="int3"):
+        model.quantize("int3")
+    assert_unchanged(model, before)
+    assert all(layer.quantization_mode is None for layer in model._flatten_layers())
+
+
+def test_enable_lora_on_a_preset_backbone_trains_only_the_factors_and_head():
+    from keras_attention.applications import VisionTransformer
+    from keras_attention.layers import enable_lora
+
+    model = VisionTransformer.from_preset("vit_digits")
+    x = np.random.default_rng(0).random((8, 16, 16, 1)).astype("float32")
+    y = np.arange(8) % 10
+    before = numpy(model(x))
+    full = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    backbone = snapshot(model.backbone)
+    targets = enable_lora(model.backbone, rank=2)
+    assert targets and all(p.split("/")[-1] in ("query", "value") for p in targets)
+    np.testing.assert_allclose(numpy(model(x)), before, atol=1e-6)
+    trainable = {w.path for w in model.trainable_weights}
+    backbone_trainable = {w.path for w in model.backbone.trainable_weights}
+    # In the backbone: the factors and the targets' biases, nothing else.
+    assert backbone_trainable == {
+        w.path for s in targets.values()
+        for w in (s.lora_kernel_a, s.lora_kernel_b, s.bias)
+    }
+    lora = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    assert lora < full / 4, (lora, full)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="sparse_categorical_crossentropy")
+    model.fit(x, y, epochs=2, batch_size=8, verbose=0)
+    now = {v.path: v for v in model.backbone.variables}
+    for path, _, old in backbone:
+        if path not in backbone_trainable and "seed_generator" not in path:
+            np.testing.assert_array_equal(now[path].numpy(), old, err_msg=path)
+    assert trainable  # the head still trains
+    # Twice: refused, and nothing changes.
+    after = snapshot(model)
+    with pytest.raises(ValueError, match="already enabled.*rank=2"):
+        enable_lora(model.backbone, rank=2)
+    with pytest.raises(ValueError, match="rank=0"):
+        enable_lora(model.backbone, rank=0)
+    assert_unchanged(model, after)
