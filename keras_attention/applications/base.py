@@ -188,6 +188,15 @@ class Backbone(InputChecks, keras.Model):
     # attribute of the same name.
     config_keys = ()
 
+    def keep_config(self, arguments):
+        """Keeps each of `config_keys` from `arguments` (the constructor's
+        `locals()`) as an attribute; `attention_kwargs` as a new dict."""
+        for key in self.config_keys:
+            value = arguments[key]
+            if key == "attention_kwargs":
+                value = dict(value or {})
+            setattr(self, key, value)
+
     def get_config(self):
         config = {"name": self.name, "trainable": self.trainable}
         config.update({key: getattr(self, key) for key in self.config_keys})

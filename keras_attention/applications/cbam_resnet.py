@@ -143,15 +143,7 @@ class CBAMResNetBackbone(app_base.Backbone):
         outputs = keras.layers.GlobalAveragePooling2D(name="pooling")(x)
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
-        self.image_size = image_size
-        self.num_channels = num_channels
-        self.filters = filters
-        self.blocks_per_stage = blocks_per_stage
-        self.stem_filters = stem_filters
-        self.stem_strides = stem_strides
-        self.attention = attention
-        self.attention_kwargs = dict(attention_kwargs or {})
-        self.weight_decay = weight_decay
+        self.keep_config(locals())
         self._chain = chain
 
     def check_inputs(self, inputs):

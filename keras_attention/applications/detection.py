@@ -54,6 +54,11 @@ def _check_widths(hidden_dim, num_heads, num_encoder_layers):
         )
 
 
+# The arguments of `detection_loss.set_prediction_loss` the model holds.
+_LOSS_SETTINGS = (
+    "num_classes", "eos_coef", "class_loss_weight", "bbox_loss_weight",
+    "giou_loss_weight", "class_cost", "bbox_cost", "giou_cost",
+)
 # The constructor arguments `get_config` returns, each kept as an attribute.
 _CONFIG = (
     "num_classes", "num_queries", "hidden_dim", "num_heads",
@@ -214,14 +219,9 @@ class DETR(PresetMixin, keras.Model):
             transformer_attention_kwargs or {}
         )
         self.aux_loss = bool(aux_loss)
+        arguments = locals()
         weights = detection_loss.check_loss_weights(
-            eos_coef=eos_coef,
-            class_loss_weight=class_loss_weight,
-            bbox_loss_weight=bbox_loss_weight,
-            giou_loss_weight=giou_loss_weight,
-            class_cost=class_cost,
-            bbox_cost=bbox_cost,
-            giou_cost=giou_cost,
+            **{name: arguments[name] for name in _LOSS_SETTINGS[1:]}
         )
         for name, value in weights.items():
             setattr(self, name, value)
@@ -389,16 +389,7 @@ class DETR(PresetMixin, keras.Model):
                 f"Received: boxes.shape={tuple(boxes.shape)}; run "
                 "`validate_targets` on the data to trim the padding"
             )
-        settings = dict(
-            num_classes=self.num_classes,
-            eos_coef=self.eos_coef,
-            class_loss_weight=self.class_loss_weight,
-            bbox_loss_weight=self.bbox_loss_weight,
-            giou_loss_weight=self.giou_loss_weight,
-            class_cost=self.class_cost,
-            bbox_cost=self.bbox_cost,
-            giou_cost=self.giou_cost,
-        )
+        settings = {name: getattr(self, name) for name in _LOSS_SETTINGS}
         logits, pred_boxes = y_pred["logits"], y_pred["boxes"]
         layers = 1
         if "aux_logits" in y_pred:

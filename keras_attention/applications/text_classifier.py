@@ -362,16 +362,7 @@ class TextClassifierBackbone(app_base.Backbone):
         self._weights_output = weights
         self._weights_model = None
 
-        self.vocabulary_size = vocabulary_size
-        self.sequence_length = sequence_length
-        self.hidden_dim = hidden_dim
-        self.depth = depth
-        self.num_heads = num_heads
-        self.mlp_dim = mlp_dim
-        self.dropout = dropout
-        self.attention = attention
-        self.attention_kwargs = dict(attention_kwargs or {})
-        self.pooling_units = pooling_units
+        self.keep_config(locals())
 
     def check_inputs(self, inputs):
         shape = tuple(inputs.shape)

@@ -385,20 +385,7 @@ class VisionTransformerBackbone(app_base.Backbone):
         outputs = TokenPooling(pooling, name="pooling")(x)
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
-        self.image_size = image_size
-        self.patch_size = patch_size
-        self.hidden_dim = hidden_dim
-        self.depth = depth
-        self.num_heads = num_heads
-        self.mlp_dim = mlp_dim
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.attention = attention
-        self.attention_kwargs = dict(attention_kwargs or {})
-        self.window_size = window_size
-        self.pooling = pooling
-        self.num_channels = num_channels
-        self.layer_norm_epsilon = layer_norm_epsilon
+        self.keep_config(locals())
         self.grid_shape = grid
         self._chain = chain
 
