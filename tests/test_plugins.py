@@ -278,3 +278,35 @@ def test_gat_takes_graph_plugins_and_refuses_other_kinds(tmp_path):
             image_size=8, num_channels=1, num_classes=3,
             attention="test_tokens_plugin",
         )
+
+
+def test_get_takes_every_keyword_and_layers_declare_their_input_kind():
+    layer = registry.get("multi_head", num_heads=2, key_dim=4, name="attn")
+    assert layer.name == "attn"
+    assert registry.input_kind("multi_head") == "tokens"
+    assert registry.input_kind("test_grid_plugin") == "grid"
+    assert set(registry.names_of_kind("grid")) >= {
+        "cbam", "channel", "spatial", "local_window", "non_local",
+        "test_grid_plugin",
+    }
+    assert registry.names_of_kind("graph") == ["graph", "test_graph_plugin"]
+    with pytest.raises(ValueError, match="input_kind"):
+        registry.register("test_bad_kind", input_kind="image")
+
+
+def test_one_preset_registry_lists_every_application(capsys):
+    from keras_attention import cli
+
+    listed = applications.presets()
+    by_class = {preset.class_name for preset in listed.values()}
+    assert by_class >= {
+        "VisionTransformer", "CBAMResNet", "TextClassifier", "DETR",
+        "GATNodeClassifier", "Seq2SeqTranslator", "TransformerTranslator",
+    }
+    assert listed["detr_digits"].weights == "detr_digits.weights.h5"
+    assert applications.TransformerTranslator.from_preset("tiny").num_layers == 2
+    assert "transformer_tiny" in applications.TransformerTranslator.presets()
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("detr_digits", "seq2seq_tiny", "transformer_small", "gat_cora"):
+        assert name in out
