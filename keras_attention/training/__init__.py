@@ -10,7 +10,8 @@ benchmarks call, so a user reproduces a recipe with the library alone:
 - `image_classification`: the recipes of the shipped digit presets
   (`IMAGE_RECIPES`, `fit_image_classifier`, `random_shift`,
   `train_image_preset`);
-- `detection`: DETR's optimizer (`detr_optimizer`).
+- `detection`: DETR's optimizer (`detr_optimizer`);
+- `translation`: `fit_translator` (a budgeted `fit`) and `bucketed_batches`.
 """
 
 from keras_attention.training.budget import TimeBudget
@@ -25,3 +26,5 @@ from keras_attention.training.image_classification import train_image_preset
 from keras_attention.training.schedules import BudgetLinearDecay
 from keras_attention.training.schedules import InverseSqrt
 from keras_attention.training.schedules import KeepBest
+from keras_attention.training.translation import bucketed_batches
+from keras_attention.training.translation import fit_translator
