@@ -21,6 +21,7 @@ config.
 
 
 import keras
+from keras import ops
 
 from keras_attention import _validation
 from keras_attention.applications import presets as preset_registry
@@ -179,6 +180,33 @@ class Backbone(InputChecks, keras.Model):
         # (keras's own check squeezes a trailing 1 and compares prefixes).
         self.input_spec = None
 
+    # The block classes whose scores `attention_scores` collects, and the
+    # names of the layers from the input to the features, in order.
+    scored_blocks = ()
+    _chain = ()
+
+    def attention_scores(self, inputs):
+        """The attention scores of every block, run eagerly.
+
+        Returns:
+            A list with one entry per block of `scored_blocks`, in order:
+            what its attention layer returns as scores, or `None` for a
+            layer that returns none.
+        """
+        inputs = ops.convert_to_tensor(inputs, dtype=self.compute_dtype)
+        self.check_inputs(inputs)
+        x, scores = inputs, []
+        for name in self._chain:
+            layer = self.get_layer(name)
+            if isinstance(layer, self.scored_blocks):
+                x, block_scores = layer(
+                    x, return_attention_scores=True, training=False
+                )
+                scores.append(block_scores)
+            else:
+                x = layer(x)
+        return scores
+
     @property
     def feature_dim(self):
         """Size of the feature vector the backbone outputs."""
@@ -217,6 +245,15 @@ class Backbone(InputChecks, keras.Model):
         return cls.classifier_class.from_preset(
             preset, load_weights=load_weights
         ).backbone
+
+
+class ImageBackbone(Backbone):
+    """A backbone of images `(B, *image_size, num_channels)`."""
+
+    def check_inputs(self, inputs):
+        _validation.check_image_inputs(
+            inputs, tuple(self.image_size) + (self.num_channels,)
+        )
 
 
 class Classifier(PresetMixin, CompileDefaults, InputChecks, keras.Model):

@@ -9,7 +9,6 @@ the same shape, or `None` (the plain ResNet, for ablations).
 """
 
 import keras
-from keras import ops
 
 from keras_attention import _validation as base
 from keras_attention import registry
@@ -19,7 +18,7 @@ from keras_attention.applications.blocks import ResidualAttentionBlock
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class CBAMResNetBackbone(app_base.Backbone):
+class CBAMResNetBackbone(app_base.ImageBackbone):
     """A small ResNet with attention in every block (Woo et al., 2018).
 
     A 3x3 stem convolution (batch norm, ReLU), then one stage per entry of
@@ -65,6 +64,7 @@ class CBAMResNetBackbone(app_base.Backbone):
           https://arxiv.org/abs/1512.03385
     """
 
+    scored_blocks = (ResidualAttentionBlock,)
     config_keys = (
         "image_size", "num_channels", "filters", "blocks_per_stage",
         "stem_filters", "stem_strides", "attention", "attention_kwargs",
@@ -145,33 +145,6 @@ class CBAMResNetBackbone(app_base.Backbone):
 
         self.keep_config(locals())
         self._chain = chain
-
-    def check_inputs(self, inputs):
-        base.check_image_inputs(
-            inputs, self.image_size + (self.num_channels,)
-        )
-
-    def attention_scores(self, images):
-        """The attention maps of every block, run eagerly.
-
-        Returns:
-            A list with one entry per block: what its attention layer
-            returns as scores (for `"cbam"` the pair `(channel weights
-            (B, C), spatial map (B, H, W, 1))`), or `None`.
-        """
-        images = ops.convert_to_tensor(images, dtype=self.compute_dtype)
-        self.check_inputs(images)
-        x, scores = images, []
-        for name in self._chain:
-            layer = self.get_layer(name)
-            if isinstance(layer, ResidualAttentionBlock):
-                x, block_scores = layer(
-                    x, return_attention_scores=True, training=False
-                )
-                scores.append(block_scores)
-            else:
-                x = layer(x)
-        return scores
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)

@@ -216,7 +216,7 @@ class TokenPooling(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class VisionTransformerBackbone(app_base.Backbone):
+class VisionTransformerBackbone(app_base.ImageBackbone):
     """ViT feature extractor (Dosovitskiy et al., 2021); Swin-style stages.
 
     Images `(B, H, W, channels)` are cut into `patch_size` patches embedded
@@ -278,6 +278,7 @@ class VisionTransformerBackbone(app_base.Backbone):
         - Liu et al., Swin Transformer, 2021. https://arxiv.org/abs/2103.14030
     """
 
+    scored_blocks = (TransformerEncoderBlock,)
     config_keys = (
         "image_size", "patch_size", "hidden_dim", "depth", "num_heads",
         "mlp_dim", "dropout", "attention_dropout", "attention",
@@ -388,35 +389,6 @@ class VisionTransformerBackbone(app_base.Backbone):
         self.keep_config(locals())
         self.grid_shape = grid
         self._chain = chain
-
-    def check_inputs(self, inputs):
-        base.check_image_inputs(
-            inputs, self.image_size + (self.num_channels,)
-        )
-
-    def attention_scores(self, images):
-        """The attention scores of every encoder block, run eagerly.
-
-        Args:
-            images: `(B, H, W, num_channels)`.
-
-        Returns:
-            A list with one entry per block, in order: what the attention
-            layer returns as scores (`(B, H, N, N)` for `"multi_head"`,
-            `(B, nW, H, T, T)` for `"local_window"`), or `None` for layers
-            that return none.
-        """
-        images = ops.convert_to_tensor(images, dtype=self.compute_dtype)
-        self.check_inputs(images)
-        x, scores = images, []
-        for name in self._chain:
-            layer = self.get_layer(name)
-            if isinstance(layer, TransformerEncoderBlock):
-                x, block_scores = layer(x, return_attention_scores=True)
-                scores.append(block_scores)
-            else:
-                x = layer(x)
-        return scores
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
