@@ -144,6 +144,12 @@ class _TransformerBlock(keras.layers.Layer):
         return tuple(input_shape)
 
     def compute_mask(self, inputs, mask=None):
+        # The tokens keep the Keras mask they came with (a text model's
+        # padding); a mask only passed as an argument (the translator's)
+        # stays off the outputs, which would carry it into layers that
+        # cannot take one (the projections of a cross-attention's values).
+        if getattr(inputs, "_keras_mask", None) is None:
+            return None
         return mask
 
     def get_config(self):
