@@ -5,6 +5,8 @@ keras-attention list
 keras-attention run translation|classification|detection|node-classification
     [--model NAME] [--data PATH] [--epochs N] [--out DIR] [--seed S]
 keras-attention demo [--out DIR] [--seed S]
+keras-attention explore MODEL.keras INPUT [--out PAGE.html] [--kind K]
+    [--index I] [--layers L ...] [--tokens "a b c"] [--node-labels Y.npy]
 ```
 
 Exit codes: 0 success, 1 the job failed (the message says why), 2 bad
@@ -80,12 +82,46 @@ def build_parser():
         help="all four applications on embedded data, with a report",
         description="Train and evaluate all four applications on their "
         "embedded data with short recipes, and write report.md with the "
-        "metrics and pictures to --out.",
+        "metrics and pictures, and report.html with the same and each "
+        "application's interactive attention explorer, to --out.",
     )
     demo.add_argument("--out", default="keras_attention_demo", help="output folder")
     demo.add_argument("--seed", type=int, default=0, help="random seed")
     demo.add_argument(
         "--quick", action="store_true", help="one short epoch each (a smoke test)"
+    )
+    explore = commands.add_parser(
+        "explore",
+        help="write an interactive attention page (HTML) for a saved model",
+        description="Load a saved .keras model, run it on INPUT and write one "
+        "self-contained HTML page to explore its attention (layers, heads, "
+        "tokens, patches, boxes, graph nodes). INPUT is a .npy file (a batch: "
+        "token ids or features (B, T[, C]), images (B, H, W, C)), a .npz file "
+        "with the arrays the model takes in order (a graph: features and "
+        "edges), an image file (.png/.jpg, scaled to [0, 1] and resized to the "
+        "model's input), or, for a model with a text preprocessor "
+        "(TextClassifier, translators), the text itself.",
+    )
+    explore.add_argument("model", help="a .keras file saved by Keras")
+    explore.add_argument("input", help=".npy, .npz, image file, or text")
+    explore.add_argument("--out", default="attention.html", help="the page to write")
+    explore.add_argument(
+        "--kind", default="auto",
+        choices=("auto", "sequence", "image", "detection", "graph"),
+        help="the view (default: from the model and input)",
+    )
+    explore.add_argument(
+        "--index", type=int, default=0, help="which example of the batch to show"
+    )
+    explore.add_argument(
+        "--layers", nargs="+",
+        help="attention layers to show: names, paths or indices in call order",
+    )
+    explore.add_argument(
+        "--tokens", help="labels of the tokens, separated by spaces"
+    )
+    explore.add_argument(
+        "--node-labels", help="a .npy file with one class per node (graphs)"
     )
     return parser
 
@@ -160,7 +196,95 @@ def command_demo(args):
     report = recipes.write_report(
         results, args.out, time.time() - start, time.process_time()
     )
+    page = recipes.write_report_html(
+        results, args.out, time.time() - start, time.process_time()
+    )
     print(f"\nReport: {os.path.abspath(report)}")
+    print(f"Interactive report: {os.path.abspath(page)}")
+    return EXIT_OK
+
+
+def _explore_input(text, model):
+    """What `model` is called on, from the INPUT argument of `explore`."""
+    import numpy as np
+
+    lower = text.lower()
+    if lower.endswith(".npy") or lower.endswith(".npz"):
+        if not os.path.isfile(text):
+            raise UsageError(f"INPUT: no such file: {text}")
+        try:
+            loaded = np.load(text, allow_pickle=False)
+        except (OSError, ValueError) as error:
+            raise UsageError(f"INPUT: cannot read {text}: {error}") from None
+        if lower.endswith(".npy"):
+            return loaded
+        arrays = [loaded[name] for name in loaded.files]
+        return arrays[0] if len(arrays) == 1 else arrays
+    if lower.endswith((".png", ".jpg", ".jpeg", ".bmp", ".gif")):
+        if not os.path.isfile(text):
+            raise UsageError(f"INPUT: no such file: {text}")
+        import keras
+
+        shape = _model_image_shape(model)
+        image = keras.utils.load_img(
+            text,
+            color_mode="grayscale" if shape and shape[-1] == 1 else "rgb",
+            target_size=tuple(shape[:2]) if shape and None not in shape[:2] else None,
+        )
+        return (keras.utils.img_to_array(image) / 255.0)[None].astype("float32")
+    if getattr(model, "preprocessor", None) is None:
+        raise UsageError(
+            f"INPUT: no such .npy/.npz/image file, and the model "
+            f"{model.name!r} has no text preprocessor to read text: {text!r}"
+        )
+    return text
+
+
+def _model_image_shape(model):
+    """`(height, width, channels)` the model takes, where it says so."""
+    size = getattr(model, "image_size", None)
+    if size is not None:
+        size = (size, size) if isinstance(size, int) else tuple(size)
+        return size + (getattr(model, "num_channels", 3),)
+    try:
+        shape = tuple(model.inputs[0].shape[1:])
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return None
+    return shape if len(shape) == 3 else None
+
+
+def command_explore(args):
+    import keras
+
+    import keras_attention  # noqa: F401 - registers the layers for loading
+    from keras_attention import visualization
+
+    if not os.path.isfile(args.model):
+        raise UsageError(f"MODEL: no such file: {args.model}")
+    try:
+        model = keras.saving.load_model(args.model)
+    except Exception as error:  # noqa: BLE001 - any reason it cannot load
+        raise ValueError(f"cannot load the model {args.model}: {error}") from None
+    inputs = _explore_input(args.input, model)
+    layers = None
+    if args.layers:
+        layers = [int(v) if v.lstrip("-").isdigit() else v for v in args.layers]
+    node_labels = None
+    if args.node_labels:
+        import numpy as np
+
+        node_labels = np.load(args.node_labels, allow_pickle=False)
+    path = visualization.explore(
+        model,
+        inputs,
+        args.out,
+        kind=args.kind,
+        index=args.index,
+        layers=layers,
+        tokens=args.tokens.split() if args.tokens else None,
+        node_labels=node_labels,
+    )
+    print(f"Wrote {path}")
     return EXIT_OK
 
 
@@ -173,6 +297,8 @@ def main(argv=None):
             return command_list()
         if args.command == "run":
             return command_run(args)
+        if args.command == "explore":
+            return command_explore(args)
         return command_demo(args)
     except UsageError as error:
         parser.print_usage(sys.stderr)

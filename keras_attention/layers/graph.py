@@ -276,11 +276,34 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         features, _, _ = self._split_shapes(input_shape)
         return tuple(features[:-1]) + (self.output_dim,)
 
-    def compute_output_spec(self, *args, **kwargs):
+    def compute_output_spec(
+        self, inputs, return_attention_scores=False, training=None
+    ):
+        shapes = [tuple(x.shape) for x in inputs] if isinstance(
+            inputs, (list, tuple)
+        ) else inputs
+        features, edges, _ = self._split_shapes(shapes)
+        if keras.backend.backend() != "tensorflow" and None in features[:-1]:
+            # JAX and torch cannot trace a segment sum over an unknown
+            # number of nodes (a functional model over graphs of any size):
+            # the specs come from the shapes instead.
+            out = keras.KerasTensor(
+                self.compute_output_shape(shapes), dtype=self.compute_dtype
+            )
+            if not return_attention_scores:
+                return out
+            if len(edges) == 2 and edges[0] == 2 and len(features) == 2:
+                scores = (None, self.num_heads)  # (E + N, H)
+            else:
+                n = features[-2]
+                scores = tuple(features[:-2]) + (self.num_heads, n, n)
+            return out, keras.KerasTensor(scores, dtype=self.compute_dtype)
         # Trace `call` symbolically: the same checks and the same output
         # structure (with or without scores) as an eager call.
         return super(keras.layers.Layer, self).compute_output_spec(
-            *args, **kwargs
+            inputs,
+            return_attention_scores=return_attention_scores,
+            training=training,
         )
 
     # -------------------------------------------------------------- weights

@@ -8,6 +8,8 @@
 - `grad_cam(model, images, method=...)`: Grad-CAM, Grad-CAM++ and Score-CAM
   (tf-keras-vis, or the same formulas on a `GradientTape` where tf-keras-vis
   cannot reach the feature map), for CNNs and ViTs.
+- `explore(model, inputs, path)`: one self-contained HTML page to explore
+  the attention interactively (tokens, images, DETR boxes, graphs).
 - `plot_attention_heatmap`, `plot_image_overlay`, `plot_detections`,
   `plot_graph_attention`: Matplotlib figures (Agg), saved as PNG with `path`.
 
@@ -17,6 +19,7 @@ written on `keras` and NumPy only (tested on the TensorFlow backend).
 
 from keras_attention.visualization.cam import find_cam_target
 from keras_attention.visualization.cam import grad_cam
+from keras_attention.visualization.explorer import explore
 from keras_attention.visualization.maps import attention_layers
 from keras_attention.visualization.maps import attention_maps
 from keras_attention.visualization.maps import capture_attention

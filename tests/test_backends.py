@@ -1,0 +1,108 @@
+"""Every application trains a step and predicts on the backend in use.
+
+CI runs this file with `KERAS_BACKEND=jax` and `KERAS_BACKEND=torch` beside
+the layer harness (on TensorFlow the applications' own test files cover it);
+the README's backend table comes from it. XLA (`jit_compile=True`) is used
+where the backend compiles with it (TensorFlow, JAX); torch runs eagerly.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from keras_attention import applications  # noqa: E402
+
+JIT = keras.backend.backend() != "torch"
+# On TensorFlow the application test files cover all of this and more.
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() == "tensorflow",
+    reason="TensorFlow: covered by the applications' own test files",
+)
+RNG = np.random.default_rng(0)
+
+
+def fits(model, x, y, **kwargs):
+    history = model.fit(x, y, epochs=2, verbose=0, **kwargs)
+    losses = history.history["loss"]
+    assert np.all(np.isfinite(losses)), losses
+
+
+def test_image_classifiers():
+    x = RNG.random((8, 8, 8, 1)).astype("float32")
+    y = (np.arange(8) % 3).astype("int32")
+    for model in (
+        applications.VisionTransformer(
+            image_size=8, patch_size=4, num_classes=3, hidden_dim=16, depth=1,
+            num_heads=2, mlp_dim=32, num_channels=1,
+        ),
+        applications.CBAMResNet(image_size=8, num_channels=1, num_classes=3, filters=(8, 16)),
+    ):
+        model.compile(jit_compile=JIT)
+        fits(model, x, y)
+        assert model.predict(x, verbose=0).shape == (8, 3)
+
+
+def test_text_classifier():
+    model = applications.TextClassifier(
+        vocabulary_size=20, sequence_length=6, num_classes=2, hidden_dim=8,
+        depth=1, num_heads=2, mlp_dim=8,
+    )
+    ids = RNG.integers(1, 20, (8, 6)).astype("int32")
+    model.compile(jit_compile=JIT)
+    fits(model, ids, np.arange(8) % 2)
+    assert model.predict(ids, verbose=0).shape == (8, 2)
+
+
+def test_gat_node_classifier():
+    from keras_attention.applications.node_classification import (
+        GATNodeClassifier,
+        node_classification_data,
+    )
+    from keras_attention.datasets import load_karate_club
+
+    data = node_classification_data(load_karate_club(seed=0))
+    model = GATNodeClassifier(num_features=34, num_classes=2, hidden_units=4, num_heads=2)
+    model.compile(jit_compile=JIT)
+    fits(model, data.inputs, data.labels, sample_weight=data.train_weights)
+    assert tuple(model.predict(data.inputs, verbose=0).shape) == (1, 34, 2)
+
+
+def test_detr():
+    from keras_attention.applications.detection import DETR
+
+    model = DETR(
+        num_classes=3, num_queries=4, hidden_dim=16, num_heads=2,
+        num_encoder_layers=1, num_decoder_layers=1, feedforward_dim=32,
+        backbone_filters=(8, 16),
+    )
+    images = RNG.random((4, 16, 16, 1)).astype("float32")
+    boxes = np.tile(np.array([[[0.5, 0.5, 0.2, 0.2], [0, 0, 0, 0]]], "float32"), (4, 1, 1))
+    labels = np.tile(np.array([[1, -1]], "int32"), (4, 1))
+    model.compile(optimizer="adam", jit_compile=JIT)
+    fits(model, images, {"boxes": boxes, "labels": labels}, batch_size=2)
+    found = model.predict_boxes(images[:1])
+    assert len(found) == 1
+
+
+@pytest.mark.parametrize("kind", ["transformer", "rnn"])
+def test_translators(kind):
+    from keras_attention.applications import Seq2SeqTranslator
+    from keras_attention.applications import TransformerTranslator
+    from keras_attention.applications import TranslationPreprocessor
+
+    preprocessor = TranslationPreprocessor(source_length=8, target_length=8)
+    if kind == "transformer":
+        model = TransformerTranslator(
+            preprocessor, num_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=32
+        )
+    else:
+        model = Seq2SeqTranslator(preprocessor, embedding_dim=8, hidden_dim=16)
+    model.compile(jit_compile=JIT)
+    words = ["abc", "de", "fgh", "ab"] * 4
+    x, y = model.prepare(words, words)
+    fits(model, x, y, batch_size=8)
+    assert len(model.translate(words[:2])) == 2
