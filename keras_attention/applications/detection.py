@@ -253,7 +253,10 @@ class DETR(PresetMixin, keras.Model):
             dtype=self.dtype_policy,
         )
         self.encoder_layers = [
-            TransformerEncoderBlock(name=f"encoder_{i}", **block_args)
+            TransformerEncoderBlock(
+                name=f"encoder_{i}", attention_name="self_attention",
+                **block_args,
+            )
             for i in range(self.num_encoder_layers)
         ]
         self.encoder_norm = (

@@ -136,7 +136,10 @@ class TransformerTranslator(Translator):
             dropout_kind="hash",
         )
         self.encoder_blocks = [
-            TransformerEncoderBlock(name=f"encoder_block_{i}", **block_args)
+            TransformerEncoderBlock(
+                name=f"encoder_block_{i}", attention_name="self_attention",
+                **block_args,
+            )
             for i in range(num_layers)
         ]
         self.decoder_blocks = [

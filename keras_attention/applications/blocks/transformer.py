@@ -200,6 +200,8 @@ class TransformerEncoderBlock(_TransformerBlock):
         norm_first: pre-norm (`True`) or post-norm (`False`).
         activation: activation of the MLP's hidden layer.
         dropout_kind: `"keras"` or `"hash"` (see the module).
+        attention_name: the name of the attention sublayer (`"attention"`;
+            the translator and DETR keep their `"self_attention"`).
 
     Call arguments:
         tokens: `(B, N, C)`.
@@ -231,6 +233,7 @@ class TransformerEncoderBlock(_TransformerBlock):
         norm_first=True,
         activation="gelu",
         dropout_kind="keras",
+        attention_name="attention",
         **kwargs,
     ):
         super().__init__(
@@ -253,6 +256,7 @@ class TransformerEncoderBlock(_TransformerBlock):
             "window_size", window_size, allow_none=True
         )
         self.shift_size = shift_size
+        self.attention_name = attention_name
         self.uses_grid = registry.input_kind(self.attention) == "grid"
         if self.uses_grid and self.grid_shape is None:
             raise ValueError(
@@ -280,7 +284,7 @@ class TransformerEncoderBlock(_TransformerBlock):
         if self.window_size is not None:
             offered["window_size"] = self.window_size
         self.attention_layer, self._accepted = self._make_attention(
-            "attention", channels, **offered
+            self.attention_name, channels, **offered
         )
         self.attention_layer.build(attention_shape)
         self.attention_norm = self._norm("attention_norm", input_shape)
@@ -325,6 +329,7 @@ class TransformerEncoderBlock(_TransformerBlock):
                 "grid_shape": self.grid_shape,
                 "window_size": self.window_size,
                 "shift_size": self.shift_size,
+                "attention_name": self.attention_name,
             }
         )
         return config
