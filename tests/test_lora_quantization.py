@@ -194,3 +194,25 @@ def test_enable_lora_on_a_preset_backbone_trains_only_the_factors_and_head():
     with pytest.raises(ValueError, match="rank=0"):
         enable_lora(model.backbone, rank=0)
     assert_unchanged(model, after)
+
+
+@pytest.mark.parametrize("name", ["multi_head", "additive", "non_local", "graph"])
+def test_layer_quantize_equals_model_quantize(name):
+    model, layer, inputs = model_for(name)
+    x = tuple(inputs) if isinstance(inputs, (list, tuple)) else inputs
+    twin, _, _ = model_for(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        twin.quantize("int8")
+    before = snapshot(model)
+    for bad in ("int3", "int2"):
+        # keras checks the mode first, in its wording (`mode=int3`).
+        with pytest.raises(ValueError, match=f"mode='?{bad}'?"):
+            layer.quantize(bad)
+        assert_unchanged(model, before)
+    layer.quantize("int8")
+    np.testing.assert_array_equal(numpy(model(x)), numpy(twin(x)))
+    after = snapshot(model)
+    with pytest.raises(ValueError, match="already quantized"):
+        layer.quantize("int8")
+    assert_unchanged(model, after)

@@ -35,4 +35,8 @@ def test_preset_weights_reproduce_their_recorded_outputs(cls, name):
     expected = [recorded[f"{name}/y{i}"] for i in range(len(outputs))]
     assert f"{name}/y{len(outputs)}" not in recorded
     for got, want in zip(outputs, expected):
-        np.testing.assert_allclose(keras.ops.convert_to_numpy(got), want, atol=1e-5)
+        # Recorded on TensorFlow; other backends round differently (JAX:
+        # 1.1e-5 on a DETR box logit of 7.06).
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(got), want, rtol=1e-5, atol=1e-5
+        )

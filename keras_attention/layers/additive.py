@@ -16,6 +16,9 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
     `c_t = sum_s a_ts v_s` (the decoder's context vector in the paper).
     `W1`, `W2`, `v` (and `b`) are learned; unlike
     `keras.layers.AdditiveAttention`, the inputs need no prior projection.
+    `W1` and `W2` (+ `b`) are keras `Dense` sublayers (`query_dense`,
+    `key_dense`): `enable_lora(rank)` and `model.quantize("int8")` work on
+    them. The weights are returned before dropout (see docs/design.md).
 
     Args:
         units: size of the perceptron's hidden layer.
@@ -106,10 +109,8 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
                 f"query.shape={query_shape}"
             )
         base.check_rank("key", key_shape)
-        # v, then W1 and W2 (+ b) as keras Dense layers (LoRA, quantization).
-        self.score_kernel = self.add_weight(
-            name="score_kernel", shape=(self.units,), initializer=self._initializer()
-        )
+        # W1 and W2 (+ b) as keras Dense layers (LoRA, quantization), then
+        # v: the order in which the former raw kernels drew their values.
         self.query_dense = keras.layers.Dense(
             self.units,
             use_bias=False,
@@ -127,6 +128,9 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
             name="key",
         )
         self.key_dense.build((None, key_shape[-1]))
+        self.score_kernel = self.add_weight(
+            name="score_kernel", shape=(self.units,), initializer=self._initializer()
+        )
         self.built = True
 
     # W1, W2 and b under their former names (NumPy references).
@@ -227,6 +231,11 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
             query_shape, value_shape, key_shape
         )
         return tuple(query_shape[:-1]) + (value_shape[-1],)
+
+    def legacy_variables(self):
+        return (
+            self.query_dense.weights + self.key_dense.weights + [self.score_kernel]
+        )
 
     def get_config(self):
         config = super().get_config()

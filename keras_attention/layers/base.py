@@ -1,4 +1,5 @@
-"""What the sequence attention layers share: inputs, masks and validation."""
+"""What the attention layers share: inputs, masks, validation, and LoRA on
+their keras projection sublayers (`ProjectionMixin`, `enable_lora`)."""
 
 import keras
 from keras import ops
@@ -68,6 +69,10 @@ _LORA_LAYERS = (
     keras.layers.Conv2D,
     keras.layers.Conv3D,
 )
+
+
+# What `Dense.quantize` takes per layer ("gptq" and "awq" work on a model).
+LAYER_QUANTIZATION_MODES = ("int8", "int4", "float8")
 
 
 def projection_sublayers(layer):
@@ -256,12 +261,89 @@ class ProjectionMixin:
         """
         enable_lora_on(self, rank, lora_alpha, target_names)
 
+    def quantize(self, mode=None, type_check=True, config=None):
+        """Quantize the layer's dense projections (keras's `Dense.quantize`).
+
+        `model.quantize(mode)` does this for every layer of a model; this is
+        the same for one layer. Convolutions stay float (keras quantizes
+        none).
+
+        Args:
+            mode: `"int8"`, `"int4"` or `"float8"`.
+            type_check, config: as for `keras.layers.Dense.quantize`.
+
+        Raises:
+            ValueError: for another mode, an unbuilt or already quantized
+                layer, or a layer without dense projections; nothing changes
+                then.
+        """
+        if mode not in LAYER_QUANTIZATION_MODES:
+            raise invalid(
+                "mode", f"one of {LAYER_QUANTIZATION_MODES}", mode
+            )
+        if not self.built:
+            raise ValueError(
+                f"Cannot quantize the layer {self.name!r} before it is built. "
+                f"Received: mode={mode!r}"
+            )
+        targets = [
+            sub for sub in projection_sublayers(self).values()
+            if isinstance(sub, (keras.layers.Dense, keras.layers.EinsumDense))
+        ]
+        if not targets:
+            raise ValueError(
+                f"The layer {self.name!r} has no dense projections to "
+                f"quantize. Received: mode={mode!r}"
+            )
+        done = sorted(s.path for s in targets if s.quantization_mode is not None)
+        if done:
+            raise ValueError(
+                f"The projections {done} of the layer {self.name!r} are "
+                f"already quantized. Received: mode={mode!r}"
+            )
+        for sub in targets:
+            sub.quantize(mode, type_check=type_check, config=config)
+
+    def legacy_variables(self):
+        """The variables in the order the layer held them as raw weights,
+        before its projections became keras sublayers (`None`: no change).
+
+        Lets `.weights.h5` and `.keras` files saved with the former layout
+        load (see `load_own_variables`).
+        """
+        return None
+
+    def load_own_variables(self, store):
+        legacy = self.legacy_variables()
+        own = self._trainable_variables + self._non_trainable_variables
+        count = len(store.keys())
+        if legacy is None or count == len(own) or count != len(legacy):
+            return super().load_own_variables(store)
+        # A file of the former layout: this layer's entries hold its
+        # sublayers' weights too, and the sublayers have none of their own.
+        for i, variable in enumerate(legacy):
+            variable.assign(store[str(i)])
+        legacy_ids = {id(v) for v in legacy}
+        for sub in projection_sublayers(self).values():
+            if any(id(v) in legacy_ids for v in sub.weights):
+                _skip_next_load(sub)
+
     def get_config(self):
         config = super().get_config()
         policy = quantized_policy_map(self)
         if policy is not None:
             config["dtype"] = keras.dtype_policies.serialize(policy)
         return config
+
+
+def _skip_next_load(layer):
+    """Make `layer`'s next `load_own_variables` a no-op (its parent loaded
+    it from a file of the former layout), then restore the method."""
+
+    def skip(store):
+        del layer.__dict__["load_own_variables"]
+
+    object.__setattr__(layer, "load_own_variables", skip)
 
 
 def quantized_policy_map(layer):

@@ -170,6 +170,9 @@ class ChannelAttention(_ImageAttention):
     `(B, H, W, C)`, `(B, D, H, W, C)`. A Keras mask over the positions
     (e.g. padding of a sequence) keeps masked positions out of both pools.
 
+    The MLP is two keras `Dense` sublayers (`hidden_dense`, `output_dense`):
+    `enable_lora(rank)` and `model.quantize("int8")` work on them.
+
     Args:
         reduction: the MLP's reduction ratio `r`; must divide the number of
             channels `C`. The paper uses 16.
@@ -261,6 +264,9 @@ class ChannelAttention(_ImageAttention):
         check_feature_map(input_shape)
         return tuple(input_shape)
 
+    def legacy_variables(self):
+        return self.hidden_dense.weights + self.output_dense.weights
+
     def get_config(self):
         config = super().get_config()
         config.update({"reduction": self.reduction, **self._weights_config()})
@@ -281,6 +287,9 @@ class SpatialAttention(_ImageAttention):
     (a 1D, 2D or 3D convolution). With a Keras mask over the positions, the
     pooled maps are zero at masked positions (as at the borders), so masked
     values never reach valid positions through the convolution.
+
+    The convolution is a keras `Conv1D`/`Conv2D`/`Conv3D` sublayer (`conv`):
+    `enable_lora(rank)` works on it (keras quantizes no convolution).
 
     Args:
         kernel_size: the odd size of the convolution along every spatial
@@ -345,6 +354,9 @@ class SpatialAttention(_ImageAttention):
         check_feature_map(input_shape, max_rank=5)
         return tuple(input_shape)
 
+    def legacy_variables(self):
+        return self.conv.weights
+
     def get_config(self):
         config = super().get_config()
         config.update(
@@ -361,6 +373,9 @@ class CBAM(_ImageAttention):
     paper: `F' = M_c(F) * F`, `F'' = M_s(F') * F'` (see `ChannelAttention`
     and `SpatialAttention`). Inserted in a ResNet block, it refines the
     residual branch before the addition.
+
+    `enable_lora(rank)` adapts the MLP and the convolution of both parts;
+    `model.quantize("int8")` quantizes the MLP.
 
     Args:
         reduction: the channel MLP's reduction ratio; must divide the number

@@ -19,8 +19,9 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
     - `"dot"` (Luong et al. 2015): `q . k`;
     - `"general"` (Luong et al. 2015): `q^T W k` with a learned `W`.
 
-    The first two have no weights. Long sequences use the memory-efficient
-    core when the scores are not requested.
+    The first two have no weights; `W` is a keras `Dense` sublayer
+    (`general_dense`: `enable_lora(rank)`, quantization). Long sequences use
+    the memory-efficient core when the scores are not requested.
 
     Args:
         score_mode: `"scaled_dot"`, `"dot"` or `"general"`.
@@ -165,6 +166,9 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
             query_shape, value_shape, key_shape
         )
         return tuple(query_shape[:-1]) + (value_shape[-1],)
+
+    def legacy_variables(self):
+        return None if self.general_dense is None else self.general_dense.weights
 
     def get_config(self):
         config = super().get_config()

@@ -117,6 +117,11 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
     Dropout on the coefficients uses `hash_dropout` (a counter-based mask),
     which is fast under XLA, where `keras.random.dropout` is slow on CPU.
 
+    The node (and edge) projections are keras `Dense` sublayers
+    (`projection`, or `source` and `target`; `edge_projection`):
+    `enable_lora(rank)` and `model.quantize("int8")` work on them; the
+    attention vectors stay plain weights.
+
     Args:
         units: size of each head's output.
         num_heads: number of attention heads `H`.
@@ -653,6 +658,24 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         if return_attention_scores:
             return out, alpha
         return out
+
+    def legacy_variables(self):
+        if self.version == "v1":
+            variables = self.projection.weights + [
+                self.attention_source,
+                self.attention_target,
+            ]
+        else:
+            variables = (
+                self.source.weights + self.target.weights + [self.attention_kernel]
+            )
+        if self.edge_projection is not None:
+            variables += self.edge_projection.weights
+            if self.attention_edge is not None:
+                variables.append(self.attention_edge)
+        if self.bias is not None:
+            variables.append(self.bias)
+        return variables
 
     def get_config(self):
         config = super().get_config()

@@ -135,6 +135,9 @@ class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
     Shape letters: `B` batch, `H` heads, `D` head size, `w` window,
     `nW` windows per image, `T = w**2` tokens per window.
 
+    The projections are keras `Dense` sublayers (`qkv`, `output_dense`):
+    `enable_lora(rank)` and `model.quantize("int8")` work on them.
+
     Args:
         num_heads: number of heads `H`.
         window_size: window side `w`, a positive integer.

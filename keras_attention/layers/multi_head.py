@@ -1,4 +1,3 @@
-import math
 import string
 
 import keras
@@ -617,6 +616,20 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         return output, scores
 
     # -------------------------------------------------------------- config
+
+    def legacy_variables(self):
+        if self._use_gate:
+            return None
+        return [
+            w
+            for dense in (
+                self._query_dense,
+                self._key_dense,
+                self._value_dense,
+                self._output_dense,
+            )
+            for w in dense.weights
+        ]
 
     def get_config(self):
         config = super().get_config()

@@ -71,6 +71,10 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
     A Keras mask over the positions (padding of a sequence) removes masked
     positions from the keys; `N` then counts the valid keys.
 
+    The 1x1 convolutions `theta`, `phi`, `g` and the output projection are
+    keras `Dense` sublayers on the channel axis: `enable_lora(rank)` and
+    `model.quantize("int8")` work on them.
+
     Args:
         mode: the pairwise function: `"gaussian"`, `"embedded_gaussian"`,
             `"dot"` or `"concatenation"`.
@@ -208,12 +212,13 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
         inter = self.inter_channels or max(1, channels // 2)
         self.theta = self.phi = None
         self.concat_kernel = None
-        if self.mode == "concatenation":
-            # w_f of the paper: [w_theta; w_phi], one score per pair.
-            self.concat_kernel = self._add_kernel("concat_kernel", (2 * inter,))
+        # Made in the order the former raw kernels drew their values.
         if self.mode != "gaussian":  # gaussian compares raw inputs
             self.theta = self._projection("theta", inter, channels)
             self.phi = self._projection("phi", inter, channels)
+        if self.mode == "concatenation":
+            # w_f of the paper: [w_theta; w_phi], one score per pair.
+            self.concat_kernel = self._add_kernel("concat_kernel", (2 * inter,))
         self.g = self._projection("g", inter, channels)
         zero_kernel = self.zero_init_residual and not self.use_batch_norm
         self.output_dense = self._projection(
@@ -371,6 +376,14 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
 
     def compute_mask(self, inputs, mask=None):
         return mask
+
+    def legacy_variables(self):
+        variables = []
+        for dense in (self.theta, self.phi):
+            variables += [] if dense is None else dense.weights
+        if self.concat_kernel is not None:
+            variables.append(self.concat_kernel)
+        return variables + self.g.weights + self.output_dense.weights
 
     def get_config(self):
         config = super().get_config()
