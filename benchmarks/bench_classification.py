@@ -87,29 +87,14 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from keras_attention import datasets  # noqa: E402
-from keras_attention.applications import presets  # noqa: E402
+from keras_attention.training import accuracy  # noqa: E402
+from keras_attention.training import cpu_seconds  # noqa: E402
+from keras_attention.training import digits_for_preset  # noqa: E402
+from keras_attention.training import train_image_preset  # noqa: E402
 from keras_attention.applications.cbam_resnet import CBAMResNet  # noqa: E402
 from keras_attention.applications.vision_transformer import VisionTransformer  # noqa: E402
 
 MODELS = {"vit": VisionTransformer, "cbam_resnet": CBAMResNet}
-
-# Training recipes, by preset name: AdamW with a cosine decay, random
-# shifts of up to `shift` pixels (zero fill) as the only augmentation.
-RECIPES = {
-    "vit_digits": dict(
-        epochs=60, batch_size=64, learning_rate=2e-3, weight_decay=0.05, shift=1
-    ),
-    "cbam_resnet_digits": dict(
-        epochs=20, batch_size=64, learning_rate=3e-3, weight_decay=1e-4, shift=1
-    ),
-    "vit_mnist": dict(
-        epochs=25, batch_size=64, learning_rate=2e-3, weight_decay=0.05, shift=2
-    ),
-    "cbam_resnet_mnist": dict(
-        epochs=10, batch_size=64, learning_rate=3e-3, weight_decay=1e-4, shift=2
-    ),
-}
-
 
 # Training budgets of the issue, in CPU seconds of this process
 # (`time.process_time()`, all threads): "3 minutes on 2 CPU cores" is
@@ -119,97 +104,8 @@ CPU_BUDGETS = {"digits": 360.0, "mnist": 1200.0}
 WALL_BUDGETS = {"digits": 180.0, "mnist": 600.0}
 
 
-def cpu_seconds():
-    """CPU seconds of this process, all threads (`time.process_time()`)."""
-    return time.process_time()
-
-
 def load_average():
     return os.getloadavg()[0]
-
-
-def random_shift(images, max_shift, rng):
-    """Each image moved by up to `max_shift` pixels, zeros shifted in."""
-    if not max_shift:
-        return images
-    n, h, w, _ = images.shape
-    padded = np.pad(
-        images, [(0, 0), (max_shift, max_shift), (max_shift, max_shift), (0, 0)]
-    )
-    dy, dx = rng.integers(0, 2 * max_shift + 1, size=(2, n))
-    rows = dy[:, None] + np.arange(h)[None]  # (N, H)
-    cols = dx[:, None] + np.arange(w)[None]
-    return padded[np.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]]
-
-
-def train(
-    model,
-    x_train,
-    y_train,
-    epochs,
-    batch_size,
-    learning_rate,
-    weight_decay,
-    shift=0,
-    seed=0,
-    verbose=False,
-    cpu_budget=None,
-):
-    """Fits `model` with the recipe; returns a dict of the run's figures.
-
-    With `cpu_budget` (CPU seconds), training stops before an epoch that
-    would, at the pace of the last epoch, end past the budget; the returned
-    `epochs_run` says how many epochs ran (compilation counts: it is part of
-    the first epoch's time).
-    """
-    steps = epochs * int(np.ceil(len(x_train) / batch_size))
-    schedule = keras.optimizers.schedules.CosineDecay(learning_rate, steps)
-    model.compile(
-        optimizer=keras.optimizers.AdamW(schedule, weight_decay=weight_decay),
-        jit_compile=True,
-    )
-    rng = np.random.default_rng(seed)
-    start, cpu, load = time.perf_counter(), cpu_seconds(), load_average()
-    epochs_run, last_epoch_cpu = 0, 0.0
-    for epoch in range(epochs):
-        used = cpu_seconds() - cpu
-        if cpu_budget is not None and used + last_epoch_cpu > cpu_budget:
-            print(
-                f"  CPU budget: stopping after {epochs_run} of {epochs} epochs "
-                f"({used:.0f} of {cpu_budget:.0f} CPU s used)",
-                flush=True,
-            )
-            break
-        epoch_start = cpu_seconds()
-        history = model.fit(
-            random_shift(x_train, shift, rng),
-            y_train,
-            batch_size=batch_size,
-            epochs=1,
-            shuffle=True,
-            verbose=0,
-        )
-        last_epoch_cpu = cpu_seconds() - epoch_start
-        epochs_run += 1
-        if verbose and (epoch + 1) % 10 == 0:
-            print(
-                f"  epoch {epoch + 1}: loss {history.history['loss'][-1]:.4f}, "
-                f"{time.perf_counter() - start:.0f} s, "
-                f"{cpu_seconds() - cpu:.0f} CPU s",
-                flush=True,
-            )
-    return dict(
-        wall=time.perf_counter() - start,
-        cpu=cpu_seconds() - cpu,
-        epochs_run=epochs_run,
-        epochs=epochs,
-        load=(load, load_average()),
-    )
-
-
-def accuracy(model, x, y):
-    logits = model.predict(x, batch_size=256, verbose=0)
-    return float((np.argmax(logits, -1) == y).mean())
 
 
 def held_out(args, train, test):
@@ -224,43 +120,6 @@ def held_out(args, train, test):
     (x, y) = train
     fit_part, val_part = datasets.stratified_split(y, 0.15, seed=0)
     return (x[fit_part], y[fit_part]), (x[val_part], y[val_part]), "validation"
-
-
-def load_digits_for(preset):
-    """The digits split (seed 0, 20 % test), resized to the preset's input."""
-    size = presets.get_preset(preset).config["image_size"]
-    return datasets.load_digits_images(seed=0, image_size=None if size == 8 else size)
-
-
-def run_image(
-    kind,
-    preset,
-    x_train,
-    y_train,
-    x_test,
-    y_test,
-    seed=0,
-    cpu_budget=None,
-    verbose=False,
-    **overrides,
-):
-    """Trains the preset's configuration from scratch with its recipe.
-
-    Returns `(model, test accuracy, figures)`, figures as `train` returns
-    them.
-    """
-    keras.utils.set_random_seed(seed)
-    model = MODELS[kind].from_preset(preset, load_weights=False, **overrides)
-    figures = train(
-        model,
-        x_train,
-        y_train,
-        seed=seed,
-        cpu_budget=cpu_budget,
-        verbose=verbose,
-        **RECIPES[preset],
-    )
-    return model, accuracy(model, x_test, y_test), figures
 
 
 def describe(figures, task):
@@ -284,14 +143,13 @@ def describe(figures, task):
 def digits_task(args):
     for kind in ("vit", "cbam_resnet"):
         (x_train, y_train), (x_test, y_test), split = held_out(
-            args, *load_digits_for(f"{kind}_digits")
+            args, *digits_for_preset(f"{kind}_digits")
         )
         print(
             f"digits: {len(x_train)} train / {len(x_test)} {split} images of "
             f"{x_train.shape[1]}x{x_train.shape[2]}"
         )
-        _, acc, figures = run_image(
-            kind,
+        _, acc, figures = train_image_preset(
             f"{kind}_digits",
             x_train,
             y_train,
@@ -308,15 +166,14 @@ def digits_task(args):
 
 def ablation_task(args):
     (x_train, y_train), (x_test, y_test), split = held_out(
-        args, *load_digits_for("cbam_resnet_digits")
+        args, *digits_for_preset("cbam_resnet_digits")
     )
     rows = []
     for attention in args.attentions:
         attention = None if attention == "none" else attention
         accuracies, walls, cpus = [], [], []
         for seed in range(args.seeds):
-            model, acc, figures = run_image(
-                "cbam_resnet",
+            model, acc, figures = train_image_preset(
                 "cbam_resnet_digits",
                 x_train,
                 y_train,
@@ -360,8 +217,7 @@ def mnist_task(args):
     )
     print(f"mnist: {len(x_train)} train / {len(x_test)} {split} images of 28x28")
     for kind in ("vit", "cbam_resnet"):
-        _, acc, figures = run_image(
-            kind,
+        _, acc, figures = train_image_preset(
             f"{kind}_mnist",
             x_train,
             y_train,
@@ -379,7 +235,7 @@ def mnist_task(args):
 def finetune_task(args):
     for kind in ("vit", "cbam_resnet"):
         (x_train, y_train), (x_test, y_test), split = held_out(
-            args, *load_digits_for(f"{kind}_digits")
+            args, *digits_for_preset(f"{kind}_digits")
         )
         binary_train = (y_train >= 5).astype("int32")
         binary_test = (y_test >= 5).astype("int32")

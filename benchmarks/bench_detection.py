@@ -41,34 +41,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from keras_attention.applications.detection import DETR  # noqa: E402
-from keras_attention.applications.detection import (  # noqa: E402
-    evaluate_detections,
-)
+from keras_attention.applications import DETR  # noqa: E402
+from keras_attention.applications import evaluate_detections  # noqa: E402
 from keras_attention.datasets import make_detection_set  # noqa: E402
-
-
-class TimeBudget(keras.callbacks.Callback):
-    """Stops training once the wall-clock or the CPU-time budget is spent.
-
-    CPU time (all threads of this process, `time.process_time`) stands in
-    for wall-clock time on dedicated cores when the machine is shared:
-    20 minutes on 2 cores are 40 CPU-minutes.
-    """
-
-    def __init__(self, seconds, cpu_seconds, start, cpu_start):
-        super().__init__()
-        self.seconds = seconds
-        self.cpu_seconds = cpu_seconds
-        self.start = start
-        self.cpu_start = cpu_start
-
-    def on_train_batch_end(self, batch, logs=None):
-        if time.time() - self.start > self.seconds or (
-            self.cpu_seconds
-            and time.process_time() - self.cpu_start > self.cpu_seconds
-        ):
-            self.model.stop_training = True
+from keras_attention.training import TimeBudget  # noqa: E402
+from keras_attention.training import detr_optimizer  # noqa: E402
 
 
 class EpochReport(keras.callbacks.Callback):
@@ -145,19 +122,13 @@ def main():
         "detr_digits", load_weights=False, **json.loads(args.config)
     )
     steps_per_epoch = -(-args.train_images // args.batch_size)
-    total_steps = steps_per_epoch * args.epochs
-    schedule = keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=0.0,
-        decay_steps=max(total_steps - args.warmup_steps, 1),
-        warmup_target=args.learning_rate,
-        warmup_steps=args.warmup_steps,
-        alpha=0.05,
-    )
     model.compile(
-        optimizer=keras.optimizers.AdamW(
-            learning_rate=schedule,
+        optimizer=detr_optimizer(
+            steps_per_epoch * args.epochs,
+            learning_rate=args.learning_rate,
             weight_decay=args.weight_decay,
-            global_clipnorm=args.clipnorm or None,
+            clipnorm=args.clipnorm,
+            warmup_steps=args.warmup_steps,
         ),
         jit_compile=True,
     )

@@ -6,7 +6,7 @@ median wall time:
 
 - the attention core (`keras_attention.ops.dot_product_attention` on
   projected heads): the dense path with autodiff's backward pass
-  (`DENSE_CUSTOM_GRADIENT = False`), the dense path with its own backward
+  (`keras_attention.ops.set_dense_custom_gradient(False)`), the dense path with its own backward
   pass (the default), the blocked memory-efficient path, and
   `keras.ops.dot_product_attention`;
 - the `MultiHeadAttention` layer with and without the dense core's own
@@ -40,7 +40,8 @@ from keras_attention.applications import translation_transformer  # noqa: E402
 from keras_attention.applications.text_preprocessing import (  # noqa: E402
     TranslationPreprocessor,
 )
-from keras_attention.applications.translation import TransformerTranslator  # noqa: E402
+from keras_attention.applications import TransformerTranslator  # noqa: E402
+from keras_attention.applications.blocks import transformer as transformer_blocks  # noqa: E402
 from keras_attention.layers import MultiHeadAttention  # noqa: E402
 from keras_attention.layers.dropout import HashDropout  # noqa: E402
 
@@ -49,18 +50,21 @@ KERAS_RANDOM_DROPOUT = keras.random.dropout
 
 def apply_flags(custom=True, dropout="hash"):
     """Sets the module switches (read when a function is traced)."""
-    attention_ops.DENSE_CUSTOM_GRADIENT = custom
+    attention_ops.set_dense_custom_gradient(custom)
     if dropout == "keras":
         # The simple path: the backend's generator everywhere.
-        translation_transformer.HashDropout = (
-            lambda rate, seed=None: keras.layers.Dropout(rate, seed=seed)
+        translation_transformer.HashDropout = transformer_blocks.HashDropout = (
+            lambda rate, seed=None, **kwargs: keras.layers.Dropout(
+                rate, seed=seed, **kwargs
+            )
         )
-        attention_ops.hash_dropout = (
+        attention_ops.dispatch.hash_dropout = (
             lambda x, rate, seed: KERAS_RANDOM_DROPOUT(x, rate, seed=seed)
         )
     else:
         translation_transformer.HashDropout = HashDropout
-        attention_ops.hash_dropout = HASH_DROPOUT
+        transformer_blocks.HashDropout = HashDropout
+        attention_ops.dispatch.hash_dropout = HASH_DROPOUT
 
 
 HASH_DROPOUT = attention_ops.hash_dropout

@@ -47,13 +47,9 @@ from keras_attention.applications.node_classification import (  # noqa: E402
     node_classification_data,
 )
 from keras_attention.datasets import load_planetoid  # noqa: E402
+from keras_attention.training import cpu_seconds  # noqa: E402
 
 PAPER = {"cora": (83.0, 0.7), "citeseer": (72.5, 0.7), "pubmed": (79.0, 0.3)}
-
-
-def cpu_seconds():
-    """CPU seconds of this process (all threads), as the machine may be shared."""
-    return time.process_time()
 
 
 class BestValidationAccuracy(keras.callbacks.Callback):

@@ -18,7 +18,6 @@ run 3.09 s and 2.50 s (1.24x).
 import argparse
 import json
 import os
-import resource
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -29,13 +28,9 @@ import numpy as np  # noqa: E402
 from keras_attention.applications.text_preprocessing import (  # noqa: E402
     TranslationPreprocessor,
 )
-from keras_attention.applications.translation import Seq2SeqTranslator  # noqa: E402
+from keras_attention.applications import Seq2SeqTranslator  # noqa: E402
 from keras_attention.applications.translation import load_translation_corpus  # noqa: E402
-
-
-def cpu_seconds():
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+from keras_attention.training import cpu_seconds  # noqa: E402
 
 
 class PerStepProjection(Seq2SeqTranslator):

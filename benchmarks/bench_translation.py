@@ -55,7 +55,6 @@ The recipe (what `multi30k` does):
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 import warnings
@@ -71,210 +70,12 @@ from keras_attention.applications.text_preprocessing import (  # noqa: E402
     TranslationPreprocessor,
 )
 from keras_attention.applications.text_preprocessing import corpus_bleu  # noqa: E402
-from keras_attention.applications.translation import Seq2SeqTranslator  # noqa: E402
-from keras_attention.applications.translation import TransformerTranslator  # noqa: E402
+from keras_attention.applications import Seq2SeqTranslator  # noqa: E402
+from keras_attention.applications import TransformerTranslator  # noqa: E402
 from keras_attention.applications.translation import date_task_preprocessor  # noqa: E402
 from keras_attention.applications.translation import load_translation_corpus  # noqa: E402
-
-
-def cpu_seconds():
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-class Budget(keras.callbacks.Callback):
-    """Stops `fit` once `seconds` of wall time have passed since `start`,
-    or `cpu_seconds` of this process's CPU time (all threads), if given.
-
-    CPU time stands in for wall time on dedicated cores when the machine is
-    shared: 45 minutes on 2 cores are 5,400 CPU-seconds.
-    """
-
-    def __init__(self, seconds, start=None, cpu_seconds=None):
-        super().__init__()
-        self.seconds = seconds
-        self.cpu_seconds = cpu_seconds
-        self.start = start
-        self.steps = 0
-
-    def on_train_begin(self, logs=None):
-        if self.start is None:
-            self.start = time.time()
-        self.cpu_start = cpu_seconds()
-
-    def spent(self):
-        """The fraction of the budget used so far (the larger of the two)."""
-        spent = (time.time() - self.start) / self.seconds
-        if self.cpu_seconds:
-            spent = max(spent, (cpu_seconds() - self.cpu_start) / self.cpu_seconds)
-        return spent
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.steps += 1
-        if time.time() - self.start > self.seconds or (
-            self.cpu_seconds
-            and cpu_seconds() - self.cpu_start > self.cpu_seconds
-        ):
-            self.model.stop_training = True
-
-
-class KeepBest(keras.callbacks.Callback):
-    """Restores the weights of the epoch with the lowest validation loss."""
-
-    def __init__(self):
-        super().__init__()
-        self.best, self.weights = np.inf, None
-
-    def on_epoch_end(self, epoch, logs=None):
-        loss = (logs or {}).get("val_loss", np.inf)
-        if loss < self.best:
-            self.best, self.weights = loss, self.model.get_weights()
-
-    def on_train_end(self, logs=None):
-        if self.weights is not None:
-            self.model.set_weights(self.weights)
-
-
-class BudgetLinearDecay(keras.callbacks.Callback):
-    """Warm-up, a constant rate, then linear decay to zero as the budget ends.
-
-    A budget-aware "warm-up, stable, decay" schedule (linear decay by the
-    budget: Li, Yumer and Ramanan, "Budgeted training", ICLR 2020): the
-    number of steps a time budget allows is not known in advance, so the
-    decay follows the fraction of the budget spent, read from the `Budget`
-    callback before every step:
-    `lr = peak * min(step / warmup, 1, (1 - spent) / decay_fraction)`.
-    `decay_fraction=1` decays over the whole budget. A schedule that never
-    anneals (inverse square root) leaves a time-limited model where the
-    loss is still falling fast.
-    """
-
-    def __init__(self, budget, peak, warmup, decay_fraction=0.3):
-        super().__init__()
-        self.budget, self.peak, self.warmup = budget, peak, warmup
-        self.decay_fraction = decay_fraction
-
-    @property
-    def step(self):
-        """The step about to be taken (1 for the first)."""
-        return int(self.model.optimizer.iterations) + 1
-
-    def on_train_batch_begin(self, batch, logs=None):
-        left = max(1.0 - self.budget.spent(), 0.0)
-        rate = self.peak * min(
-            self.step / self.warmup, 1.0, left / self.decay_fraction
-        )
-        self.model.optimizer.learning_rate = rate
-
-    def on_epoch_end(self, epoch, logs=None):
-        print(f"step {self.step}: learning rate "
-              f"{float(self.model.optimizer.learning_rate):.2e}, "
-              f"{self.budget.spent():.0%} of the budget spent", flush=True)
-
-
-class InverseSqrt(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up, then `peak * sqrt(warmup / step)` (Vaswani et al.)."""
-
-    def __init__(self, peak, warmup):
-        self.peak = peak
-        self.warmup = warmup
-
-    def __call__(self, step):
-        step = keras.ops.cast(step, "float32") + 1.0
-        warm = step / self.warmup
-        decay = keras.ops.sqrt(self.warmup / step)
-        return self.peak * keras.ops.minimum(warm, decay)
-
-    def get_config(self):
-        return {"peak": self.peak, "warmup": self.warmup}
-
-
-def bucketed_batches(x, y, batch_size, buckets, seed=0):
-    """A `tf.data.Dataset` of batches padded to the smallest bucket that fits.
-
-    Fixed lengths that cover 99.5% of Multi30k's sentences (33 source, 39
-    target word pieces) are about 2.5 times the mean: most of every batch
-    would be padding. Each pair goes to the first `(source_length,
-    target_length)` bucket it fits in; the batches of a bucket are full
-    (a bucket's remainder is left out of that epoch, a different one each
-    epoch) so XLA compiles one program per bucket; the order of the batches
-    is shuffled every epoch.
-    """
-    import tensorflow as tf
-
-    source, target = x["source_ids"], x["target_ids"]
-    source_lengths = (source != 0).sum(axis=1)
-    target_lengths = np.maximum((target != 0).sum(axis=1), (y != 0).sum(axis=1))
-    members = [[] for _ in buckets]
-    for index, (s, t) in enumerate(zip(source_lengths, target_lengths)):
-        for b, (max_s, max_t) in enumerate(buckets):
-            if s <= max_s and t <= max_t:
-                members[b].append(index)
-                break
-    members = [np.asarray(m, dtype="int64") for m in members]
-    print("buckets", buckets, "sizes", [len(m) for m in members], flush=True)
-    rng = np.random.default_rng(seed)
-
-    def generate():
-        batches = []
-        for (max_s, max_t), indices in zip(buckets, members):
-            indices = rng.permutation(indices)
-            for start in range(0, len(indices) - batch_size + 1, batch_size):
-                batches.append((indices[start:start + batch_size], max_s, max_t))
-        for i in rng.permutation(len(batches)):
-            rows, max_s, max_t = batches[i]
-            yield (
-                {
-                    "source_ids": source[rows, :max_s],
-                    "target_ids": target[rows, :max_t],
-                },
-                y[rows, :max_t],
-            )
-
-    ids = tf.TensorSpec((batch_size, None), tf.int32)
-    return tf.data.Dataset.from_generator(
-        generate,
-        output_signature=({"source_ids": ids, "target_ids": ids}, ids),
-    ).prefetch(2)
-
-
-def train(model, data, minutes, batch_size, epochs=1000, validation=None,
-          keep_best=False, label="model", cpu_minutes=None, buckets=None,
-          budget_schedule=None):
-    """Fits until the budget is spent; returns timing figures.
-
-    `budget_schedule`: `(peak, warmup_steps)` of a `BudgetLinearDecay`
-    learning rate, or None to keep the optimizer's own.
-    """
-    x, y = model.prepare(*data)
-    if buckets:
-        x, y, batch_size = bucketed_batches(x, y, batch_size, buckets), None, None
-    callbacks = [Budget(minutes * 60.0, cpu_seconds=(cpu_minutes or 0) * 60.0)]
-    if budget_schedule:
-        callbacks.append(BudgetLinearDecay(callbacks[0], *budget_schedule))
-    if validation is not None and keep_best:
-        callbacks.append(KeepBest())
-    val = None if validation is None else model.prepare(*validation)
-    wall, cpu = time.time(), cpu_seconds()
-    history = model.fit(
-        x,
-        y,
-        batch_size=batch_size,
-        epochs=epochs,
-        validation_data=val,
-        callbacks=callbacks,
-        verbose=2,
-    )
-    wall, cpu = time.time() - wall, cpu_seconds() - cpu
-    figures = {
-        "train_wall_s": round(wall, 1),
-        "train_cpu_s": round(cpu, 1),
-        "epochs": len(history.history["loss"]),
-        "steps": callbacks[0].steps,
-        "final_loss": round(float(history.history["loss"][-1]), 4),
-    }
-    print(f"[{label}] trained: {figures}", flush=True)
-    return figures
+from keras_attention.training import InverseSqrt  # noqa: E402
+from keras_attention.training import fit_translator  # noqa: E402
 
 
 def exact_match(hypotheses, references):
@@ -306,7 +107,7 @@ def run_dates(args):
             optimizer=keras.optimizers.Adam(args.learning_rate[name], clipnorm=1.0),
             steps_per_execution=args.steps_per_execution,
         )
-        figures = train(
+        figures = fit_translator(
             model, corpus["train"], args.minutes, args.batch_size[name], label=name,
             cpu_minutes=args.cpu_minutes,
         )
@@ -390,7 +191,7 @@ def run_bahdanau(args):
             (train_data[0] * repeats)[:count],
             (train_data[1] * repeats)[:count],
         )
-        figures = train(model, data, 1e9, batch, epochs=1, label=name)
+        figures = fit_translator(model, data, 1e9, batch, epochs=1, label=name)
         hypotheses = model.translate(test_sources)
         figures["exact_match"] = exact_match(hypotheses, test_targets)
         # BLEU on characters: an ISO date is one 13a token.
@@ -517,7 +318,7 @@ def run_multi30k(args):
             if args.max_steps:
                 count = min(len(corpus["train"][0]), args.max_steps * batch_size)
                 corpus["train"] = tuple(side[:count] for side in corpus["train"])
-            figures = train(
+            figures = fit_translator(
                 model, corpus["train"], args.minutes, batch_size,
                 validation=corpus["val"], keep_best=True, label=name,
                 cpu_minutes=args.cpu_minutes,

@@ -2,7 +2,7 @@
 
 For each preset with a weights file (`vit_digits`, `cbam_resnet_digits`),
 builds its configuration, trains it with the recipe of
-`bench_classification.RECIPES` on scikit-learn's digits (stratified 80/20
+`keras_attention.training.IMAGE_RECIPES` on scikit-learn's digits (stratified 80/20
 split, seed 0), and writes `keras_attention/presets/<name>.weights.h5` and
 `<name>.json` (configuration, recipe, test accuracy, wall and CPU
 seconds of `fit`, load average, versions).
@@ -21,21 +21,16 @@ import argparse
 import datetime
 import json
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import bench_classification  # noqa: E402
-
 import keras_attention  # noqa: E402
+from keras_attention import training  # noqa: E402
 from keras_attention.applications import presets  # noqa: E402
 
-SHIPPED = {"vit_digits": "vit", "cbam_resnet_digits": "cbam_resnet"}
+SHIPPED = ("cbam_resnet_digits", "vit_digits")
 
 
 def save_model_weights(model, spec):
@@ -51,10 +46,9 @@ def save_model_weights(model, spec):
 
 def train_preset(name, seed=0):
     spec = presets.get_preset(name)
-    kind = SHIPPED[name]
-    (x_train, y_train), (x_test, y_test) = bench_classification.load_digits_for(name)
-    model, acc, figures = bench_classification.run_image(
-        kind, name, x_train, y_train, x_test, y_test, seed=seed, verbose=True
+    (x_train, y_train), (x_test, y_test) = training.digits_for_preset(name)
+    model, acc, figures = training.train_image_preset(
+        name, x_train, y_train, x_test, y_test, seed=seed, verbose=True
     )
     wall, cpu = figures["wall"], figures["cpu"]
     os.makedirs(presets.PRESET_DIR, exist_ok=True)
@@ -67,7 +61,7 @@ def train_preset(name, seed=0):
         "data": "sklearn.datasets.load_digits via "
         "keras_attention.datasets.load_digits_images(seed=0, test_fraction=0.2, "
         f"image_size={spec.config['image_size']})",
-        "recipe": bench_classification.RECIPES[name],
+        "recipe": training.IMAGE_RECIPES[name],
         "seed": seed,
         "test_accuracy": round(acc, 4),
         "train_seconds": round(wall, 1),
@@ -91,7 +85,7 @@ def train_preset(name, seed=0):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("names", nargs="*", default=sorted(SHIPPED))
+    parser.add_argument("names", nargs="*", default=list(SHIPPED))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     for name in args.names:

@@ -32,7 +32,7 @@ from keras_attention import ops
 from keras_attention import layers
 from keras_attention.layers import *  # noqa: F401,F403  (the layer classes)
 
-_LAZY_MODULES = ("applications", "datasets", "visualization", "matching")
+_LAZY_MODULES = ("applications", "datasets", "visualization", "matching", "training")
 
 
 def __getattr__(name):

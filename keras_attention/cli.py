@@ -139,8 +139,7 @@ def command_list():
     for task, recipe in sorted(recipes.TASKS.items()):
         print(f"  {task:20s} {', '.join(recipe.models)}")
     print("\nPresets (name: class, weights):")
-    for name in presets.preset_names():
-        preset = presets.get_preset(name)
+    for name, preset in presets().items():
         weights = "with weights" if preset.weights else "configuration only"
         print(f"  {name:22s} {preset.class_name:22s} {weights}")
     return EXIT_OK

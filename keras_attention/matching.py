@@ -14,6 +14,54 @@ import keras
 from keras import ops
 
 
+def _check_inputs(cost, target_mask):
+    """`(cost, target_mask, dtype)` checked: shapes, float dtype, N >= M."""
+    cost = ops.convert_to_tensor(cost)
+    rank = len(cost.shape)
+    if rank not in (2, 3):
+        raise ValueError(
+            "Received an invalid value for argument `cost`, expected a "
+            "tensor of rank 3 `(B, N, M)` or rank 2 `(N, M)`. "
+            f"Received: cost.shape={tuple(cost.shape)}"
+        )
+    dtype = keras.backend.standardize_dtype(cost.dtype)
+    if "float" not in dtype:
+        raise ValueError(
+            "Received an invalid value for argument `cost`, expected a "
+            f"floating-point tensor. Received: cost.dtype={dtype}"
+        )
+    num_predictions, num_targets = cost.shape[-2], cost.shape[-1]
+    if num_predictions is None or num_targets is None:
+        raise ValueError(
+            "Received an invalid value for argument `cost`, expected the "
+            "last two dimensions `(N, M)` to be known statically. "
+            f"Received: cost.shape={tuple(cost.shape)}"
+        )
+    if num_predictions < num_targets:
+        raise ValueError(
+            "Received an invalid value for argument `cost`, expected at "
+            "least as many predictions as targets (N >= M in `(B, N, M)`). "
+            f"Received: cost.shape={tuple(cost.shape)}"
+        )
+    if target_mask is not None:
+        target_mask = ops.convert_to_tensor(target_mask)
+        expected = tuple(cost.shape[:-2]) + (num_targets,)
+        received = tuple(target_mask.shape)
+        if len(received) != len(expected) or any(
+            e is not None and r is not None and e != r
+            for e, r in zip(expected, received)
+        ):
+            raise ValueError(
+                "Received an invalid value for argument `target_mask`, "
+                f"expected shape {expected} to match `cost` of shape "
+                f"{tuple(cost.shape)}. "
+                f"Received: target_mask.shape={received}"
+            )
+        target_mask = ops.cast(target_mask, "bool")
+
+    return cost, target_mask, dtype
+
+
 def linear_sum_assignment(cost, target_mask=None):
     """Exact minimum-cost assignment of targets to predictions (Hungarian).
 
@@ -88,49 +136,9 @@ def linear_sum_assignment(cost, target_mask=None):
         - [Carion et al., 2020. End-to-End Object Detection with
           Transformers](https://arxiv.org/abs/2005.12872)
     """
-    cost = ops.convert_to_tensor(cost)
+    cost, target_mask, dtype = _check_inputs(cost, target_mask)
+    num_targets = cost.shape[-1]
     rank = len(cost.shape)
-    if rank not in (2, 3):
-        raise ValueError(
-            "Received an invalid value for argument `cost`, expected a "
-            "tensor of rank 3 `(B, N, M)` or rank 2 `(N, M)`. "
-            f"Received: cost.shape={tuple(cost.shape)}"
-        )
-    dtype = keras.backend.standardize_dtype(cost.dtype)
-    if "float" not in dtype:
-        raise ValueError(
-            "Received an invalid value for argument `cost`, expected a "
-            f"floating-point tensor. Received: cost.dtype={dtype}"
-        )
-    num_predictions, num_targets = cost.shape[-2], cost.shape[-1]
-    if num_predictions is None or num_targets is None:
-        raise ValueError(
-            "Received an invalid value for argument `cost`, expected the "
-            "last two dimensions `(N, M)` to be known statically. "
-            f"Received: cost.shape={tuple(cost.shape)}"
-        )
-    if num_predictions < num_targets:
-        raise ValueError(
-            "Received an invalid value for argument `cost`, expected at "
-            "least as many predictions as targets (N >= M in `(B, N, M)`). "
-            f"Received: cost.shape={tuple(cost.shape)}"
-        )
-    if target_mask is not None:
-        target_mask = ops.convert_to_tensor(target_mask)
-        expected = tuple(cost.shape[:-2]) + (num_targets,)
-        received = tuple(target_mask.shape)
-        if len(received) != len(expected) or any(
-            e is not None and r is not None and e != r
-            for e, r in zip(expected, received)
-        ):
-            raise ValueError(
-                "Received an invalid value for argument `target_mask`, "
-                f"expected shape {expected} to match `cost` of shape "
-                f"{tuple(cost.shape)}. "
-                f"Received: target_mask.shape={received}"
-            )
-        target_mask = ops.cast(target_mask, "bool")
-
     unbatched = rank == 2
     if unbatched:
         cost = ops.expand_dims(cost, 0)
@@ -162,6 +170,47 @@ def linear_sum_assignment(cost, target_mask=None):
     return assignment
 
 
+def _gather(values, index):
+    """`values[b, index[b]]` of `values` (B, K) and `index` (B,): shape (B,)."""
+    index = ops.maximum(index, 0)[:, None]
+    return ops.take_along_axis(values, index, axis=1)[:, 0]
+
+
+def _flip_path(sink, path, row4col, col4row, done, cur_row, num_rows):
+    """Flip the matching along the path from `sink` back to `cur_row`."""
+    row_ids = ops.arange(col4row.shape[1], dtype="int32")
+    col_ids = ops.arange(row4col.shape[1], dtype="int32")
+
+    def flip_cond(j, row4col, col4row, done):
+        return ops.any(~done)
+
+    def flip_body(j, row4col, col4row, done):
+        running = ~done
+        i = _gather(path, j)
+        row4col = ops.where(
+            (col_ids[None, :] == j[:, None]) & running[:, None],
+            i[:, None],
+            row4col,
+        )
+        next_j = _gather(col4row, i)
+        col4row = ops.where(
+            (row_ids[None, :] == i[:, None]) & running[:, None],
+            j[:, None],
+            col4row,
+        )
+        j = ops.where(running, next_j, j)
+        done = done | (i == cur_row)
+        return j, row4col, col4row, done
+
+    _, row4col, col4row, _ = ops.while_loop(
+        flip_cond,
+        flip_body,
+        (sink, row4col, col4row, done),
+        maximum_iterations=num_rows,
+    )
+    return row4col, col4row
+
+
 def _shortest_augmenting_paths(cost, row_mask):
     """Crouse's rectangular shortest augmenting path solver, batched.
 
@@ -186,11 +235,6 @@ def _shortest_augmenting_paths(cost, row_mask):
     false_rows = ops.zeros_like(zeros_rows, dtype="bool")  # B, M
     false_cols = ops.zeros_like(zeros_cols, dtype="bool")  # B, N
 
-    def gather(values, index):
-        # values (B, K), index (B,) -> values[b, index[b]], shape (B,).
-        index = ops.maximum(index, 0)[:, None]
-        return ops.take_along_axis(values, index, axis=1)[:, 0]
-
     def add_row(cur_row, state):
         # Dual potentials u (B, M) and v (B, N); the matching both ways.
         u, v, col4row, row4col = state
@@ -208,7 +252,7 @@ def _shortest_augmenting_paths(cost, row_mask):
             )
             cost_i = ops.take_along_axis(cost, i[:, None, None], axis=1)
             reduced = (
-                min_val[:, None] + cost_i[:, 0, :] - gather(u, i)[:, None] - v
+                min_val[:, None] + cost_i[:, 0, :] - _gather(u, i)[:, None] - v
             )
             closer = (reduced < dist) & ~seen_cols & running[:, None]
             dist = ops.where(closer, reduced, dist)
@@ -227,7 +271,7 @@ def _shortest_augmenting_paths(cost, row_mask):
             )
             j = ops.cast(j, "int32")
 
-            owner = gather(row4col, j)  # B, -1 when j is free
+            owner = _gather(row4col, j)  # B, -1 when j is free
             seen_cols = seen_cols | (
                 (col_ids[None, :] == j[:, None]) & running[:, None]
             )
@@ -265,33 +309,8 @@ def _shortest_augmenting_paths(cost, row_mask):
         dv = min_val[:, None] - dist
         v = ops.where(seen_cols & active[:, None], v - dv, v)
 
-        # Flip the matching along the path from sink back to cur_row.
-        def flip_cond(j, row4col, col4row, done):
-            return ops.any(~done)
-
-        def flip_body(j, row4col, col4row, done):
-            running = ~done
-            i = gather(path, j)
-            row4col = ops.where(
-                (col_ids[None, :] == j[:, None]) & running[:, None],
-                i[:, None],
-                row4col,
-            )
-            next_j = gather(col4row, i)
-            col4row = ops.where(
-                (row_ids[None, :] == i[:, None]) & running[:, None],
-                j[:, None],
-                col4row,
-            )
-            j = ops.where(running, next_j, j)
-            done = done | (i == cur_row)
-            return j, row4col, col4row, done
-
-        _, row4col, col4row, _ = ops.while_loop(
-            flip_cond,
-            flip_body,
-            (sink, row4col, col4row, ~active),
-            maximum_iterations=num_rows,
+        row4col, col4row = _flip_path(
+            sink, path, row4col, col4row, ~active, cur_row, num_rows
         )
         return u, v, col4row, row4col
 

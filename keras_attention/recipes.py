@@ -70,6 +70,7 @@ def _explore(model, inputs, out, name, **kwargs):
 
 def run_translation(model_name, data, epochs, out, seed, quick=False):
     from keras_attention import visualization
+    from keras_attention import applications
     from keras_attention.applications import translation
 
     start = time.time()
@@ -85,15 +86,15 @@ def run_translation(model_name, data, epochs, out, seed, quick=False):
     else:
         corpus = translation.load_translation_corpus(data)
         sources, targets = corpus["train"]
-        preprocessor = translation.TranslationPreprocessor.from_corpus(
+        preprocessor = applications.TranslationPreprocessor.from_corpus(
             sources, targets, vocabulary_size=8000
         )
         preset, data_name = "small", data
         epochs = epochs or 10
     cls = (
-        translation.TransformerTranslator
+        applications.TransformerTranslator
         if model_name == "transformer"
-        else translation.Seq2SeqTranslator
+        else applications.Seq2SeqTranslator
     )
     model = cls.from_preset(preset, preprocessor=preprocessor)
     model.compile()
@@ -205,6 +206,7 @@ def run_classification(model_name, data, epochs, out, seed, quick=False):
 
 def run_detection(model_name, data, epochs, out, seed, quick=False):
     from keras_attention import datasets, visualization
+    from keras_attention import applications
     from keras_attention.applications import detection
 
     if data is not None:
@@ -240,7 +242,7 @@ def run_detection(model_name, data, epochs, out, seed, quick=False):
         train.images, {"boxes": train.boxes, "labels": train.labels},
         epochs=epochs, batch_size=32, verbose=_verbose(),
     )
-    metrics = detection.evaluate_detections(model, test.images, test.boxes, test.labels)
+    metrics = applications.evaluate_detections(model, test.images, test.boxes, test.labels)
     files = [_save(model, out, f"detection_{model_name}")]
     found = model.predict_boxes(
         test.images[:3], score_threshold=0.5, return_attention=True

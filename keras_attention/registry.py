@@ -1,8 +1,15 @@
 """The name -> layer registry of keras_attention, and its entry-point plugins.
 
-One decorator, `register("name")`, records a `keras.layers.Layer` subclass
-under a short name *and* registers it for Keras serialization, so a `.keras`
-file that uses it loads back with no `custom_objects`.
+One decorator, `register("name", input_kind=...)`, records a
+`keras.layers.Layer` subclass under a short name *and* registers it for Keras
+serialization, so a `.keras` file that uses it loads back with no
+`custom_objects`. The input kind says what the layer takes, so that an
+application can place any registered layer without a list of names:
+
+- `"tokens"`: sequences `(B, T, C)` (self-attention on one tensor, or
+  `layer(query, value)`); the default;
+- `"grid"`: feature maps `(B, H, W, C)` returned in the same shape;
+- `"graph"`: node features with an adjacency or edge list.
 
 Third-party packages add layers through the entry-point group
 `keras_attention.layers`, declared in their own packaging metadata:
@@ -33,6 +40,9 @@ ENTRY_POINT_GROUP = "keras_attention.layers"
 _REGISTRY = {}
 # name -> where it came from ("keras_attention" or "plugin <ep> (<dist>)")
 _ORIGINS = {}
+# name -> "tokens" | "grid" | "graph"
+_INPUT_KINDS = {}
+INPUT_KINDS = ("tokens", "grid", "graph")
 _plugins_discovered = False
 _lock = threading.RLock()
 # The plugin being imported right now, so `register` can say who registered.
@@ -43,7 +53,20 @@ def _default_origin(cls):
     return cls.__module__.split(".")[0]
 
 
-def register(name, package=None):
+def _declared_kind(cls):
+    """The input kind a class (or the nearest base) declares, or `None`.
+
+    `input_kind = "grid"`, or the older `expects_grid = True`.
+    """
+    for klass in cls.__mro__:
+        if "input_kind" in vars(klass):
+            return klass.input_kind
+        if "expects_grid" in vars(klass):
+            return "grid" if klass.expects_grid else "tokens"
+    return None
+
+
+def register(name, package=None, input_kind=None):
     """Register a layer class under `name`, for `get` and for `.keras` files.
 
     Args:
@@ -53,6 +76,10 @@ def register(name, package=None):
         package: the Keras serialization package; defaults to the top-level
             package of the class's module, so plugin classes never collide
             with keras_attention's own.
+        input_kind: what the layer takes: `"tokens"` `(B, T, C)`, `"grid"`
+            `(B, H, W, C)` or `"graph"`. `None` reads the class attribute
+            `input_kind` (or the older `expects_grid`), else `"tokens"`.
+            The class gets the attribute `input_kind`.
 
     Returns:
         A class decorator that returns the class unchanged.
@@ -60,17 +87,22 @@ def register(name, package=None):
     Example:
 
     ```python
-    @keras_attention.register("my_attention")
+    @keras_attention.register("my_attention", input_kind="tokens")
     class MyAttention(keras.layers.Layer):
         ...
 
-    layer = keras_attention.get("my_attention")
+    layer = keras_attention.get("my_attention", name="attention")
     ```
     """
     if not isinstance(name, str) or not name:
         raise ValueError(
             "Received an invalid value for argument `name`, expected a "
             f"non-empty string. Received: name={name!r}"
+        )
+    if input_kind is not None and input_kind not in INPUT_KINDS:
+        raise ValueError(
+            "Received an invalid value for argument `input_kind`, expected "
+            f"one of {INPUT_KINDS}. Received: input_kind={input_kind!r}"
         )
 
     def decorator(cls):
@@ -93,8 +125,17 @@ def register(name, package=None):
             keras.saving.register_keras_serializable(
                 package=package or _default_origin(cls), name=cls.__name__
             )(cls)
+            kind = input_kind or _declared_kind(cls) or "tokens"
+            if kind not in INPUT_KINDS:
+                raise ValueError(
+                    f"The layer class {cls.__qualname__} declares "
+                    f"input_kind={kind!r}; expected one of {INPUT_KINDS}."
+                )
+            # Kept on the class too: a re-registration and subclasses read it.
+            cls.input_kind = kind
             _REGISTRY[name] = cls
             _ORIGINS[name] = origin
+            _INPUT_KINDS[name] = kind
         return cls
 
     return decorator
@@ -180,17 +221,123 @@ def get_class(name):
     return _REGISTRY[name]
 
 
-def get(name, **kwargs):
+def input_kind(name):
+    """What the layer registered as `name` takes: tokens, grid or graph."""
+    cls = get_class(name)
+    if isinstance(name, str):
+        return _INPUT_KINDS[name]
+    for registered, kind in _INPUT_KINDS.items():
+        if _REGISTRY[registered] is cls:
+            return kind
+    return _declared_kind(cls) or "tokens"
+
+
+def names_of_kind(kind):
+    """The sorted registered names whose input kind is `kind`."""
+    discover_plugins()
+    return sorted(
+        n for n, k in _INPUT_KINDS.items() if k == kind and n in _REGISTRY
+    )
+
+
+def unregister(name):
+    """Remove `name` from the registry (its Keras serialization stays)."""
+    with _lock:
+        _REGISTRY.pop(name, None)
+        _ORIGINS.pop(name, None)
+        _INPUT_KINDS.pop(name, None)
+
+
+def check_name(value, argument="attention", allow_none=False, kinds=None):
+    """`value` if it is a registered name (of one of `kinds`), else raise.
+
+    The keras-worded `ValueError` names the application's argument and
+    lists the names that would fit.
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, type) and issubclass(value, keras.layers.Layer):
+        raise ValueError(
+            f"Received an invalid value for argument `{argument}`, expected "
+            "a registered name (a string; register classes with "
+            "`keras_attention.register`). Received: "
+            f"{argument}={value.__name__}"
+        )
+    known = names()
+    if kinds is not None:
+        known = [n for n in known if _INPUT_KINDS.get(n) in kinds]
+    if not isinstance(value, str) or value not in known:
+        kind_text = "" if kinds is None else f" of input kind {'/'.join(kinds)}"
+        raise ValueError(
+            f"Received an invalid value for argument `{argument}`, expected "
+            f"a registered attention name{kind_text}, one of: "
+            f"{', '.join(known)}{' or None' if allow_none else ''}. "
+            f"Received: {argument}={value!r}"
+        )
+    return value
+
+
+def call_accepts(layer, argument, var_keyword=False):
+    """Whether `layer.call` has a parameter named `argument`.
+
+    A `**kwargs` catch-all counts only with `var_keyword=True`: an
+    application would pass an argument (`return_attention_scores`, `mask`)
+    that such a layer may silently drop, while the attention-map hooks try
+    any layer that might take it.
+    """
+    import inspect
+
+    try:
+        parameters = inspect.signature(layer.call).parameters
+    except (TypeError, ValueError):
+        return False
+    return argument in parameters or (
+        var_keyword
+        and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    )
+
+
+def get(name, /, **kwargs):
     """A new layer of the class registered under `name`, built from `kwargs`.
 
     Args:
         name: a registered name (see `names()`), or a layer class.
-        **kwargs: the layer's constructor arguments.
+        **kwargs: the layer's constructor arguments, `name` and `dtype`
+            included.
 
     Example:
 
     ```python
-    layer = keras_attention.get("multi_head", num_heads=4, key_dim=16)
+    layer = keras_attention.get(
+        "multi_head", num_heads=4, key_dim=16, name="attention"
+    )
     ```
     """
     return get_class(name)(**kwargs)
+
+
+def accepted_arguments(name, offered):
+    """The items of `offered` that the constructor of `name` names.
+
+    Applications offer every layer the arguments they know (`num_heads`,
+    `key_dim`, `window_size`, `reduction`, ...); each layer takes those its
+    constructor names.
+    """
+    import inspect
+
+    parameters = inspect.signature(get_class(name).__init__).parameters
+    return {k: v for k, v in offered.items() if k in parameters}
+
+
+def build(name, /, offered=None, overrides=None, **kwargs):
+    """The applications' one way to make an attention layer by name.
+
+    `get(name, **accepted_arguments(name, offered), **overrides, **kwargs)`:
+    the offered arguments that the layer takes, then the user's
+    `attention_kwargs` (`overrides`), then fixed keywords such as `name` and
+    `dtype`.
+    """
+    arguments = accepted_arguments(name, offered or {})
+    arguments.update(overrides or {})
+    arguments.update(kwargs)
+    return get(name, **arguments)

@@ -90,11 +90,9 @@ def test_detr():
 
 @pytest.mark.parametrize("kind", ["transformer", "rnn"])
 def test_translators(kind):
-    from keras_attention.applications.translation import (
-        Seq2SeqTranslator,
-        TransformerTranslator,
-        TranslationPreprocessor,
-    )
+    from keras_attention.applications import Seq2SeqTranslator
+    from keras_attention.applications import TransformerTranslator
+    from keras_attention.applications import TranslationPreprocessor
 
     preprocessor = TranslationPreprocessor(source_length=8, target_length=8)
     if kind == "transformer":

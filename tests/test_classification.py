@@ -19,7 +19,7 @@ from keras_attention.applications.cbam_resnet import CBAMResNet
 from keras_attention.applications.text_classifier import TextClassifier
 from keras_attention.applications.text_classifier import TextClassifierPreprocessor
 from keras_attention.applications.vision_transformer import PatchEmbedding
-from keras_attention.applications.vision_transformer import TransformerEncoderBlock
+from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention.applications.vision_transformer import VisionTransformer
 
 TINY_VIT = dict(
@@ -265,7 +265,7 @@ def test_cbam_resnet_attention_modules(attention):
 
 
 def test_resnet_block_without_attention_is_a_basic_block():
-    from keras_attention.applications.cbam_resnet import ResidualAttentionBlock
+    from keras_attention.applications.blocks import ResidualAttentionBlock
 
     x = np.random.default_rng(2).normal(size=(2, 4, 4, 3)).astype("float32")
     block = ResidualAttentionBlock(3, attention=None)

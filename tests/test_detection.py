@@ -12,8 +12,8 @@ from scipy import optimize  # noqa: E402
 
 from keras_attention.applications import detection_loss  # noqa: E402
 from keras_attention.applications.detection import DETR  # noqa: E402
-from keras_attention.applications.detection import evaluate_detections  # noqa: E402
-from keras_attention.applications.detection import sine_position_encoding  # noqa: E402
+from keras_attention.applications import evaluate_detections  # noqa: E402
+from keras_attention.applications.detection_layers import sine_position_encoding  # noqa: E402
 from keras_attention.applications.detection_loss import validate_targets  # noqa: E402
 
 NUM_CLASSES = 3

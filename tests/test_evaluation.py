@@ -20,7 +20,7 @@ from keras_attention.applications.node_classification import (  # noqa: E402
     GATNodeClassifier,
     node_classification_data,
 )
-from keras_attention.applications.translation import TokenAccuracy  # noqa: E402
+from keras_attention.applications.translation_metrics import TokenAccuracy  # noqa: E402
 from keras_attention.datasets import load_karate_club  # noqa: E402
 
 
@@ -126,8 +126,8 @@ def test_token_accuracy_counts_tokens_across_batches():
 
 
 def test_translator_evaluate_equals_hand_count():
-    from keras_attention.applications.translation import TransformerTranslator
-    from keras_attention.applications.translation import TranslationPreprocessor
+    from keras_attention.applications import TransformerTranslator
+    from keras_attention.applications import TranslationPreprocessor
 
     keras.utils.set_random_seed(0)
     model = TransformerTranslator(

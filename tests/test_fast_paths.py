@@ -1,7 +1,7 @@
 """Fast paths against the simple path they replace.
 
 - The dense core's own backward pass (`ops._dense_attention`) against
-  autodiff through `masked_softmax` (`DENSE_CUSTOM_GRADIENT = False`) and
+  autodiff through `masked_softmax` (`custom_gradient=False`) and
   against NumPy.
 - The counter-based dropout (`ops.hash_dropout`) on shapes known only when
   the graph runs, and as the core's dropout on the attention weights.
@@ -39,14 +39,12 @@ def test_dense_custom_gradient_equals_autodiff(monkeypatch, causal, mask_kind, j
     mask = _mask(mask_kind, rng, b, t, s)
 
     def run(custom):
-        monkeypatch.setattr(attention_ops, "DENSE_CUSTOM_GRADIENT", custom)
-
         def f(q, k, v):
             with tf.GradientTape() as tape:
                 tape.watch([q, k, v])
                 out = attention_ops.dot_product_attention(
                     q, k, v, attention_mask=mask, is_causal=causal,
-                    implementation="dense",
+                    implementation="dense", custom_gradient=custom,
                 )
                 out32 = tf.cast(out, "float32")
                 loss = tf.reduce_sum(out32 * tf.cos(out32))

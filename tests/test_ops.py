@@ -32,15 +32,16 @@ def attention_reference(q, k, v, mask=None, causal=False, bias=None, scale=None)
 
 
 def count_calls(monkeypatch, name):
-    """Wraps `attention_ops.<name>`; returns the list that grows per call."""
+    """Wraps `<name>` where the dispatcher calls it; returns the list that
+    grows per call."""
     calls = []
-    original = getattr(attention_ops, name)
+    original = getattr(attention_ops.dispatch, name)
 
     def spy(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(attention_ops, name, spy)
+    monkeypatch.setattr(attention_ops.dispatch, name, spy)
     return calls
 
 
@@ -172,7 +173,7 @@ def test_auto_takes_the_fused_kernel_only_where_a_gpu_offers_one(monkeypatch):
     # TensorFlow (and JAX) on a CPU: no fused kernel; torch: SDPA's CPU one.
     assert bool(calls) == (keras.backend.backend() == "torch")
     calls.clear()
-    monkeypatch.setattr(attention_ops, "_fused_kernel_available", lambda: True)
+    monkeypatch.setattr(attention_ops.dispatch, "_fused_kernel_available", lambda: True)
     out = attention_ops.dot_product_attention(q, k, v)
     assert calls
     np.testing.assert_allclose(
@@ -197,8 +198,8 @@ def test_auto_takes_the_fused_kernel_only_where_a_gpu_offers_one(monkeypatch):
 def test_blocked_path_compiles_with_xla_and_is_chosen_for_long_sequences(monkeypatch):
     rng = np.random.default_rng(4)
     q, k, v = random_qkv(rng, t=40, s=40, h=2, k=2, d=4, dv=4)
-    calls = count_calls(monkeypatch, "blocked_attention")
-    monkeypatch.setattr(attention_ops, "DENSE_THRESHOLD", 1000)
+    calls = count_calls(monkeypatch, "blocked_heads")
+    monkeypatch.setattr(attention_ops.dispatch, "DENSE_THRESHOLD", 1000)
     compiled = tf.function(
         lambda q, k, v: attention_ops.dot_product_attention(q, k, v, is_causal=True),
         jit_compile=True,

@@ -18,11 +18,11 @@ from keras import ops  # noqa: E402
 import keras_attention  # noqa: E402
 from keras_attention.applications import translation  # noqa: E402
 from keras_attention.applications.text_preprocessing import RESERVED_TOKENS  # noqa: E402
-from keras_attention.applications.translation import Seq2SeqTranslator  # noqa: E402
-from keras_attention.applications.translation import TransformerTranslator  # noqa: E402
-from keras_attention.applications.translation import TranslationPreprocessor  # noqa: E402
-from keras_attention.applications.translation import Translator  # noqa: E402
-from keras_attention.applications.translation import corpus_bleu  # noqa: E402
+from keras_attention.applications import Seq2SeqTranslator  # noqa: E402
+from keras_attention.applications import TransformerTranslator  # noqa: E402
+from keras_attention.applications import TranslationPreprocessor  # noqa: E402
+from keras_attention.applications import Translator  # noqa: E402
+from keras_attention.applications import corpus_bleu  # noqa: E402
 
 ALPHABET = list("abcdefgh")
 

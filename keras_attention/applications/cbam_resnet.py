@@ -9,182 +9,16 @@ the same shape, or `None` (the plain ResNet, for ablations).
 """
 
 import keras
-from keras import ops
 
+from keras_attention import _validation as base
+from keras_attention import registry
+from keras_attention.applications import base as app_base
 from keras_attention.applications import presets
-from keras_attention.applications.vision_transformer import _pair
-from keras_attention.layers import base
+from keras_attention.applications.blocks import ResidualAttentionBlock
 
 
-def default_reduction(channels):
-    """The channel MLP's reduction: the paper's 16, smaller for thin layers.
-
-    The largest of 16, 8, 4, 2 dividing `channels` that keeps at least 8
-    hidden units (1 if none does).
-    """
-    for reduction in (16, 8, 4, 2):
-        if channels % reduction == 0 and channels // reduction >= 8:
-            return reduction
-    return 1
-
-
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
-class ResidualAttentionBlock(keras.layers.Layer):
-    """A ResNet basic block whose residual branch goes through attention.
-
-    `y = ReLU(shortcut(x) + A(BN(Conv3x3(ReLU(BN(Conv3x3(x)))))))`, where
-    `A` is the attention layer registered as `attention` (the identity for
-    `None`) and `shortcut` is the identity, or a strided 1x1 convolution
-    with batch normalization when the shape changes (He et al., 2016; CBAM
-    placement of Woo et al., 2018). The attention layer gets the arguments
-    `reduction` (`default_reduction(filters)`) and `kernel_size` (7) if its
-    constructor names them, updated with `attention_kwargs`.
-
-    Args:
-        filters: output channels.
-        strides: stride of the first convolution (and of the shortcut).
-        attention: a registered attention name, or `None`.
-        attention_kwargs: extra constructor arguments of the attention layer.
-        kernel_regularizer: regularizer of the convolutions.
-
-    Call arguments:
-        inputs: `(B, H, W, C)`.
-        return_attention_scores: also return the attention layer's scores
-            (`None` without attention or for a layer without scores).
-        training: whether batch normalization uses batch statistics.
-
-    Returns:
-        `(B, H / strides, W / strides, filters)`.
-    """
-
-    def __init__(
-        self,
-        filters,
-        strides=1,
-        attention="cbam",
-        attention_kwargs=None,
-        kernel_regularizer=None,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.filters = base.check_positive_int("filters", filters)
-        self.strides = base.check_positive_int("strides", strides)
-        self.attention = presets.check_attention_name(attention, allow_none=True)
-        self.attention_kwargs = dict(attention_kwargs or {})
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-
-    def _conv(self, name, kernel_size, strides=1):
-        return keras.layers.Conv2D(
-            self.filters,
-            kernel_size,
-            strides=strides,
-            padding="same",
-            use_bias=False,
-            kernel_initializer="he_normal",
-            kernel_regularizer=self.kernel_regularizer,
-            name=name,
-            dtype=self.dtype_policy,
-        )
-
-    def _norm(self, name):
-        return keras.layers.BatchNormalization(name=name, dtype=self.dtype_policy)
-
-    def build(self, input_shape):
-        input_shape = tuple(input_shape)
-        if len(input_shape) != 4 or input_shape[-1] is None:
-            raise ValueError(
-                "Received an invalid value for argument `inputs`, expected a "
-                "rank-4 tensor (B, H, W, C) with known channels. Received: "
-                f"inputs.shape={input_shape}"
-            )
-        self.conv1 = self._conv("conv1", 3, self.strides)
-        self.conv1.build(input_shape)
-        out_shape = self.compute_output_shape(input_shape)
-        self.norm1 = self._norm("norm1")
-        self.norm1.build(out_shape)
-        self.conv2 = self._conv("conv2", 3)
-        self.conv2.build(out_shape)
-        self.norm2 = self._norm("norm2")
-        self.norm2.build(out_shape)
-        self.projection = None
-        if self.strides != 1 or input_shape[-1] != self.filters:
-            self.projection = self._conv("projection", 1, self.strides)
-            self.projection.build(input_shape)
-            self.projection_norm = self._norm("projection_norm")
-            self.projection_norm.build(out_shape)
-        self.attention_layer = None
-        if self.attention is not None:
-            from keras_attention import registry
-
-            layer_class = registry.get_class(self.attention)
-            arguments = presets.fill_arguments(
-                layer_class,
-                {"reduction": default_reduction(self.filters), "kernel_size": 7},
-                self.attention_kwargs,
-            )
-            self.attention_layer = layer_class(
-                **arguments, name="attention", dtype=self.dtype_policy
-            )
-            self.attention_layer.build(out_shape)
-            self._attention_training = presets.call_accepts(
-                self.attention_layer, "training"
-            )
-            self._attention_scores = presets.call_accepts(
-                self.attention_layer, "return_attention_scores"
-            )
-        self.built = True
-
-    def call(self, inputs, return_attention_scores=False, training=None):
-        x = self.conv1(inputs)
-        x = ops.relu(self.norm1(x, training=training))
-        x = self.norm2(self.conv2(x), training=training)
-        scores = None
-        if self.attention_layer is not None:
-            kwargs = {"training": training} if self._attention_training else {}
-            if return_attention_scores and self._attention_scores:
-                x, scores = self.attention_layer(
-                    x, return_attention_scores=True, **kwargs
-                )
-            else:
-                x = self.attention_layer(x, **kwargs)
-        shortcut = inputs
-        if self.projection is not None:
-            shortcut = self.projection_norm(
-                self.projection(inputs), training=training
-            )
-        outputs = ops.relu(x + shortcut)
-        if return_attention_scores:
-            return outputs, scores
-        return outputs
-
-    def compute_output_shape(self, input_shape):
-        b, h, w, _ = input_shape
-        s = self.strides
-        return (
-            b,
-            None if h is None else -(-h // s),
-            None if w is None else -(-w // s),
-            self.filters,
-        )
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "filters": self.filters,
-                "strides": self.strides,
-                "attention": self.attention,
-                "attention_kwargs": self.attention_kwargs,
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
-            }
-        )
-        return config
-
-
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
-class CBAMResNetBackbone(presets.Backbone):
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class CBAMResNetBackbone(app_base.ImageBackbone):
     """A small ResNet with attention in every block (Woo et al., 2018).
 
     A 3x3 stem convolution (batch norm, ReLU), then one stage per entry of
@@ -230,6 +64,13 @@ class CBAMResNetBackbone(presets.Backbone):
           https://arxiv.org/abs/1512.03385
     """
 
+    scored_blocks = (ResidualAttentionBlock,)
+    config_keys = (
+        "image_size", "num_channels", "filters", "blocks_per_stage",
+        "stem_filters", "stem_strides", "attention", "attention_kwargs",
+        "weight_decay",
+    )
+
     def __init__(
         self,
         image_size,
@@ -243,7 +84,7 @@ class CBAMResNetBackbone(presets.Backbone):
         weight_decay=0.0,
         **kwargs,
     ):
-        image_size = _pair("image_size", image_size)
+        image_size = base.check_pair("image_size", image_size)
         base.check_positive_int("stem_strides", stem_strides)
         base.check_positive_int("num_channels", num_channels)
         filters = list(filters) if isinstance(filters, (list, tuple)) else [filters]
@@ -266,7 +107,7 @@ class CBAMResNetBackbone(presets.Backbone):
         stem_filters = base.check_positive_int(
             "stem_filters", stem_filters or filters[0]
         )
-        attention = presets.check_attention_name(attention, allow_none=True)
+        attention = registry.check_name(attention, allow_none=True, kinds=("grid",))
         if isinstance(weight_decay, bool) or not (
             isinstance(weight_decay, (int, float)) and weight_decay >= 0
         ):
@@ -302,64 +143,12 @@ class CBAMResNetBackbone(presets.Backbone):
         outputs = keras.layers.GlobalAveragePooling2D(name="pooling")(x)
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
-        self.image_size = image_size
-        self.num_channels = num_channels
-        self.filters = filters
-        self.blocks_per_stage = blocks_per_stage
-        self.stem_filters = stem_filters
-        self.stem_strides = stem_strides
-        self.attention = attention
-        self.attention_kwargs = dict(attention_kwargs or {})
-        self.weight_decay = weight_decay
+        self.keep_config(locals())
         self._chain = chain
 
-    def check_inputs(self, inputs):
-        presets.check_image_inputs(
-            inputs, self.image_size + (self.num_channels,)
-        )
 
-    def attention_scores(self, images):
-        """The attention maps of every block, run eagerly.
-
-        Returns:
-            A list with one entry per block: what its attention layer
-            returns as scores (for `"cbam"` the pair `(channel weights
-            (B, C), spatial map (B, H, W, 1))`), or `None`.
-        """
-        images = ops.convert_to_tensor(images, dtype=self.compute_dtype)
-        self.check_inputs(images)
-        x, scores = images, []
-        for name in self._chain:
-            layer = self.get_layer(name)
-            if isinstance(layer, ResidualAttentionBlock):
-                x, block_scores = layer(
-                    x, return_attention_scores=True, training=False
-                )
-                scores.append(block_scores)
-            else:
-                x = layer(x)
-        return scores
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "image_size": self.image_size,
-                "num_channels": self.num_channels,
-                "filters": self.filters,
-                "blocks_per_stage": self.blocks_per_stage,
-                "stem_filters": self.stem_filters,
-                "stem_strides": self.stem_strides,
-                "attention": self.attention,
-                "attention_kwargs": self.attention_kwargs,
-                "weight_decay": self.weight_decay,
-            }
-        )
-        return config
-
-
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
-class CBAMResNet(presets.Classifier):
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class CBAMResNet(app_base.Classifier):
     """Image classifier: a `CBAMResNetBackbone` and a dense head.
 
     Args:
@@ -413,24 +202,7 @@ class CBAMResNet(presets.Classifier):
         head_dropout=0.0,
         **kwargs,
     ):
-        if backbone is None:
-            if image_size is None:
-                raise ValueError(
-                    "CBAMResNet needs `image_size` (or a `backbone`). "
-                    "Received: image_size=None"
-                )
-            backbone = CBAMResNetBackbone(
-                image_size=image_size,
-                num_channels=num_channels,
-                filters=filters,
-                blocks_per_stage=blocks_per_stage,
-                stem_filters=stem_filters,
-                stem_strides=stem_strides,
-                attention=attention,
-                attention_kwargs=attention_kwargs,
-                weight_decay=weight_decay,
-                name="backbone",
-            )
+        backbone = self.backbone_from(backbone, locals(), ("image_size",))
         super().__init__(
             backbone,
             num_classes,
@@ -438,13 +210,6 @@ class CBAMResNet(presets.Classifier):
             head_dropout=head_dropout,
             **kwargs,
         )
-
-    def attention_scores(self, images):
-        """The attention maps of every block; see the backbone's method."""
-        return self.backbone.attention_scores(images)
-
-
-CBAMResNetBackbone.classifier_class = CBAMResNet
 
 
 presets.register_preset(

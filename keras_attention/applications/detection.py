@@ -2,89 +2,77 @@
 
 Carion et al., End-to-End Object Detection with Transformers, ECCV 2020.
 
-A small residual CNN (optionally with CBAM in every block) turns an image into
-a grid of features; a transformer encoder of the registry's
-`MultiHeadAttention` refines them with 2-D sine position encodings; a decoder
-turns `num_queries` learned object queries into `num_queries` predictions,
-each a class (or "no object") and a box. Training matches predictions to the
-ground-truth objects one-to-one (exact Hungarian matching, inside the
-compiled train step) and applies `detection_loss.set_prediction_loss` to the
-output of every decoder layer. The building blocks are in
-`detection_layers.py`, the COCO evaluation in `detection_metrics.py` (both
-re-exported here).
+A small residual CNN (optionally with a grid attention such as CBAM in every
+block) turns an image into a grid of features; a transformer encoder (the
+shared `TransformerEncoderBlock`, attention by registry name) refines them
+with 2-D sine position encodings; a decoder turns `num_queries` learned
+object queries into `num_queries` predictions, each a class (or "no
+object") and a box. Training matches predictions to the ground-truth
+objects one-to-one (exact Hungarian matching, inside the compiled train
+step) and applies `detection_loss.set_prediction_loss` to the output of
+every decoder layer. The backbone is in `detection_layers.py`, the decoding
+of outputs and the COCO evaluation in `detection_metrics.py`.
 
 Shape letters: `B` images, `N` object queries, `M` ground-truth objects
 (padded), `K` classes, `L` decoder layers, `h, w` the feature grid,
 `S = h * w`, `H` attention heads, `D` model width.
 """
 
-import math
-
-import os
-
 import keras
 import numpy as np
 from keras import ops
 
-import keras_attention.registry as registry
+from keras_attention import _validation as base
+from keras_attention import registry
 from keras_attention.applications import detection_loss
 from keras_attention.applications import presets
+from keras_attention.applications.base import PresetMixin
+from keras_attention.applications.blocks import TransformerDecoderBlock
+from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention.applications.detection_loss import validate_targets
 from keras_attention.applications.detection_layers import DETRBackbone
-from keras_attention.applications.detection_layers import DETRDecoderLayer
-from keras_attention.applications.detection_layers import DETREncoderLayer
-from keras_attention.applications.detection_layers import ResidualBlock  # noqa: F401
 from keras_attention.applications.detection_layers import sine_position_encoding
-from keras_attention.applications.detection_metrics import evaluate_detections  # noqa: F401
-from keras_attention.layers import base
+from keras_attention.applications.detection_metrics import decode_detections
 
 PACKAGE = "keras_attention"
 
-PRESETS = {
-    # Digits on 64x64 canvases (`make_detection_set`): 10 classes, 1-4
-    # objects per image, an 8x8 feature grid. See
-    # benchmarks/bench_detection.py for its recipe. A class loss weight of 2
-    # (DETR: 1) ends the early phase where only boxes improve about twice
-    # as soon on this data.
-    "detr_digits": {
-        "num_classes": 10,
-        "num_queries": 10,
-        "hidden_dim": 64,
-        "num_heads": 4,
-        "num_encoder_layers": 2,
-        "num_decoder_layers": 2,
-        "feedforward_dim": 128,
-        "backbone_filters": (32, 64),
-        "blocks_per_stage": 1,
-        "stem_strides": 2,
-        "class_loss_weight": 2.0,
-    },
-}
+
+def _check_widths(hidden_dim, num_heads, num_encoder_layers):
+    if hidden_dim % 4:
+        raise base.invalid("hidden_dim", "a multiple of 4", hidden_dim)
+    if hidden_dim % num_heads:
+        raise base.invalid(
+            "hidden_dim", f"a multiple of num_heads={num_heads}", hidden_dim
+        )
+    if (
+        isinstance(num_encoder_layers, bool)
+        or not isinstance(num_encoder_layers, int)
+        or num_encoder_layers < 0
+    ):
+        raise base.invalid(
+            "num_encoder_layers", "a non-negative integer", num_encoder_layers
+        )
 
 
-def _scale_for_replicas(loss):
-    """`loss` divided by the replicas of the current `tf.distribute` strategy.
-
-    The replicas' gradients are summed, so each replica's loss is divided by
-    their number, as Keras's own losses are; a `compute_loss` override must
-    do it itself (without it, two replicas take steps twice too large).
-    """
-    if keras.backend.backend() != "tensorflow":
-        return loss
-    import tensorflow as tf
-
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    return loss / replicas if replicas > 1 else loss
-
-
-# Weights shipped in keras_attention/presets/: `detr_digits` trained by
-# `python benchmarks/bench_detection.py --save ...` (the 20-minute recipe,
-# stopped in epoch 18 of 30): held-out mAP@0.5 0.856, mAP 0.537.
-PRESET_WEIGHTS = {"detr_digits": "detr_digits.weights.h5"}
+# The arguments of `detection_loss.set_prediction_loss` the model holds.
+_LOSS_SETTINGS = (
+    "num_classes", "eos_coef", "class_loss_weight", "bbox_loss_weight",
+    "giou_loss_weight", "class_cost", "bbox_cost", "giou_cost",
+)
+# The constructor arguments `get_config` returns, each kept as an attribute.
+_CONFIG = (
+    "num_classes", "num_queries", "hidden_dim", "num_heads",
+    "num_encoder_layers", "num_decoder_layers", "feedforward_dim", "dropout",
+    "norm_first", "backbone_filters", "blocks_per_stage", "stem_strides",
+    "attention_module", "attention_kwargs", "transformer_attention",
+    "transformer_attention_kwargs", "aux_loss", "eos_coef",
+    "class_loss_weight", "bbox_loss_weight", "giou_loss_weight",
+    "class_cost", "bbox_cost", "giou_cost",
+)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class DETR(keras.Model):
+class DETR(PresetMixin, keras.Model):
     """DETR: end-to-end object detection with transformers (Carion, 2020).
 
     `backbone -> 1x1 projection to D -> encoder (self-attention with 2-D
@@ -131,6 +119,10 @@ class DETR(keras.Model):
         attention_module: registry name of an attention module for every
             backbone block (e.g. `"cbam"`), or `None`.
         attention_kwargs: its constructor arguments.
+        transformer_attention: registry name of the attention layer of the
+            encoder and decoder layers (a `"tokens"` layer taking `query`,
+            `value` and `key`); offered `num_heads`, `key_dim`, `dropout`.
+        transformer_attention_kwargs: its extra constructor arguments.
         aux_loss: add the losses of the earlier decoder layers.
         eos_coef: weight of the "no object" class in the class loss.
         class_loss_weight, bbox_loss_weight, giou_loss_weight: loss weights.
@@ -185,6 +177,8 @@ class DETR(keras.Model):
         stem_strides=1,
         attention_module=None,
         attention_kwargs=None,
+        transformer_attention="multi_head",
+        transformer_attention_kwargs=None,
         aux_loss=True,
         eos_coef=0.1,
         class_loss_weight=1.0,
@@ -200,22 +194,7 @@ class DETR(keras.Model):
         self.num_queries = base.check_positive_int("num_queries", num_queries)
         self.hidden_dim = base.check_positive_int("hidden_dim", hidden_dim)
         self.num_heads = base.check_positive_int("num_heads", num_heads)
-        if hidden_dim % 4:
-            raise base.invalid("hidden_dim", "a multiple of 4", hidden_dim)
-        if hidden_dim % num_heads:
-            raise base.invalid(
-                "hidden_dim", f"a multiple of num_heads={num_heads}",
-                hidden_dim,
-            )
-        if (
-            isinstance(num_encoder_layers, bool)
-            or not isinstance(num_encoder_layers, int)
-            or num_encoder_layers < 0
-        ):
-            raise base.invalid(
-                "num_encoder_layers", "a non-negative integer",
-                num_encoder_layers,
-            )
+        _check_widths(hidden_dim, num_heads, num_encoder_layers)
         self.num_encoder_layers = num_encoder_layers
         self.num_decoder_layers = base.check_positive_int(
             "num_decoder_layers", num_decoder_layers
@@ -228,78 +207,78 @@ class DETR(keras.Model):
         self.backbone_filters = tuple(backbone_filters)
         self.blocks_per_stage = blocks_per_stage
         self.stem_strides = stem_strides
-        if attention_module is not None:
-            registry.get_class(attention_module)  # fail early on a bad name
-        self.attention_module = attention_module
+        self.attention_module = registry.check_name(
+            attention_module, "attention_module", allow_none=True,
+            kinds=("grid",),
+        )
         self.attention_kwargs = dict(attention_kwargs or {})
+        self.transformer_attention = registry.check_name(
+            transformer_attention, "transformer_attention", kinds=("tokens",)
+        )
+        self.transformer_attention_kwargs = dict(
+            transformer_attention_kwargs or {}
+        )
         self.aux_loss = bool(aux_loss)
-        for name, value in (
-            ("eos_coef", eos_coef),
-            ("class_loss_weight", class_loss_weight),
-            ("bbox_loss_weight", bbox_loss_weight),
-            ("giou_loss_weight", giou_loss_weight),
-            ("class_cost", class_cost),
-            ("bbox_cost", bbox_cost),
-            ("giou_cost", giou_cost),
-        ):
-            if isinstance(value, bool) or not isinstance(
-                value, (int, float)
-            ) or not (value >= 0 and math.isfinite(value)):
-                raise base.invalid(name, "a non-negative float", value)
-        if eos_coef <= 0:
-            raise base.invalid("eos_coef", "a positive float", eos_coef)
-        self.eos_coef = float(eos_coef)
-        self.class_loss_weight = float(class_loss_weight)
-        self.bbox_loss_weight = float(bbox_loss_weight)
-        self.giou_loss_weight = float(giou_loss_weight)
-        self.class_cost = float(class_cost)
-        self.bbox_cost = float(bbox_cost)
-        self.giou_cost = float(giou_cost)
+        arguments = locals()
+        weights = detection_loss.check_loss_weights(
+            **{name: arguments[name] for name in _LOSS_SETTINGS[1:]}
+        )
+        for name, value in weights.items():
+            setattr(self, name, value)
+        self._make_layers()
 
+    def _make_layers(self):
         self.backbone = DETRBackbone(
             self.backbone_filters,
-            blocks_per_stage=blocks_per_stage,
-            stem_strides=stem_strides,
-            attention_module=attention_module,
+            blocks_per_stage=self.blocks_per_stage,
+            stem_strides=self.stem_strides,
+            attention_module=self.attention_module,
             attention_kwargs=self.attention_kwargs,
             name="backbone",
             dtype=self.dtype_policy,
         )
         self.input_projection = keras.layers.Conv2D(
-            hidden_dim, 1, name="input_projection", dtype=self.dtype_policy
+            self.hidden_dim, 1, name="input_projection", dtype=self.dtype_policy
         )
-        sublayer_args = dict(
-            hidden_dim=hidden_dim,
-            num_heads=num_heads,
-            feedforward_dim=feedforward_dim,
+        block_args = dict(
+            num_heads=self.num_heads,
+            mlp_dim=self.feedforward_dim,
             dropout=self.dropout,
+            attention_dropout=self.dropout,
+            attention=self.transformer_attention,
+            attention_kwargs=self.transformer_attention_kwargs,
+            layer_norm_epsilon=1e-5,
             norm_first=self.norm_first,
+            activation="relu",
             dtype=self.dtype_policy,
         )
         self.encoder_layers = [
-            DETREncoderLayer(name=f"encoder_{i}", **sublayer_args)
-            for i in range(num_encoder_layers)
+            TransformerEncoderBlock(
+                name=f"encoder_{i}", attention_name="self_attention",
+                **block_args,
+            )
+            for i in range(self.num_encoder_layers)
         ]
         self.encoder_norm = (
             keras.layers.LayerNormalization(
                 epsilon=1e-5, name="encoder_norm", dtype=self.dtype_policy
             )
-            if self.norm_first and num_encoder_layers
+            if self.norm_first and self.num_encoder_layers
             else None
         )
         self.decoder_layers = [
-            DETRDecoderLayer(name=f"decoder_{i}", **sublayer_args)
-            for i in range(num_decoder_layers)
+            TransformerDecoderBlock(name=f"decoder_{i}", **block_args)
+            for i in range(self.num_decoder_layers)
         ]
         self.decoder_norm = keras.layers.LayerNormalization(
             epsilon=1e-5, name="decoder_norm", dtype=self.dtype_policy
         )
         self.class_head = keras.layers.Dense(
-            num_classes + 1, name="class_head", dtype=self.dtype_policy
+            self.num_classes + 1, name="class_head", dtype=self.dtype_policy
         )
         self.box_head = [
             keras.layers.Dense(
-                hidden_dim, activation="relu", name=f"box_head_{i}",
+                self.hidden_dim, activation="relu", name=f"box_head_{i}",
                 dtype=self.dtype_policy,
             )
             for i in range(2)
@@ -308,43 +287,6 @@ class DETR(keras.Model):
         self._class_loss_tracker = keras.metrics.Mean(name="class_loss")
         self._l1_loss_tracker = keras.metrics.Mean(name="l1_loss")
         self._giou_loss_tracker = keras.metrics.Mean(name="giou_loss")
-
-    @classmethod
-    def from_preset(cls, preset, load_weights=True, **overrides):
-        """A model of a named configuration (`PRESETS`).
-
-        Args:
-            preset: a name in `PRESETS`.
-            load_weights: load the weights shipped in the package for the
-                presets that have them (`PRESET_WEIGHTS`); they need the
-                preset's own configuration, so overrides that change a
-                weight's shape make loading fail.
-            **overrides: constructor arguments that replace the preset's.
-
-        Example:
-
-        ```python
-        model = DETR.from_preset("detr_digits")  # trained weights
-        found = model.predict_boxes(images, score_threshold=0.5)
-        ```
-        """
-        if preset not in PRESETS:
-            raise base.invalid(
-                "preset", f"one of {sorted(PRESETS)}", preset
-            )
-        model = cls(**{**PRESETS[preset], **overrides})
-        weights = PRESET_WEIGHTS.get(preset)
-        if load_weights and weights is not None:
-            path = os.path.join(presets.PRESET_DIR, weights)
-            if not os.path.isfile(path):
-                raise ValueError(
-                    f"The weights of preset {preset!r} are missing: expected "
-                    f"the file {path} (made by benchmarks/bench_detection.py "
-                    "--save)."
-                )
-            model.build((None, 64, 64, 1))
-            model.load_weights(path)
-        return model
 
     def build(self, input_shape):
         input_shape = tuple(input_shape)
@@ -389,7 +331,7 @@ class DETR(keras.Model):
             memory.dtype,
         )
         for layer in self.encoder_layers:
-            memory = layer(memory, position, training=training)
+            memory = layer(memory, position=position, training=training)
         if self.encoder_norm is not None:
             memory = self.encoder_norm(memory)
 
@@ -402,19 +344,17 @@ class DETR(keras.Model):
         weights = None
         last = len(self.decoder_layers) - 1
         for index, layer in enumerate(self.decoder_layers):
-            if return_attention_scores and index == last:
-                x, weights = layer(
-                    x,
-                    memory,
-                    position,
-                    query_position,
-                    training=training,
-                    return_attention_scores=True,
-                )
-            else:
-                x = layer(
-                    x, memory, position, query_position, training=training
-                )
+            scores = return_attention_scores and index == last
+            x = layer(
+                x,
+                memory,
+                position=query_position,
+                memory_position=position,
+                training=training,
+                return_attention_scores=scores,
+            )
+            if scores:
+                x, weights = x
             if self.aux_loss or index == last:
                 outputs.append(self.decoder_norm(x))
         hidden = ops.stack(outputs, axis=1)  # B, L, N, D
@@ -452,16 +392,7 @@ class DETR(keras.Model):
                 f"Received: boxes.shape={tuple(boxes.shape)}; run "
                 "`validate_targets` on the data to trim the padding"
             )
-        settings = dict(
-            num_classes=self.num_classes,
-            eos_coef=self.eos_coef,
-            class_loss_weight=self.class_loss_weight,
-            bbox_loss_weight=self.bbox_loss_weight,
-            giou_loss_weight=self.giou_loss_weight,
-            class_cost=self.class_cost,
-            bbox_cost=self.bbox_cost,
-            giou_cost=self.giou_cost,
-        )
+        settings = {name: getattr(self, name) for name in _LOSS_SETTINGS}
         logits, pred_boxes = y_pred["logits"], y_pred["boxes"]
         layers = 1
         if "aux_logits" in y_pred:
@@ -509,7 +440,7 @@ class DETR(keras.Model):
         self._giou_loss_tracker.update_state(final["giou_loss"], images)
         for loss in self.losses:
             total = total + ops.cast(ops.sum(loss), total.dtype)
-        return _scale_for_replicas(total)
+        return detection_loss.scale_for_replicas(total)
 
     def validate_targets(self, y):
         """`validate_targets` with this model's classes and queries.
@@ -620,74 +551,38 @@ class DETR(keras.Model):
             outputs = {k: np.concatenate(v) for k, v in outputs.items()}
         else:
             outputs = self.predict(images, batch_size=batch_size, verbose=0)
-        logits = np.asarray(outputs["logits"], dtype="float64")
-        probs = np.exp(logits - logits.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        object_probs = probs[..., :-1]
-        labels = object_probs.argmax(-1).astype("int32")
-        scores = object_probs.max(-1).astype("float32")
-        scale = np.array([width, height, width, height], "float32")
-        corners = ops.convert_to_numpy(
-            detection_loss.cxcywh_to_xyxy(
-                ops.convert_to_tensor(outputs["boxes"], "float32")
-            )
+        return decode_detections(
+            outputs, (height, width), score_threshold, upsample_attention
         )
-        corners = np.clip(corners, 0.0, 1.0) * scale
-        maps = None
-        if return_attention:
-            maps = outputs["cross_attention"].mean(axis=1)  # B, N, h, w
-            if upsample_attention:
-                b, n, h, w = maps.shape
-                resized = ops.image.resize(
-                    maps.reshape(b * n, h, w, 1), (height, width),
-                    interpolation="bilinear",
-                )
-                maps = ops.convert_to_numpy(resized).reshape(
-                    b, n, height, width
-                )
-                maps = maps / np.maximum(
-                    maps.sum(axis=(2, 3), keepdims=True), 1e-12
-                )
-        detections = []
-        for index in range(len(images)):
-            keep = np.flatnonzero(scores[index] >= score_threshold)
-            keep = keep[np.argsort(-scores[index, keep], kind="stable")]
-            item = {
-                "boxes": corners[index, keep].astype("float32"),
-                "scores": scores[index, keep],
-                "labels": labels[index, keep],
-            }
-            if maps is not None:
-                item["attention"] = maps[index, keep].astype("float32")
-            detections.append(item)
-        return detections
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "num_classes": self.num_classes,
-                "num_queries": self.num_queries,
-                "hidden_dim": self.hidden_dim,
-                "num_heads": self.num_heads,
-                "num_encoder_layers": self.num_encoder_layers,
-                "num_decoder_layers": self.num_decoder_layers,
-                "feedforward_dim": self.feedforward_dim,
-                "dropout": self.dropout,
-                "norm_first": self.norm_first,
-                "backbone_filters": self.backbone_filters,
-                "blocks_per_stage": self.blocks_per_stage,
-                "stem_strides": self.stem_strides,
-                "attention_module": self.attention_module,
-                "attention_kwargs": self.attention_kwargs,
-                "aux_loss": self.aux_loss,
-                "eos_coef": self.eos_coef,
-                "class_loss_weight": self.class_loss_weight,
-                "bbox_loss_weight": self.bbox_loss_weight,
-                "giou_loss_weight": self.giou_loss_weight,
-                "class_cost": self.class_cost,
-                "bbox_cost": self.bbox_cost,
-                "giou_cost": self.giou_cost,
-            }
-        )
+        config.update({name: getattr(self, name) for name in _CONFIG})
         return config
+
+
+presets.register_preset(
+    "detr_digits",
+    "DETR",
+    {
+        "num_classes": 10,
+        "num_queries": 10,
+        "hidden_dim": 64,
+        "num_heads": 4,
+        "num_encoder_layers": 2,
+        "num_decoder_layers": 2,
+        "feedforward_dim": 128,
+        "backbone_filters": (32, 64),
+        "blocks_per_stage": 1,
+        "stem_strides": 2,
+        # A class loss weight of 2 (DETR: 1) ends the early phase where
+        # only boxes improve about twice as soon on this data.
+        "class_loss_weight": 2.0,
+    },
+    weights="detr_digits.weights.h5",
+    description="DETR for digits on 64x64 canvases (`make_detection_set`: "
+    "10 classes, 1-4 objects, an 8x8 feature grid), trained by "
+    "`benchmarks/bench_detection.py --save` (20 minutes, stopped in epoch 18 "
+    "of 30): held-out mAP@0.5 0.856, mAP 0.537.",
+    input_shape=(None, 64, 64, 1),
+)

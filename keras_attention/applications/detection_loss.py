@@ -13,9 +13,13 @@ Boxes are normalised `(cx, cy, w, h)` in `[0, 1]` as in DETR; padded targets
 have the label `-1` (`keras_attention.datasets.PAD_LABEL`).
 """
 
+import math
+
+import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _validation as base
 from keras_attention import matching
 
 PAD_LABEL = -1
@@ -254,6 +258,30 @@ def set_prediction_loss(
     }
 
 
+def _check_target_arrays(boxes, labels):
+    """`boxes` `(B, M, 4)` and integer `labels` `(B, M)` as NumPy arrays."""
+    boxes = np.asarray(boxes)
+    labels = np.asarray(labels)
+    if boxes.ndim != 3 or boxes.shape[-1] != 4:
+        raise ValueError(
+            "Received an invalid value for argument `boxes`, expected an "
+            "array of shape (B, M, 4) of normalised (cx, cy, w, h). "
+            f"Received: boxes.shape={boxes.shape}"
+        )
+    if labels.shape != boxes.shape[:2]:
+        raise ValueError(
+            "Received an invalid value for argument `labels`, expected an "
+            f"array of shape {boxes.shape[:2]} matching `boxes`. "
+            f"Received: labels.shape={labels.shape}"
+        )
+    if labels.size and not np.all(np.equal(np.mod(labels, 1), 0)):
+        raise ValueError(
+            "Received an invalid value for argument `labels`, expected "
+            f"integer class ids. Received: labels.dtype={labels.dtype}"
+        )
+    return boxes, labels
+
+
 def validate_targets(
     boxes,
     labels,
@@ -288,25 +316,7 @@ def validate_targets(
         ValueError: naming the argument, the first offending image and
             object, and the value.
     """
-    boxes = np.asarray(boxes)
-    labels = np.asarray(labels)
-    if boxes.ndim != 3 or boxes.shape[-1] != 4:
-        raise ValueError(
-            "Received an invalid value for argument `boxes`, expected an "
-            "array of shape (B, M, 4) of normalised (cx, cy, w, h). "
-            f"Received: boxes.shape={boxes.shape}"
-        )
-    if labels.shape != boxes.shape[:2]:
-        raise ValueError(
-            "Received an invalid value for argument `labels`, expected an "
-            f"array of shape {boxes.shape[:2]} matching `boxes`. "
-            f"Received: labels.shape={labels.shape}"
-        )
-    if labels.size and not np.all(np.equal(np.mod(labels, 1), 0)):
-        raise ValueError(
-            "Received an invalid value for argument `labels`, expected "
-            f"integer class ids. Received: labels.dtype={labels.dtype}"
-        )
+    boxes, labels = _check_target_arrays(boxes, labels)
     labels = labels.astype("int64")
     real = labels != PAD_LABEL
     bad = real & ((labels < 0) | (labels >= num_classes))
@@ -366,18 +376,49 @@ def validate_targets(
     labels = np.where(real, labels, PAD_LABEL).astype("int32")
 
     if num_queries is not None:
-        counts = real.sum(axis=1)
-        if counts.size and counts.max() > num_queries:
-            b = int(np.argmax(counts))
-            raise ValueError(
-                "Received an invalid value for argument `labels`, expected "
-                f"at most num_queries={num_queries} objects per image. "
-                f"Received: {counts[b]} objects in image {b}"
-            )
-        if boxes.shape[1] > num_queries:
-            # Real targets first (stable), then cut the padding.
-            order = np.argsort(~real, axis=1, kind="stable")[:, :num_queries]
-            boxes = np.take_along_axis(boxes, order[..., None], axis=1)
-            labels = np.take_along_axis(labels, order, axis=1)
+        boxes, labels = _fit_to_queries(boxes, labels, real, num_queries)
     return boxes, labels
 
+
+def _fit_to_queries(boxes, labels, real, num_queries):
+    """Real targets first and the padding cut to `num_queries` columns."""
+    counts = real.sum(axis=1)
+    if counts.size and counts.max() > num_queries:
+        b = int(np.argmax(counts))
+        raise ValueError(
+            "Received an invalid value for argument `labels`, expected "
+            f"at most num_queries={num_queries} objects per image. "
+            f"Received: {counts[b]} objects in image {b}"
+        )
+    if boxes.shape[1] > num_queries:
+        order = np.argsort(~real, axis=1, kind="stable")[:, :num_queries]
+        boxes = np.take_along_axis(boxes, order[..., None], axis=1)
+        labels = np.take_along_axis(labels, order, axis=1)
+    return boxes, labels
+
+
+def check_loss_weights(**weights):
+    """The loss and matching weights as floats; each non-negative."""
+    for name, value in weights.items():
+        if isinstance(value, bool) or not isinstance(
+            value, (int, float)
+        ) or not (value >= 0 and math.isfinite(value)):
+            raise base.invalid(name, "a non-negative float", value)
+    if weights["eos_coef"] <= 0:
+        raise base.invalid("eos_coef", "a positive float", weights["eos_coef"])
+    return {name: float(value) for name, value in weights.items()}
+
+
+def scale_for_replicas(loss):
+    """`loss` divided by the replicas of the current `tf.distribute` strategy.
+
+    The replicas' gradients are summed, so each replica's loss is divided by
+    their number, as Keras's own losses are; a `compute_loss` override must
+    do it itself (without it, two replicas take steps twice too large).
+    """
+    if keras.backend.backend() != "tensorflow":
+        return loss
+    import tensorflow as tf
+
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return loss / replicas if replicas > 1 else loss

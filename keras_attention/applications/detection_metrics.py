@@ -1,8 +1,10 @@
-"""COCO mean average precision of DETR's detections (`faster-coco-eval`)."""
+"""DETR's detections: decoding its outputs, COCO mean average precision."""
 
 import keras
 import numpy as np
+from keras import ops
 
+from keras_attention.applications import detection_loss
 from keras_attention.applications.detection_loss import PAD_LABEL
 
 
@@ -48,7 +50,6 @@ def evaluate_detections(
     scores["map50"], scores["map"]
     ```
     """
-    from faster_coco_eval import COCO
     from faster_coco_eval import COCOeval_faster
 
     images = np.asarray(images)
@@ -80,49 +81,10 @@ def evaluate_detections(
     if num_classes is None:
         num_classes = int(labels[real].max()) + 1 if real.any() else 1
 
-    # COCO ids start at 1: image i is i + 1, class c is c + 1.
-    scale = np.array([width, height, width, height], "float64")
-    pixel = boxes * scale
-    gt_annotations = []
-    for i, j in zip(*np.nonzero(real)):
-        cx, cy, w, h = pixel[i, j]
-        gt_annotations.append(
-            {
-                "id": len(gt_annotations) + 1,
-                "image_id": int(i) + 1,
-                "category_id": int(labels[i, j]) + 1,
-                "bbox": [cx - w / 2, cy - h / 2, w, h],
-                "area": w * h,
-                "iscrowd": 0,
-            }
-        )
-    image_entries = [
-        {"id": i + 1, "width": int(width), "height": int(height)}
-        for i in range(len(boxes))
-    ]
-    categories = [{"id": c + 1, "name": str(c)} for c in range(num_classes)]
-    ground_truth = COCO()
-    ground_truth.dataset = {
-        "images": image_entries,
-        "annotations": gt_annotations,
-        "categories": categories,
-    }
-    ground_truth.createIndex()
-
-    results = []
-    for i, detection in enumerate(predictions):
-        corners = np.asarray(detection["boxes"], dtype="float64").reshape(-1, 4)
-        order = np.argsort(-np.asarray(detection["scores"]), kind="stable")
-        for k in order[:max_detections]:
-            x1, y1, x2, y2 = corners[k]
-            results.append(
-                {
-                    "image_id": i + 1,
-                    "category_id": int(detection["labels"][k]) + 1,
-                    "bbox": [x1, y1, x2 - x1, y2 - y1],
-                    "score": float(detection["scores"][k]),
-                }
-            )
+    ground_truth = _coco_ground_truth(
+        boxes, labels, real, (height, width), num_classes
+    )
+    results = _coco_results(predictions, max_detections)
     detections = ground_truth.loadRes(results)
     evaluator = COCOeval_faster(
         ground_truth, detections, iouType="bbox", print_function=lambda *a: None
@@ -144,3 +106,117 @@ def evaluate_detections(
         "num_objects": int(real.sum()),
         "num_detections": len(results),
     }
+
+
+def _coco_ground_truth(boxes, labels, real, image_size, num_classes):
+    """A `faster_coco_eval.COCO` of the targets, boxes in pixels.
+
+    COCO ids start at 1: image `i` is `i + 1`, class `c` is `c + 1`.
+    """
+    from faster_coco_eval import COCO
+
+    height, width = image_size
+    pixel = boxes * np.array([width, height, width, height], "float64")
+    annotations = []
+    for i, j in zip(*np.nonzero(real)):
+        cx, cy, w, h = pixel[i, j]
+        annotations.append(
+            {
+                "id": len(annotations) + 1,
+                "image_id": int(i) + 1,
+                "category_id": int(labels[i, j]) + 1,
+                "bbox": [cx - w / 2, cy - h / 2, w, h],
+                "area": w * h,
+                "iscrowd": 0,
+            }
+        )
+    ground_truth = COCO()
+    ground_truth.dataset = {
+        "images": [
+            {"id": i + 1, "width": int(width), "height": int(height)}
+            for i in range(len(boxes))
+        ],
+        "annotations": annotations,
+        "categories": [
+            {"id": c + 1, "name": str(c)} for c in range(num_classes)
+        ],
+    }
+    ground_truth.createIndex()
+    return ground_truth
+
+
+def _coco_results(predictions, max_detections):
+    """The COCO result list of per-image detections (best first, capped)."""
+    results = []
+    for i, detection in enumerate(predictions):
+        corners = np.asarray(detection["boxes"], dtype="float64").reshape(-1, 4)
+        order = np.argsort(-np.asarray(detection["scores"]), kind="stable")
+        for k in order[:max_detections]:
+            x1, y1, x2, y2 = corners[k]
+            results.append(
+                {
+                    "image_id": i + 1,
+                    "category_id": int(detection["labels"][k]) + 1,
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    "score": float(detection["scores"][k]),
+                }
+            )
+    return results
+
+
+def decode_detections(outputs, image_size, score_threshold=0.5, upsample_attention=False):
+    """Per-image detections in pixels from DETR's outputs (NumPy arrays).
+
+    A query's score is its most likely object class's probability (softmax
+    over the `K + 1` classes); queries scoring below `score_threshold` are
+    dropped. See `DETR.predict_boxes` for the returned dicts.
+
+    Args:
+        outputs: `{"logits": (B, N, K + 1), "boxes": (B, N, 4)}`, and
+            `"cross_attention"` `(B, H, N, h, w)` for attention maps.
+        image_size: `(height, width)` of the images, for the pixel boxes.
+        score_threshold: the least score kept.
+        upsample_attention: resize the maps to the image size (bilinear).
+    """
+    height, width = image_size
+    logits = np.asarray(outputs["logits"], dtype="float64")
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    object_probs = probs[..., :-1]
+    labels = object_probs.argmax(-1).astype("int32")
+    scores = object_probs.max(-1).astype("float32")
+    scale = np.array([width, height, width, height], "float32")
+    corners = ops.convert_to_numpy(
+        detection_loss.cxcywh_to_xyxy(
+            ops.convert_to_tensor(outputs["boxes"], "float32")
+        )
+    )
+    corners = np.clip(corners, 0.0, 1.0) * scale
+    maps = None
+    if "cross_attention" in outputs:
+        maps = outputs["cross_attention"].mean(axis=1)  # B, N, h, w
+        if upsample_attention:
+            b, n, h, w = maps.shape
+            resized = ops.image.resize(
+                maps.reshape(b * n, h, w, 1), (height, width),
+                interpolation="bilinear",
+            )
+            maps = ops.convert_to_numpy(resized).reshape(
+                b, n, height, width
+            )
+            maps = maps / np.maximum(
+                maps.sum(axis=(2, 3), keepdims=True), 1e-12
+            )
+    detections = []
+    for index in range(len(scores)):
+        keep = np.flatnonzero(scores[index] >= score_threshold)
+        keep = keep[np.argsort(-scores[index, keep], kind="stable")]
+        item = {
+            "boxes": corners[index, keep].astype("float32"),
+            "scores": scores[index, keep],
+            "labels": labels[index, keep],
+        }
+        if maps is not None:
+            item["attention"] = maps[index, keep].astype("float32")
+        detections.append(item)
+    return detections

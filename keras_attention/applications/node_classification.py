@@ -20,9 +20,10 @@ import numpy as np
 from keras import ops
 
 from keras_attention import registry
+from keras_attention.applications import base as app_base
 from keras_attention.applications import presets
-from keras_attention.layers import base
-from keras_attention.layers.graph import HashDropout
+from keras_attention import _validation as base
+from keras_attention.layers.dropout import HashDropout
 
 NodeClassificationData = collections.namedtuple(
     "NodeClassificationData",
@@ -77,7 +78,7 @@ def node_classification_data(graph):
     )
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class GraphUnbatch(keras.layers.Layer):
     """`(1, ...) -> (...)`: the one graph of a batch of one."""
 
@@ -88,7 +89,7 @@ class GraphUnbatch(keras.layers.Layer):
         return tuple(input_shape[1:])
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class GraphBatch(keras.layers.Layer):
     """`(...) -> (1, ...)`: one graph's outputs as a batch of one."""
 
@@ -110,8 +111,13 @@ def _is_symbolic(x):
     return False
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
-class GATNodeClassifier(presets.InputChecks, keras.Model):
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class GATNodeClassifier(
+    app_base.PresetMixin,
+    app_base.CompileDefaults,
+    app_base.InputChecks,
+    keras.Model,
+):
     """The two-layer graph attention network of Veličković et al. (2018).
 
     `Dropout -> GraphAttention(hidden_units, num_heads, ELU, concat) ->
@@ -199,13 +205,12 @@ class GATNodeClassifier(presets.InputChecks, keras.Model):
             isinstance(weight_decay, (int, float)) and weight_decay >= 0
         ):
             raise base.invalid("weight_decay", "a non-negative float", weight_decay)
-        attention = presets.check_attention_name(attention)
-        layer_class = registry.get_class(attention)
+        attention = registry.check_name(attention, kinds=("graph",))
         regularizer = keras.regularizers.L2(weight_decay / 2) if weight_decay else None
 
         def graph_layer(units, heads, concat, layer_activation, name):
-            arguments = presets.fill_arguments(
-                layer_class,
+            return registry.build(
+                attention,
                 {
                     "units": units,
                     "num_heads": heads,
@@ -216,8 +221,8 @@ class GATNodeClassifier(presets.InputChecks, keras.Model):
                     "kernel_regularizer": regularizer,
                 },
                 attention_kwargs,
+                name=name,
             )
-            return layer_class(**arguments, name=name)
 
         features = keras.Input(shape=(None, num_features), batch_size=1, name="features")
         edges = keras.Input(shape=(2, None), batch_size=1, dtype="int32", name="edges")
@@ -305,48 +310,21 @@ class GATNodeClassifier(presets.InputChecks, keras.Model):
                     f"values in [{low}, {high}]"
                 )
 
-    def compile(
-        self,
-        optimizer="auto",
-        loss="auto",
-        metrics=None,
-        weighted_metrics="auto",
-        jit_compile="auto",
-        **kwargs,
-    ):
-        """`keras.Model.compile` with the paper's defaults.
-
-        `optimizer="auto"` is Adam with learning rate 0.005, `loss="auto"`
-        the sparse categorical cross-entropy from logits, and
-        `weighted_metrics="auto"` the accuracy **weighted by the split's
-        sample weights**: `evaluate(..., sample_weight=data.test_weights)`
-        is the accuracy on the test nodes only, and `val_accuracy` in `fit`
-        counts the validation nodes only. (Keras 3 updates `metrics=`
-        without `sample_weight`, so an accuracy there would count every
-        node of the graph.)
-        """
-        if optimizer == "auto":
-            optimizer = keras.optimizers.Adam(learning_rate=0.005)
-        if loss == "auto":
-            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        if weighted_metrics == "auto":
-            weighted_metrics = [
+    def compile_defaults(self):
+        """The paper's: Adam with learning rate 0.005, the sparse categorical
+        cross-entropy from logits, and the accuracy **weighted by the
+        split's sample weights**: `evaluate(...,
+        sample_weight=data.test_weights)` is the accuracy on the test nodes
+        only, and `val_accuracy` in `fit` counts the validation nodes only.
+        (Keras 3 updates `metrics=` without `sample_weight`, so an accuracy
+        there would count every node of the graph.)"""
+        return {
+            "optimizer": keras.optimizers.Adam(learning_rate=0.005),
+            "loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            "weighted_metrics": [
                 keras.metrics.SparseCategoricalAccuracy(name="accuracy")
-            ]
-        super().compile(
-            optimizer=optimizer,
-            loss=loss,
-            metrics=metrics,
-            weighted_metrics=weighted_metrics,
-            jit_compile=jit_compile,
-            **kwargs,
-        )
-
-    def compile_from_config(self, config):
-        config = keras.saving.deserialize_keras_object(config)
-        self.compile(**config)
-        if self.built:
-            self.optimizer.build(self.trainable_variables)
+            ],
+        }
 
     def attention_scores(self, inputs):
         """The coefficients of both layers, run eagerly.
@@ -390,22 +368,6 @@ class GATNodeClassifier(presets.InputChecks, keras.Model):
 
     @classmethod
     def from_config(cls, config):
-        return cls(**config)
-
-    @classmethod
-    def presets(cls):
-        """`{name: description}` of the presets of this class."""
-        return {
-            name: presets.get_preset(name).description
-            for name in presets.preset_names(cls.__name__)
-        }
-
-    @classmethod
-    def from_preset(cls, preset, **kwargs):
-        """The named configuration (`presets()`), updated with `kwargs`."""
-        spec = presets.get_preset(preset, cls.__name__)
-        config = dict(spec.config)
-        config.update(kwargs)
         return cls(**config)
 
 

@@ -16,9 +16,11 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention.applications import base as app_base
 from keras_attention.applications import presets
-from keras_attention.applications.vision_transformer import TransformerEncoderBlock
-from keras_attention.layers import base
+from keras_attention.applications.blocks import TransformerEncoderBlock
+from keras_attention import _validation as base
+from keras_attention import registry
 from keras_attention.layers.additive import AdditiveAttention
 
 PAD, UNK = "[PAD]", "[UNK]"
@@ -39,7 +41,7 @@ def _check_texts(texts):
     return texts
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class TextClassifierPreprocessor:
     """Texts to padded WordPiece token ids, with keras-hub's tokenizer.
 
@@ -134,7 +136,7 @@ class TextClassifierPreprocessor:
         return cls(**config)
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class TokenAndPositionEmbedding(keras.layers.Layer):
     """Token embedding plus a learned position embedding; id 0 is masked.
 
@@ -199,7 +201,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         return config
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class AttentionPooling(keras.layers.Layer):
     """Pools tokens with a learned query and additive attention.
 
@@ -267,8 +269,8 @@ class AttentionPooling(keras.layers.Layer):
         return config
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
-class TextClassifierBackbone(presets.Backbone):
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class TextClassifierBackbone(app_base.Backbone):
     """Transformer encoder with attention pooling over token ids.
 
     `TokenAndPositionEmbedding` (id 0 is padding and masked),
@@ -310,6 +312,12 @@ class TextClassifierBackbone(presets.Backbone):
           Classification, 2016. https://aclanthology.org/N16-1174
     """
 
+    config_keys = (
+        "vocabulary_size", "sequence_length", "hidden_dim", "depth",
+        "num_heads", "mlp_dim", "dropout", "attention", "attention_kwargs",
+        "pooling_units",
+    )
+
     def __init__(
         self,
         vocabulary_size,
@@ -329,7 +337,7 @@ class TextClassifierBackbone(presets.Backbone):
         base.check_positive_int("hidden_dim", hidden_dim)
         base.check_positive_int("depth", depth)
         base.check_rate("dropout", dropout)
-        attention = presets.check_attention_name(attention)
+        attention = registry.check_name(attention)
 
         inputs = keras.Input(shape=(sequence_length,), dtype="int32", name="token_ids")
         x = TokenAndPositionEmbedding(
@@ -354,16 +362,7 @@ class TextClassifierBackbone(presets.Backbone):
         self._weights_output = weights
         self._weights_model = None
 
-        self.vocabulary_size = vocabulary_size
-        self.sequence_length = sequence_length
-        self.hidden_dim = hidden_dim
-        self.depth = depth
-        self.num_heads = num_heads
-        self.mlp_dim = mlp_dim
-        self.dropout = dropout
-        self.attention = attention
-        self.attention_kwargs = dict(attention_kwargs or {})
-        self.pooling_units = pooling_units
+        self.keep_config(locals())
 
     def check_inputs(self, inputs):
         shape = tuple(inputs.shape)
@@ -386,27 +385,9 @@ class TextClassifierBackbone(presets.Backbone):
             self._weights_model = keras.Model(self.input, self._weights_output)
         return ops.convert_to_numpy(self._weights_model(token_ids, training=False))
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "vocabulary_size": self.vocabulary_size,
-                "sequence_length": self.sequence_length,
-                "hidden_dim": self.hidden_dim,
-                "depth": self.depth,
-                "num_heads": self.num_heads,
-                "mlp_dim": self.mlp_dim,
-                "dropout": self.dropout,
-                "attention": self.attention,
-                "attention_kwargs": self.attention_kwargs,
-                "pooling_units": self.pooling_units,
-            }
-        )
-        return config
 
-
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
-class TextClassifier(presets.Classifier):
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class TextClassifier(app_base.Classifier):
     """Text classifier: `TextClassifierBackbone` and a dense head.
 
     Takes token ids `(B, T)`; with a `preprocessor`, `predict_texts` and
@@ -471,30 +452,15 @@ class TextClassifier(presets.Classifier):
     ):
         if isinstance(preprocessor, dict):
             preprocessor = keras.saving.deserialize_keras_object(preprocessor)
-        if backbone is None:
-            if preprocessor is not None:
-                vocabulary_size = vocabulary_size or preprocessor.vocabulary_size
-                sequence_length = sequence_length or preprocessor.sequence_length
-            if vocabulary_size is None or sequence_length is None:
-                raise ValueError(
-                    "TextClassifier needs `vocabulary_size` and "
-                    "`sequence_length` (or a `preprocessor`, or a "
-                    f"`backbone`). Received: vocabulary_size={vocabulary_size}"
-                    f", sequence_length={sequence_length}"
-                )
-            backbone = TextClassifierBackbone(
-                vocabulary_size=vocabulary_size,
-                sequence_length=sequence_length,
-                hidden_dim=hidden_dim,
-                depth=depth,
-                num_heads=num_heads,
-                mlp_dim=mlp_dim,
-                dropout=dropout,
-                attention=attention,
-                attention_kwargs=attention_kwargs,
-                pooling_units=pooling_units,
-                name="backbone",
-            )
+        if backbone is None and preprocessor is not None:
+            vocabulary_size = vocabulary_size or preprocessor.vocabulary_size
+            sequence_length = sequence_length or preprocessor.sequence_length
+        backbone = self.backbone_from(
+            backbone,
+            locals(),
+            ("vocabulary_size", "sequence_length"),
+            hint="a `preprocessor`, or ",
+        )
         if preprocessor is not None and (
             preprocessor.sequence_length != backbone.sequence_length
             or preprocessor.vocabulary_size > backbone.vocabulary_size

@@ -17,8 +17,8 @@ import warnings
 import keras
 import numpy as np
 
-from keras_attention.layers.base import check_positive_int
-from keras_attention.layers.base import invalid
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import invalid
 
 PAD, UNK, START, END = "[PAD]", "[UNK]", "[START]", "[END]"
 RESERVED_TOKENS = (PAD, UNK, START, END)

@@ -29,8 +29,11 @@ from keras_attention.applications.text_preprocessing import (
     TranslationPreprocessor,
 )
 from keras_attention.applications.text_preprocessing import corpus_bleu
-from keras_attention.layers.base import check_positive_int
-from keras_attention.layers.base import invalid
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import invalid
+from keras_attention.applications.base import CompileDefaults
+from keras_attention.applications.base import PresetMixin
+from keras_attention.applications.translation_metrics import TokenAccuracy
 
 _NEG_INF = -1e9
 
@@ -91,77 +94,11 @@ def load_translation_corpus(
     )
 
 
-@keras.saving.register_keras_serializable(package="keras_attention")
-def token_accuracy(y_true, y_pred):
-    """Share of non-padding target tokens of **one batch** predicted exactly.
-
-    As a function in `metrics=`, Keras averages it over batches, which
-    weighs a batch of short sentences like one of long ones; the models'
-    default is the `TokenAccuracy` metric, which counts tokens.
-    """
-    y_true = ops.cast(y_true, "int32")
-    predicted = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
-    real = ops.not_equal(y_true, 0)
-    hits = ops.logical_and(real, ops.equal(predicted, y_true))
-    count = ops.sum(ops.cast(real, "float32"))
-    return ops.sum(ops.cast(hits, "float32")) / ops.maximum(count, 1.0)
-
-
-@keras.saving.register_keras_serializable(package="keras_attention")
-class TokenAccuracy(keras.metrics.Metric):
-    """Share of the non-padding target tokens predicted exactly.
-
-    Counts tokens over everything it has seen (`hits / tokens`), not a
-    mean of per-batch ratios, so batches with more padding weigh less.
-    A `sample_weight` of shape `(B,)` (per sentence) or `(B, T)` (per
-    token) weighs the tokens; padding (`padding_id`) never counts.
-
-    Args:
-        padding_id: the target id that marks padding (0).
-        name, dtype: as for any `keras.metrics.Metric`.
-
-    Example:
-
-    ```python
-    metric = TokenAccuracy()
-    metric.update_state([[5, 6, 0]], [[[0, 0, 0, 0, 0, 1, 0],
-                                       [0, 0, 0, 0, 0, 1, 0],
-                                       [1, 0, 0, 0, 0, 0, 0]]])
-    float(metric.result())  # 0.5: one of the two real tokens
-    ```
-    """
-
-    def __init__(self, padding_id=0, name="token_accuracy", dtype=None):
-        super().__init__(name=name, dtype=dtype)
-        self.padding_id = int(padding_id)
-        self.hits = self.add_variable((), initializer="zeros", name="hits")
-        self.tokens = self.add_variable((), initializer="zeros", name="tokens")
-
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        y_true = ops.cast(y_true, "int32")
-        predicted = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
-        weight = ops.cast(ops.not_equal(y_true, self.padding_id), "float32")
-        if sample_weight is not None:
-            sample_weight = ops.cast(sample_weight, "float32")
-            if len(sample_weight.shape) == 1:
-                sample_weight = sample_weight[:, None]
-            weight = weight * sample_weight
-        correct = ops.cast(ops.equal(predicted, y_true), "float32")
-        self.hits.assign_add(ops.sum(weight * correct))
-        self.tokens.assign_add(ops.sum(weight))
-
-    def result(self):
-        return ops.divide_no_nan(self.hits, self.tokens)
-
-    def get_config(self):
-        return {**super().get_config(), "padding_id": self.padding_id}
-
-
 def _next_power_of_two(n):
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-class Translator(keras.Model):
+class Translator(PresetMixin, CompileDefaults, keras.Model):
     """Base of the translators: preprocessing, training defaults, decoding.
 
     Not used directly; see `Seq2SeqTranslator` and `TransformerTranslator`.
@@ -171,7 +108,6 @@ class Translator(keras.Model):
             to `date_task_preprocessor()`.
     """
 
-    presets = {}
     default_learning_rate = 1e-3
 
     def __init__(self, preprocessor=None, **kwargs):
@@ -248,49 +184,21 @@ class Translator(keras.Model):
         )
         return weights
 
-    def compile(
-        self,
-        optimizer="auto",
-        loss="auto",
-        metrics=None,
-        weighted_metrics="auto",
-        jit_compile=True,
-        **kwargs,
-    ):
-        """`keras.Model.compile` with translation defaults.
-
-        `"auto"` gives Adam (`default_learning_rate`, gradient norm clipped
-        at 1), cross-entropy on logits that ignores padding (id 0), and
-        `TokenAccuracy` (non-padding tokens over the whole evaluation,
-        weighted by `sample_weight` when one is given). XLA is on by
-        default.
-        """
-        if optimizer == "auto":
-            optimizer = keras.optimizers.Adam(
+    def compile_defaults(self):
+        """Adam (`default_learning_rate`, gradient norm clipped at 1),
+        cross-entropy on logits that ignores padding (id 0), `TokenAccuracy`
+        (non-padding tokens over the whole evaluation, weighted by
+        `sample_weight` when one is given), and XLA."""
+        return {
+            "optimizer": keras.optimizers.Adam(
                 learning_rate=self.default_learning_rate, clipnorm=1.0
-            )
-        if loss == "auto":
-            loss = keras.losses.SparseCategoricalCrossentropy(
+            ),
+            "loss": keras.losses.SparseCategoricalCrossentropy(
                 from_logits=True, ignore_class=0
-            )
-        if weighted_metrics == "auto":
-            weighted_metrics = [TokenAccuracy(name="token_accuracy")]
-        super().compile(
-            optimizer=optimizer,
-            loss=loss,
-            metrics=metrics,
-            weighted_metrics=weighted_metrics,
-            jit_compile=jit_compile,
-            **kwargs,
-        )
-
-    def compile_from_config(self, config):
-        # Keras skips this for an overridden `compile`; ours takes the same
-        # arguments, so a loaded model is compiled (optimizer state too).
-        config = keras.saving.deserialize_keras_object(config)
-        self.compile(**config)
-        if self.built:
-            self.optimizer.build(self.trainable_variables)
+            ),
+            "weighted_metrics": [TokenAccuracy(name="token_accuracy")],
+            "jit_compile": True,
+        }
 
     def prepare(self, sources, targets):
         """`(x, labels)` for `fit`/`evaluate` from sentence pairs."""
@@ -316,15 +224,12 @@ class Translator(keras.Model):
         """A model of a named size; `kwargs` override the preset's values.
 
         Args:
-            preset: a key of `cls.presets` (`"tiny"`, `"small"`).
+            preset: a preset name (see `presets()`), or its short name
+                (`"tiny"`, `"small"`).
             preprocessor: a `TranslationPreprocessor`; the date task's by
                 default.
         """
-        if preset not in cls.presets:
-            raise invalid("preset", f"one of {sorted(cls.presets)}", preset)
-        config = dict(cls.presets[preset])
-        config.update(kwargs)
-        return cls(preprocessor=preprocessor, **config)
+        return super().from_preset(preset, preprocessor=preprocessor, **kwargs)
 
     # Decoding ----------------------------------------------------------------
 
@@ -340,8 +245,13 @@ class Translator(keras.Model):
             ops.take(weights, index, axis=1),
         )
 
+    @property
+    def supports_cache(self):
+        """Whether `decode_step` can run; else decoding re-runs the prefix."""
+        return True
+
     def _step_function(self, encoded, batch, max_length, use_cache):
-        if use_cache:
+        if use_cache and self.supports_cache:
             return self.decode_step, self.initial_cache(encoded, max_length)
         return self._uncached_step, ops.zeros((batch, max_length), "int32")
 
@@ -639,25 +549,3 @@ class Translator(keras.Model):
             "bleu": corpus_bleu(list(references), hypotheses),
             "exact_match": exact,
         }
-
-
-# The two models build on `Translator` above; the package's __init__ imports
-# this module first, so these imports see it defined.
-from keras_attention.applications.translation_rnn import (  # noqa: E402
-    Seq2SeqTranslator,
-)
-from keras_attention.applications.translation_transformer import (  # noqa: E402
-    TransformerTranslator,
-)
-
-__all__ = [
-    "Seq2SeqTranslator",
-    "TransformerTranslator",
-    "TranslationPreprocessor",
-    "TokenAccuracy",
-    "Translator",
-    "corpus_bleu",
-    "date_task_preprocessor",
-    "load_translation_corpus",
-    "token_accuracy",
-]

@@ -4,10 +4,11 @@ import keras
 from keras import ops
 
 from keras_attention import registry
+from keras_attention.applications import presets
 from keras_attention.applications.translation import Translator
-from keras_attention.layers.base import check_positive_int
-from keras_attention.layers.base import check_rate
-from keras_attention.layers.base import invalid
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import check_rate
+from keras_attention._validation import invalid
 
 CELLS = ("gru", "lstm")
 
@@ -81,19 +82,6 @@ class Seq2SeqTranslator(Translator):
           https://arxiv.org/abs/1406.1078
     """
 
-    presets = {
-        # The date task: > 0.99 held-out exact match after 5 minutes of
-        # training on 2 CPU cores (benchmarks/bench_translation.py).
-        "tiny": {"embedding_dim": 32, "hidden_dim": 64, "attention_units": 64},
-        # Multi30k-sized, for word-piece vocabularies of a few thousand.
-        "small": {
-            "embedding_dim": 256,
-            "hidden_dim": 256,
-            "attention_units": 256,
-            "dropout": 0.3,
-        },
-    }
-
     def __init__(
         self,
         preprocessor=None,
@@ -112,13 +100,9 @@ class Seq2SeqTranslator(Translator):
         if cell not in CELLS:
             raise invalid("cell", f"one of {CELLS}", cell)
         self.cell = cell
-        if attention is not None and attention not in registry.names():
-            raise invalid(
-                "attention",
-                f"None or a registered name ({registry.names()})",
-                attention,
-            )
-        self.attention = attention
+        self.attention = registry.check_name(
+            attention, allow_none=True, kinds=("tokens",)
+        )
         self.attention_units = check_positive_int(
             "attention_units", attention_units, allow_none=True
         )
@@ -161,8 +145,18 @@ class Seq2SeqTranslator(Translator):
         self.attention_layer = (
             None
             if attention is None
-            else registry.get_class(attention)(
-                **self._attention_arguments(attention)
+            else registry.build(
+                attention,
+                {
+                    # additive: v^T tanh(W1 s + W2 h); dot product: Luong's
+                    # "general" s^T W h; multi-head: one head.
+                    "units": self.attention_units or self.hidden_dim,
+                    "score_mode": "general",
+                    "num_heads": 1,
+                    "key_dim": self.hidden_dim,
+                },
+                self.attention_kwargs,
+                name="attention",
             )
         )
         cell_class = keras.layers.GRUCell if cell == "gru" else keras.layers.LSTMCell
@@ -173,15 +167,6 @@ class Seq2SeqTranslator(Translator):
             p.target_vocabulary_size, name="output_projection"
         )
         self._build_layers()
-
-    def _attention_arguments(self, attention):
-        arguments = {"name": "attention"}
-        if attention == "additive":
-            arguments["units"] = self.attention_units or self.hidden_dim
-        elif attention == "scaled_dot_product":
-            arguments["score_mode"] = "general"  # Luong's s^T W h
-        arguments.update(self.attention_kwargs)
-        return arguments
 
     def _build_layers(self):
         e, h = self.embedding_dim, self.hidden_dim
@@ -314,3 +299,27 @@ class Seq2SeqTranslator(Translator):
             }
         )
         return config
+
+
+presets.register_preset(
+    "seq2seq_tiny",
+    "Seq2SeqTranslator",
+    {"embedding_dim": 32, "hidden_dim": 64, "attention_units": 64},
+    description="GRU encoder-decoder with additive attention for the date "
+    "task: > 0.99 held-out exact match after 5 minutes on 2 CPU cores "
+    "(configuration only).",
+    alias="tiny",
+)
+presets.register_preset(
+    "seq2seq_small",
+    "Seq2SeqTranslator",
+    {
+        "embedding_dim": 256,
+        "hidden_dim": 256,
+        "attention_units": 256,
+        "dropout": 0.3,
+    },
+    description="GRU encoder-decoder with additive attention, Multi30k-sized "
+    "for word-piece vocabularies of a few thousand (configuration only).",
+    alias="small",
+)

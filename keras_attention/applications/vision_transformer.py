@@ -12,10 +12,10 @@ constructor names, updated with the user's `attention_kwargs`. The block
 then calls the layer on the normalized tokens and adds its output to them
 (pre-norm residual), so the layer must return a tensor of its input's shape:
 
-- a layer class with `expects_grid = True`, and the built-in image layers
-  `"local_window"`, `"cbam"`, `"channel"`, `"spatial"`, `"non_local"`
-  (`GRID_LAYERS`), receives the patch grid `(B, h, w, C)`;
-- any other layer receives the tokens `(B, N, C)` (with the class token
+- a layer registered with `input_kind="grid"` (`"local_window"`, `"cbam"`,
+  `"channel"`, `"spatial"`, `"non_local"`, plugins that declare it)
+  receives the patch grid `(B, h, w, C)`;
+- a `"tokens"` layer receives the tokens `(B, N, C)` (with the class token
   first when `pooling="cls"`).
 
 A layer whose `call` takes `return_attention_scores` gives its scores to
@@ -28,44 +28,10 @@ import keras
 from keras import ops
 
 from keras_attention import registry
+from keras_attention.applications import base as app_base
 from keras_attention.applications import presets
-from keras_attention.layers import base
-
-# Registry names whose layers take the patch grid (B, h, w, C).
-GRID_LAYERS = frozenset({"local_window", "cbam", "channel", "spatial", "non_local"})
-
-
-@keras.saving.register_keras_serializable(package="keras_attention")
-def gelu(x):
-    """Exact GELU, `x * Phi(x)`, written with `erf`.
-
-    Equal to `keras.activations.gelu(x, approximate=False)` within float32
-    rounding; TensorFlow's own GELU uses `erfc`, which ONNX lacks, so this
-    form keeps `model.export(format="onnx")` working.
-    """
-    return 0.5 * x * (1.0 + ops.erf(x * 0.7071067811865476))
-
-
-def expects_grid(name):
-    """Whether the layer registered as `name` takes `(B, h, w, C)` grids."""
-    declared = getattr(registry.get_class(name), "expects_grid", None)
-    if declared is not None:
-        return bool(declared)
-    return name in GRID_LAYERS
-
-
-def _pair(argument, value):
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        values = tuple(value)
-    else:
-        values = (value, value)
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise base.invalid(
-                argument, "a positive integer or a pair of them", value
-            )
-    return values
-
+from keras_attention.applications.blocks import TransformerEncoderBlock
+from keras_attention import _validation as base
 
 def _per_stage(argument, value, num_stages, growth):
     """An int (multiplied by `growth**stage`) or one positive int per stage."""
@@ -80,7 +46,7 @@ def _per_stage(argument, value, num_stages, growth):
     return [value * growth**stage for stage in range(num_stages)]
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class PatchEmbedding(keras.layers.Layer):
     """Patch embedding of ViT, with an optional class token.
 
@@ -104,7 +70,7 @@ class PatchEmbedding(keras.layers.Layer):
     def __init__(self, hidden_dim, patch_size, use_class_token=True, **kwargs):
         super().__init__(**kwargs)
         self.hidden_dim = base.check_positive_int("hidden_dim", hidden_dim)
-        self.patch_size = _pair("patch_size", patch_size)
+        self.patch_size = base.check_pair("patch_size", patch_size)
         self.use_class_token = bool(use_class_token)
 
     def build(self, input_shape):
@@ -165,7 +131,7 @@ class PatchEmbedding(keras.layers.Layer):
         return config
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class PatchMerging(keras.layers.Layer):
     """Swin's patch merging: 2x2 neighbouring tokens -> one token of `2 C`.
 
@@ -182,7 +148,7 @@ class PatchMerging(keras.layers.Layer):
 
     def __init__(self, grid_shape, **kwargs):
         super().__init__(**kwargs)
-        self.grid_shape = _pair("grid_shape", grid_shape)
+        self.grid_shape = base.check_pair("grid_shape", grid_shape)
 
     @property
     def output_grid_shape(self):
@@ -225,7 +191,7 @@ class PatchMerging(keras.layers.Layer):
         return config
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class TokenPooling(keras.layers.Layer):
     """`(B, N, C) -> (B, C)`: the first (class) token, or the mean of all."""
 
@@ -249,203 +215,8 @@ class TokenPooling(keras.layers.Layer):
         return config
 
 
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
-class TransformerEncoderBlock(keras.layers.Layer):
-    """Pre-norm Transformer encoder block with attention chosen by name.
-
-    `x = x + Dropout(Attention(LayerNorm(x)))`, then
-    `x = x + MLP(LayerNorm(x))` with `MLP = Dense(mlp_dim, gelu), Dropout,
-    Dense(C), Dropout` (Vaswani et al., 2017; pre-norm as in ViT). The
-    attention layer follows the plugin contract of this module: it gets the
-    tokens `(B, N, C)`, or the grid `(B, h, w, C)` for grid layers (then
-    `grid_shape` must be given and `N = h * w`).
-
-    Args:
-        num_heads: attention heads `H` (passed if the layer takes it).
-        mlp_dim: hidden size of the MLP.
-        dropout: dropout rate after the attention and in the MLP.
-        attention_dropout: dropout rate on the attention weights (passed as
-            the layer's `dropout` if it takes it).
-        attention: a registered attention name.
-        attention_kwargs: extra constructor arguments of the attention layer.
-        grid_shape: `(h, w)` of the patch grid, for grid layers.
-        window_size, shift_size: passed to layers that take them.
-        layer_norm_epsilon: epsilon of both layer normalizations.
-
-    Call arguments:
-        tokens: `(B, N, C)`.
-        mask: optional boolean `(B, N)` padding mask (Keras masks too).
-        return_attention_scores: also return the layer's scores (`None` for
-            a layer that cannot return them).
-        training: whether dropout is active.
-
-    Returns:
-        `(B, N, C)`, and the scores if `return_attention_scores=True`.
-    """
-
-    def __init__(
-        self,
-        num_heads,
-        mlp_dim,
-        dropout=0.0,
-        attention_dropout=0.0,
-        attention="multi_head",
-        attention_kwargs=None,
-        grid_shape=None,
-        window_size=None,
-        shift_size=0,
-        layer_norm_epsilon=1e-6,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.num_heads = base.check_positive_int("num_heads", num_heads)
-        self.mlp_dim = base.check_positive_int("mlp_dim", mlp_dim)
-        self.dropout = base.check_rate("dropout", dropout)
-        self.attention_dropout = base.check_rate(
-            "attention_dropout", attention_dropout
-        )
-        self.attention = presets.check_attention_name(attention)
-        self.attention_kwargs = dict(attention_kwargs or {})
-        self.grid_shape = (
-            None if grid_shape is None else _pair("grid_shape", grid_shape)
-        )
-        self.window_size = base.check_positive_int(
-            "window_size", window_size, allow_none=True
-        )
-        self.shift_size = shift_size
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.uses_grid = expects_grid(self.attention)
-        if self.uses_grid and self.grid_shape is None:
-            raise ValueError(
-                f"The attention layer {self.attention!r} takes a grid "
-                "(B, h, w, C); pass `grid_shape=(h, w)`. Received: "
-                "grid_shape=None"
-            )
-        self.supports_masking = True
-
-    def build(self, input_shape):
-        channels = input_shape[-1]
-        if self.uses_grid:
-            h, w = self.grid_shape
-            if input_shape[1] is not None and input_shape[1] != h * w:
-                raise ValueError(
-                    "Received an invalid value for argument `tokens`, "
-                    f"expected {h * w} tokens (the grid_shape={self.grid_shape}"
-                    f" of the {self.attention!r} layer; no class token). "
-                    f"Received: tokens.shape={tuple(input_shape)}"
-                )
-            attention_shape = (input_shape[0], h, w, channels)
-        else:
-            attention_shape = tuple(input_shape)
-        if channels % self.num_heads and "key_dim" not in self.attention_kwargs:
-            raise ValueError(
-                "Received an invalid value for argument `num_heads`, expected "
-                f"a divisor of the token size {channels}. Received: "
-                f"num_heads={self.num_heads}"
-            )
-        layer_class = registry.get_class(self.attention)
-        defaults = {
-            "num_heads": self.num_heads,
-            "key_dim": channels // self.num_heads,
-            "dropout": self.attention_dropout,
-            "shift_size": self.shift_size,
-        }
-        if self.window_size is not None:
-            defaults["window_size"] = self.window_size
-        arguments = presets.fill_arguments(
-            layer_class, defaults, self.attention_kwargs
-        )
-        self.attention_layer = layer_class(
-            **arguments, name="attention", dtype=self.dtype_policy
-        )
-        self.attention_layer.build(attention_shape)
-        self._attention_training = presets.call_accepts(
-            self.attention_layer, "training"
-        )
-        self._attention_mask = presets.call_accepts(self.attention_layer, "mask")
-        self._attention_scores = presets.call_accepts(
-            self.attention_layer, "return_attention_scores"
-        )
-        self.attention_norm = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon,
-            name="attention_norm",
-            dtype=self.dtype_policy,
-        )
-        self.attention_norm.build(input_shape)
-        self.mlp_norm = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, name="mlp_norm", dtype=self.dtype_policy
-        )
-        self.mlp_norm.build(input_shape)
-        self.mlp_hidden = keras.layers.Dense(
-            self.mlp_dim, activation=gelu, name="mlp_hidden", dtype=self.dtype_policy
-        )
-        self.mlp_hidden.build(input_shape)
-        self.mlp_output = keras.layers.Dense(
-            channels, name="mlp_output", dtype=self.dtype_policy
-        )
-        self.mlp_output.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
-        self.dropout_layer = keras.layers.Dropout(
-            self.dropout, dtype=self.dtype_policy
-        )
-        self.built = True
-
-    def call(
-        self, tokens, mask=None, return_attention_scores=False, training=None
-    ):
-        channels = tokens.shape[-1]
-        x = self.attention_norm(tokens)
-        if self.uses_grid:
-            x = ops.reshape(x, (-1,) + self.grid_shape + (channels,))
-        kwargs = {}
-        if self._attention_training:
-            kwargs["training"] = training
-        if mask is not None and self._attention_mask and not self.uses_grid:
-            kwargs["mask"] = mask
-        scores = None
-        if return_attention_scores and self._attention_scores:
-            x, scores = self.attention_layer(
-                x, return_attention_scores=True, **kwargs
-            )
-        else:
-            x = self.attention_layer(x, **kwargs)
-        if self.uses_grid:
-            x = ops.reshape(x, (-1, ops.shape(tokens)[1], channels))
-        x = tokens + self.dropout_layer(x, training=training)
-        y = self.mlp_hidden(self.mlp_norm(x))
-        y = self.dropout_layer(y, training=training)
-        y = self.mlp_output(y)
-        x = x + self.dropout_layer(y, training=training)
-        if return_attention_scores:
-            return x, scores
-        return x
-
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape)
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "mlp_dim": self.mlp_dim,
-                "dropout": self.dropout,
-                "attention_dropout": self.attention_dropout,
-                "attention": self.attention,
-                "attention_kwargs": self.attention_kwargs,
-                "grid_shape": self.grid_shape,
-                "window_size": self.window_size,
-                "shift_size": self.shift_size,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-            }
-        )
-        return config
-
-
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
-class VisionTransformerBackbone(presets.Backbone):
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class VisionTransformerBackbone(app_base.ImageBackbone):
     """ViT feature extractor (Dosovitskiy et al., 2021); Swin-style stages.
 
     Images `(B, H, W, channels)` are cut into `patch_size` patches embedded
@@ -507,6 +278,14 @@ class VisionTransformerBackbone(presets.Backbone):
         - Liu et al., Swin Transformer, 2021. https://arxiv.org/abs/2103.14030
     """
 
+    scored_blocks = (TransformerEncoderBlock,)
+    config_keys = (
+        "image_size", "patch_size", "hidden_dim", "depth", "num_heads",
+        "mlp_dim", "dropout", "attention_dropout", "attention",
+        "attention_kwargs", "window_size", "pooling", "num_channels",
+        "layer_norm_epsilon",
+    )
+
     def __init__(
         self,
         image_size,
@@ -525,8 +304,8 @@ class VisionTransformerBackbone(presets.Backbone):
         layer_norm_epsilon=1e-6,
         **kwargs,
     ):
-        image_size = _pair("image_size", image_size)
-        patch_size = _pair("patch_size", patch_size)
+        image_size = base.check_pair("image_size", image_size)
+        patch_size = base.check_pair("patch_size", patch_size)
         if any(i % p for i, p in zip(image_size, patch_size)):
             raise ValueError(
                 "Received an invalid value for argument `patch_size`, "
@@ -545,8 +324,8 @@ class VisionTransformerBackbone(presets.Backbone):
             base.check_positive_int("depth", d)
         heads = _per_stage("num_heads", num_heads, len(depths), 2)
         mlp_dims = _per_stage("mlp_dim", mlp_dim, len(depths), 2)
-        attention = presets.check_attention_name(attention)
-        grid_attention = expects_grid(attention)
+        attention = registry.check_name(attention, kinds=("tokens", "grid"))
+        grid_attention = registry.input_kind(attention) == "grid"
         if pooling == "auto":
             pooling = "cls" if len(depths) == 1 and not grid_attention else "mean"
         if pooling not in ("cls", "mean"):
@@ -607,77 +386,13 @@ class VisionTransformerBackbone(presets.Backbone):
         outputs = TokenPooling(pooling, name="pooling")(x)
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
-        self.image_size = image_size
-        self.patch_size = patch_size
-        self.hidden_dim = hidden_dim
-        self.depth = depth
-        self.num_heads = num_heads
-        self.mlp_dim = mlp_dim
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.attention = attention
-        self.attention_kwargs = dict(attention_kwargs or {})
-        self.window_size = window_size
-        self.pooling = pooling
-        self.num_channels = num_channels
-        self.layer_norm_epsilon = layer_norm_epsilon
+        self.keep_config(locals())
         self.grid_shape = grid
         self._chain = chain
 
-    def check_inputs(self, inputs):
-        presets.check_image_inputs(
-            inputs, self.image_size + (self.num_channels,)
-        )
 
-    def attention_scores(self, images):
-        """The attention scores of every encoder block, run eagerly.
-
-        Args:
-            images: `(B, H, W, num_channels)`.
-
-        Returns:
-            A list with one entry per block, in order: what the attention
-            layer returns as scores (`(B, H, N, N)` for `"multi_head"`,
-            `(B, nW, H, T, T)` for `"local_window"`), or `None` for layers
-            that return none.
-        """
-        images = ops.convert_to_tensor(images, dtype=self.compute_dtype)
-        self.check_inputs(images)
-        x, scores = images, []
-        for name in self._chain:
-            layer = self.get_layer(name)
-            if isinstance(layer, TransformerEncoderBlock):
-                x, block_scores = layer(x, return_attention_scores=True)
-                scores.append(block_scores)
-            else:
-                x = layer(x)
-        return scores
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "image_size": self.image_size,
-                "patch_size": self.patch_size,
-                "hidden_dim": self.hidden_dim,
-                "depth": self.depth,
-                "num_heads": self.num_heads,
-                "mlp_dim": self.mlp_dim,
-                "dropout": self.dropout,
-                "attention_dropout": self.attention_dropout,
-                "attention": self.attention,
-                "attention_kwargs": self.attention_kwargs,
-                "window_size": self.window_size,
-                "pooling": self.pooling,
-                "num_channels": self.num_channels,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-            }
-        )
-        return config
-
-
-@keras.saving.register_keras_serializable(package=presets.PACKAGE)
-class VisionTransformer(presets.Classifier):
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class VisionTransformer(app_base.Classifier):
     """Vision Transformer image classifier (Dosovitskiy et al., 2021).
 
     A `VisionTransformerBackbone` and a head (dropout, `Dense(num_classes)`).
@@ -745,29 +460,9 @@ class VisionTransformer(presets.Classifier):
         head_dropout=0.0,
         **kwargs,
     ):
-        if backbone is None:
-            if image_size is None or patch_size is None:
-                raise ValueError(
-                    "VisionTransformer needs `image_size` and `patch_size` "
-                    "(or a `backbone`). Received: "
-                    f"image_size={image_size}, patch_size={patch_size}"
-                )
-            backbone = VisionTransformerBackbone(
-                image_size=image_size,
-                patch_size=patch_size,
-                hidden_dim=hidden_dim,
-                depth=depth,
-                num_heads=num_heads,
-                mlp_dim=mlp_dim,
-                dropout=dropout,
-                attention_dropout=attention_dropout,
-                attention=attention,
-                attention_kwargs=attention_kwargs,
-                window_size=window_size,
-                pooling=pooling,
-                num_channels=num_channels,
-                name="backbone",
-            )
+        backbone = self.backbone_from(
+            backbone, locals(), ("image_size", "patch_size")
+        )
         super().__init__(
             backbone,
             num_classes,
@@ -775,13 +470,6 @@ class VisionTransformer(presets.Classifier):
             head_dropout=head_dropout,
             **kwargs,
         )
-
-    def attention_scores(self, images):
-        """The scores of every encoder block; see the backbone's method."""
-        return self.backbone.attention_scores(images)
-
-
-VisionTransformerBackbone.classifier_class = VisionTransformer
 
 
 presets.register_preset(

@@ -101,6 +101,47 @@ def _tight_box(ink, image_size):
     )
 
 
+def _check_arguments(
+    num_images, image_size, max_objects, min_objects, object_scale, kind,
+    channels,
+):
+    """`make_detection_set`'s checks; returns the object scale `(low, high)`."""
+    _positive_int("num_images", num_images, minimum=0)
+    _positive_int("image_size", image_size)
+    _positive_int("max_objects", max_objects)
+    _positive_int("min_objects", min_objects, minimum=0)
+    if min_objects > max_objects:
+        raise ValueError(
+            "Received an invalid value for argument `min_objects`, expected "
+            f"at most max_objects={max_objects}. Received: "
+            f"min_objects={min_objects}"
+        )
+    low, high = (int(v) for v in object_scale)
+    if not 1 <= low <= high <= image_size:
+        raise ValueError(
+            "Received an invalid value for argument `object_scale`, expected "
+            f"(smallest, largest) with 1 <= smallest <= largest <= "
+            f"image_size={image_size}. Received: object_scale={object_scale}"
+        )
+    if min_objects * low * low > image_size * image_size:
+        raise ValueError(
+            f"{min_objects} objects of at least {low}x{low} pixels cannot fit "
+            f"on a {image_size}x{image_size} canvas. Received: "
+            f"min_objects={min_objects}, object_scale={object_scale}"
+        )
+    if kind not in ("digits", "shapes"):
+        raise ValueError(
+            "Received an invalid value for argument `kind`, expected "
+            f"'digits' or 'shapes'. Received: kind={kind}"
+        )
+    if channels not in (1, 3):
+        raise ValueError(
+            "Received an invalid value for argument `channels`, expected 1 "
+            f"or 3. Received: channels={channels}"
+        )
+    return low, high
+
+
 def make_detection_set(
     num_images,
     image_size=64,
@@ -147,39 +188,10 @@ def make_detection_set(
     >>> data.images.shape, data.boxes.shape, data.labels.shape
     ((2, 48, 48, 1), (2, 3, 4), (2, 3))
     """
-    _positive_int("num_images", num_images, minimum=0)
-    _positive_int("image_size", image_size)
-    _positive_int("max_objects", max_objects)
-    _positive_int("min_objects", min_objects, minimum=0)
-    if min_objects > max_objects:
-        raise ValueError(
-            "Received an invalid value for argument `min_objects`, expected "
-            f"at most max_objects={max_objects}. Received: "
-            f"min_objects={min_objects}"
-        )
-    low, high = (int(v) for v in object_scale)
-    if not 1 <= low <= high <= image_size:
-        raise ValueError(
-            "Received an invalid value for argument `object_scale`, expected "
-            f"(smallest, largest) with 1 <= smallest <= largest <= "
-            f"image_size={image_size}. Received: object_scale={object_scale}"
-        )
-    if min_objects * low * low > image_size * image_size:
-        raise ValueError(
-            f"{min_objects} objects of at least {low}x{low} pixels cannot fit "
-            f"on a {image_size}x{image_size} canvas. Received: "
-            f"min_objects={min_objects}, object_scale={object_scale}"
-        )
-    if kind not in ("digits", "shapes"):
-        raise ValueError(
-            "Received an invalid value for argument `kind`, expected "
-            f"'digits' or 'shapes'. Received: kind={kind}"
-        )
-    if channels not in (1, 3):
-        raise ValueError(
-            "Received an invalid value for argument `channels`, expected 1 "
-            f"or 3. Received: channels={channels}"
-        )
+    low, high = _check_arguments(
+        num_images, image_size, max_objects, min_objects, object_scale, kind,
+        channels,
+    )
     if kind == "digits":
         digits, digit_labels = _load_digits(digit_split)
 

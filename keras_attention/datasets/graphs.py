@@ -221,6 +221,52 @@ def normalize_rows(features):
     )
 
 
+def _read_test_index(index_file):
+    """The node ids of a Planetoid `ind.<name>.test.index` file."""
+    with open(index_file, encoding="ascii") as f:
+        test_ids = []
+        for line_number, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    test_ids.append(int(line))
+                except ValueError:
+                    raise ValueError(
+                        f"Line {line_number} of {index_file} is not a node "
+                        f"id: {line.strip()!r}"
+                    ) from None
+    return np.asarray(test_ids, dtype=np.int64)
+
+
+def _check_parts(allx, ally, tx, ty, test_ids, name, folder, file):
+    """Raise a ValueError naming the files if the Planetoid parts disagree."""
+    index_file = file("test.index")
+    for first, second, kind in (
+        (allx, ally, "allx/ally"),
+        (tx, ty, "tx/ty"),
+    ):
+        if len(first) != len(second):
+            raise ValueError(
+                f"{kind} of {name} in {folder} have different row counts: "
+                f"{len(first)} and {len(second)}."
+            )
+    if len(tx) != len(test_ids):
+        raise ValueError(
+            f"{file('tx')} has {len(tx)} rows but {index_file} lists "
+            f"{len(test_ids)} test ids."
+        )
+    if len(test_ids) and test_ids.min() < len(allx):
+        raise ValueError(
+            f"{index_file} lists test id {test_ids.min()}, which is a row of "
+            f"{file('allx')} ({len(allx)} rows); test ids must follow them."
+        )
+    if allx.shape[1] != tx.shape[1] or ally.shape[1] != ty.shape[1]:
+        raise ValueError(
+            f"The feature or label widths of {name} in {folder} disagree: "
+            f"allx {allx.shape}, tx {tx.shape}, ally {ally.shape}, "
+            f"ty {ty.shape}."
+        )
+
+
 def load_planetoid(path, name, normalize_features=False, num_val=500):
     """Loads a Planetoid citation graph with the standard split.
 
@@ -266,18 +312,7 @@ def load_planetoid(path, name, normalize_features=False, num_val=500):
             raise missing_file_error(file(suffix), "Planetoid file")
     parts = {suffix: restricted_load(file(suffix)) for suffix in suffixes[:-1]}
     index_file = file("test.index")
-    with open(index_file, encoding="ascii") as f:
-        test_ids = []
-        for line_number, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    test_ids.append(int(line))
-                except ValueError:
-                    raise ValueError(
-                        f"Line {line_number} of {index_file} is not a node "
-                        f"id: {line.strip()!r}"
-                    ) from None
-    test_ids = np.asarray(test_ids, dtype=np.int64)
+    test_ids = _read_test_index(index_file)
 
     allx = _dense(parts["allx"], file("allx"))
     tx = _dense(parts["tx"], file("tx"))
@@ -290,32 +325,7 @@ def load_planetoid(path, name, normalize_features=False, num_val=500):
             f"The file {file('graph')} should hold a dict of adjacency "
             f"lists. Received: type={type(graph).__name__}"
         )
-    for first, second, kind in (
-        (allx, ally, "allx/ally"),
-        (tx, ty, "tx/ty"),
-    ):
-        if len(first) != len(second):
-            raise ValueError(
-                f"{kind} of {name} in {folder} have different row counts: "
-                f"{len(first)} and {len(second)}."
-            )
-    if len(tx) != len(test_ids):
-        raise ValueError(
-            f"{file('tx')} has {len(tx)} rows but {index_file} lists "
-            f"{len(test_ids)} test ids."
-        )
-    if len(test_ids) and test_ids.min() < len(allx):
-        raise ValueError(
-            f"{index_file} lists test id {test_ids.min()}, which is a row of "
-            f"{file('allx')} ({len(allx)} rows); test ids must follow them."
-        )
-    if allx.shape[1] != tx.shape[1] or ally.shape[1] != ty.shape[1]:
-        raise ValueError(
-            f"The feature or label widths of {name} in {folder} disagree: "
-            f"allx {allx.shape}, tx {tx.shape}, ally {ally.shape}, "
-            f"ty {ty.shape}."
-        )
-
+    _check_parts(allx, ally, tx, ty, test_ids, name, folder, file)
     graph_ids = [int(k) for k in graph] + [
         int(v) for neighbours in graph.values() for v in neighbours
     ]

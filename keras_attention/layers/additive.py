@@ -6,7 +6,7 @@ from keras_attention.layers import base
 from keras_attention.registry import register
 
 
-@register("additive")
+@register("additive", input_kind="tokens")
 class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
     """Additive attention (Bahdanau et al., 2015).
 

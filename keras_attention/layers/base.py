@@ -5,30 +5,9 @@ import keras
 from keras import ops
 
 from keras_attention import ops as attention_ops
-
-
-def invalid(argument, expected, value):
-    """The ValueError keras raises for a bad argument, in keras's wording."""
-    return ValueError(
-        f"Received an invalid value for argument `{argument}`, expected "
-        f"{expected}. Received: {argument}={value!r}"
-    )
-
-
-def check_positive_int(argument, value, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise invalid(argument, "a positive integer", value)
-    return value
-
-
-def check_rate(argument, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        0.0 <= value < 1.0
-    ):
-        raise invalid(argument, "a float in [0, 1)", value)
-    return float(value)
+from keras_attention._validation import check_positive_int  # noqa: F401
+from keras_attention._validation import check_rate  # noqa: F401
+from keras_attention._validation import invalid  # noqa: F401
 
 
 def is_shape(x):

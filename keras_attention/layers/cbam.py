@@ -155,7 +155,7 @@ class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
         }
 
 
-@register("channel")
+@register("channel", input_kind="grid")
 class ChannelAttention(_ImageAttention):
     """Channel attention of CBAM (Woo et al., 2018).
 
@@ -273,7 +273,7 @@ class ChannelAttention(_ImageAttention):
         return config
 
 
-@register("spatial")
+@register("spatial", input_kind="grid")
 class SpatialAttention(_ImageAttention):
     """Spatial attention of CBAM (Woo et al., 2018).
 
@@ -365,7 +365,7 @@ class SpatialAttention(_ImageAttention):
         return config
 
 
-@register("cbam")
+@register("cbam", input_kind="grid")
 class CBAM(_ImageAttention):
     """Convolutional Block Attention Module (Woo et al., 2018).
 

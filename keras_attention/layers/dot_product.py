@@ -9,7 +9,7 @@ from keras_attention.registry import register
 SCORE_MODES = ("scaled_dot", "dot", "general")
 
 
-@register("scaled_dot_product")
+@register("scaled_dot_product", input_kind="tokens")
 class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
     """Single-head dot-product attention (Vaswani et al.; Luong et al.).
 

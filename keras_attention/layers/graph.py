@@ -56,7 +56,7 @@ def _kernel_of(sublayer):
     return None if sublayer is None else sublayer.kernel
 
 
-@register("graph")
+@register("graph", input_kind="graph")
 class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
     """Graph attention (GAT, Veličković et al., 2018; GATv2, Brody et al., 2022).
 

@@ -108,7 +108,7 @@ def shifted_window_mask(height, width, window, shift):
     return (region[:, :, None] == region[:, None, :]) & real[:, None, :]
 
 
-@register("local_window")
+@register("local_window", input_kind="grid")
 class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
     """Window attention with shifted windows (Liu et al., 2021, Swin).
 

@@ -33,7 +33,7 @@ def _product(dims):
     return total
 
 
-@register("multi_head")
+@register("multi_head", input_kind="tokens")
 class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
     """Multi-head attention (Vaswani et al., 2017): a superset of keras's.
 

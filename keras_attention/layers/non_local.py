@@ -39,7 +39,7 @@ def _weight(sublayer, name):
     return None if sublayer is None else getattr(sublayer, name)
 
 
-@register("non_local")
+@register("non_local", input_kind="grid")
 class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
     """Non-local block (Wang et al., 2018), for 1D, 2D and 3D feature maps.
 

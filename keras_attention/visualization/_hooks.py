@@ -8,7 +8,6 @@ it is deleted again. Nothing here changes a class or a saved model.
 
 import contextlib
 import functools
-import inspect
 
 import keras
 
@@ -55,17 +54,6 @@ def ensure_built(model, inputs, **call_kwargs):
     ):
         return
     model(inputs, **call_kwargs)
-
-
-def call_accepts(layer, argument):
-    """Whether `layer.call` takes `argument` by name."""
-    try:
-        parameters = inspect.signature(layer.call).parameters
-    except (TypeError, ValueError):
-        return False
-    return argument in parameters or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-    )
 
 
 @contextlib.contextmanager

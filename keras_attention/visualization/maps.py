@@ -99,7 +99,7 @@ def capture_attention(model, layers=None):
     replacements = [
         (layer, make(path))
         for path, layer in found.items()
-        if _hooks.call_accepts(layer, "return_attention_scores")
+        if registry.call_accepts(layer, "return_attention_scores", var_keyword=True)
     ]
     with _hooks.patched_calls(replacements):
         yield records

@@ -1,0 +1,60 @@
+"""Argument checks shared by the whole package, in keras's wording.
+
+Every module (layers, applications, datasets) raises the same `ValueError`
+for a bad argument: "Received an invalid value for argument `x`, expected
+... Received: x=...".
+"""
+
+
+def invalid(argument, expected, value):
+    """The ValueError keras raises for a bad argument, in keras's wording."""
+    return ValueError(
+        f"Received an invalid value for argument `{argument}`, expected "
+        f"{expected}. Received: {argument}={value!r}"
+    )
+
+
+def check_positive_int(argument, value, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise invalid(argument, "a positive integer", value)
+    return value
+
+
+def check_rate(argument, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        0.0 <= value < 1.0
+    ):
+        raise invalid(argument, "a float in [0, 1)", value)
+    return float(value)
+
+
+def check_pair(argument, value):
+    """`(a, b)` from a positive int or a pair of positive ints."""
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        values = tuple(value)
+    else:
+        values = (value, value)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise invalid(argument, "a positive integer or a pair of them", value)
+    return values
+
+
+def check_image_inputs(inputs, image_shape, argument="images"):
+    """Raise a ValueError if `inputs` is not `(B, *image_shape)`.
+
+    Dimensions unknown while tracing are not compared.
+    """
+    shape = tuple(inputs.shape)
+    expected = (None,) + tuple(image_shape)
+    if len(shape) != len(expected) or any(
+        e is not None and d is not None and d != e
+        for d, e in zip(shape, expected)
+    ):
+        raise ValueError(
+            f"Received an invalid value for argument `{argument}`, expected "
+            f"a batch of images of shape {expected} (batch, height, width, "
+            f"channels). Received: {argument}.shape={shape}"
+        )

@@ -1,0 +1,410 @@
+"""Base classes of the applications: backbone, classifier task, mixins.
+
+In the manner of keras-hub, a classification application is split in two
+functional models:
+
+- a **backbone** (`Backbone` subclass) maps the inputs to one feature vector
+  per sample;
+- a **classifier** (`Classifier` subclass) puts a head (dropout, then a
+  `Dense` layer with `num_classes` units) on a backbone.
+
+Both are `keras.Model`s whose `get_config` holds their constructor
+arguments, so they save and load as `.keras` files with no `custom_objects`.
+Every application (classifiers, translators, DETR, GAT) takes its presets
+from `PresetMixin`; those with compile defaults (classifiers, translators,
+GAT) take `compile` and `compile_from_config` from `CompileDefaults`. A preprocessor (text,
+translation) is a plain serializable object with `__call__(inputs)` and
+`get_config()` / `from_config()`; the task holding it keeps it in its
+config.
+"""
+
+
+
+import keras
+from keras import ops
+
+from keras_attention import _validation
+from keras_attention.applications import presets as preset_registry
+
+PACKAGE = preset_registry.PACKAGE
+
+
+class PresetMixin:
+    """`presets()` and `from_preset(name)` from the one preset registry.
+
+    A preset names its class (`Preset.class_name`), so `from_preset` only
+    builds presets of the class it is called on. `_after_preset(model,
+    spec, options)` is the hook for what a task adds (a new head).
+    """
+
+    @classmethod
+    def presets(cls):
+        """`{name: description}` of the presets of this class."""
+        return {
+            name: preset_registry.get_preset(name).description
+            for name in preset_registry.preset_names(cls.__name__)
+        }
+
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """Builds the preset `preset` and loads its shipped weights.
+
+        Args:
+            preset: a preset name; see `presets()`.
+            load_weights: load the shipped weights, where the preset has
+                them.
+            **kwargs: constructor arguments that override the preset's
+                (ones that change the weights' shapes make loading fail).
+
+        Raises:
+            ValueError: for an unknown preset (the message lists the known
+                ones).
+        """
+        spec = preset_registry.get_preset(preset, cls.__name__)
+        config = dict(spec.config)
+        config.update(kwargs)
+        model = cls(**config)
+        if load_weights and spec.weights is not None:
+            preset_registry.load_weights(model, spec)
+        return model
+
+
+class CompileDefaults:
+    """`compile` with each application's defaults, and `compile_from_config`.
+
+    `optimizer`, `loss` and `weighted_metrics` given as `"auto"`, and
+    `jit_compile=None`, take the values of `compile_defaults()`, which
+    subclasses implement. Metrics default to `weighted_metrics`, so that a
+    `sample_weight` (a split's mask) weighs them too; Keras 3 updates
+    `metrics=` without it. Keras leaves `compile_from_config` to a class that
+    overrides `compile`; ours takes the same arguments, so a loaded model is
+    compiled again (optimizer state included).
+    """
+
+    def compile_defaults(self):
+        """`{"optimizer", "loss", "weighted_metrics", "jit_compile"}`."""
+        raise NotImplementedError
+
+    def compile(
+        self,
+        optimizer="auto",
+        loss="auto",
+        metrics=None,
+        weighted_metrics="auto",
+        jit_compile=None,
+        **kwargs,
+    ):
+        """`keras.Model.compile` with the defaults of `compile_defaults()`."""
+        defaults = self.compile_defaults()
+        if optimizer == "auto":
+            optimizer = defaults["optimizer"]
+        if loss == "auto":
+            loss = defaults["loss"]
+        if weighted_metrics == "auto":
+            weighted_metrics = defaults["weighted_metrics"]
+        if jit_compile is None:
+            jit_compile = defaults.get("jit_compile", "auto")
+        super().compile(
+            optimizer=optimizer,
+            loss=loss,
+            metrics=metrics,
+            weighted_metrics=weighted_metrics,
+            jit_compile=jit_compile,
+            **kwargs,
+        )
+
+    def compile_from_config(self, config):
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
+
+class InputChecks:
+    """Checks the inputs of `call`, `fit`, `evaluate` and `predict`.
+
+    `call` sees static shapes only on the first trace: `fit` and `predict`
+    relax the traced shapes when they are called again with other shapes, so
+    the data given to them is checked here too, before any tracing.
+    Subclasses implement `check_inputs(inputs)`, which reads `inputs.shape`
+    (or the shapes of a list of inputs) and raises a `ValueError`.
+    """
+
+    def check_inputs(self, inputs):
+        pass
+
+    def _check_data(self, x):
+        spec = getattr(x, "element_spec", None)  # a tf.data.Dataset
+        if spec is not None:
+            x = spec[0] if isinstance(spec, tuple) else spec
+        if isinstance(x, dict):
+            return
+        items = x if isinstance(x, (list, tuple)) else [x]
+        if items and all(hasattr(item, "shape") for item in items):
+            self.check_inputs(x)
+
+    def fit(self, x=None, y=None, *args, **kwargs):
+        self._check_data(x)
+        return super().fit(x, y, *args, **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        self._check_data(x)
+        return super().evaluate(x, y, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        self._check_data(x)
+        return super().predict(x, *args, **kwargs)
+
+    def call(self, inputs, training=None, mask=None):
+        self.check_inputs(inputs)
+        return super().call(inputs, training=training, mask=mask)
+
+
+class Backbone(InputChecks, keras.Model):
+    """A functional model from the inputs to one feature vector per sample.
+
+    Subclasses build their graph in `__init__` and call
+    `super().__init__(inputs=..., outputs=...)`, keep each constructor
+    argument as an attribute and name them in `config_keys`; `get_config`
+    returns them and `from_config` calls the constructor.
+    `from_preset(name)` returns the backbone of a preset's classifier, with
+    its weights.
+    """
+
+    # The classifier class whose presets hold this backbone.
+    classifier_class = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Inputs are checked in `call`, with the expected and received shapes
+        # (keras's own check squeezes a trailing 1 and compares prefixes).
+        self.input_spec = None
+
+    # The block classes whose scores `attention_scores` collects, and the
+    # names of the layers from the input to the features, in order.
+    scored_blocks = ()
+    _chain = ()
+
+    def attention_scores(self, inputs):
+        """The attention scores of every block, run eagerly.
+
+        Returns:
+            A list with one entry per block of `scored_blocks`, in order:
+            what its attention layer returns as scores, or `None` for a
+            layer that returns none.
+        """
+        inputs = ops.convert_to_tensor(inputs, dtype=self.compute_dtype)
+        self.check_inputs(inputs)
+        x, scores = inputs, []
+        for name in self._chain:
+            layer = self.get_layer(name)
+            if isinstance(layer, self.scored_blocks):
+                x, block_scores = layer(
+                    x, return_attention_scores=True, training=False
+                )
+                scores.append(block_scores)
+            else:
+                x = layer(x)
+        return scores
+
+    @property
+    def feature_dim(self):
+        """Size of the feature vector the backbone outputs."""
+        return self.output.shape[-1]
+
+    # The constructor arguments that `get_config` returns; each is kept as an
+    # attribute of the same name.
+    config_keys = ()
+
+    def keep_config(self, arguments):
+        """Keeps each of `config_keys` from `arguments` (the constructor's
+        `locals()`) as an attribute; `attention_kwargs` as a new dict."""
+        for key in self.config_keys:
+            value = arguments[key]
+            if key == "attention_kwargs":
+                value = dict(value or {})
+            setattr(self, key, value)
+
+    def get_config(self):
+        config = {"name": self.name, "trainable": self.trainable}
+        config.update({key: getattr(self, key) for key in self.config_keys})
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    @classmethod
+    def presets(cls):
+        """`{name: description}` of the presets holding this backbone."""
+        return cls.classifier_class.presets()
+
+    @classmethod
+    def from_preset(cls, preset, load_weights=True):
+        """The backbone of the classifier preset `preset`, with its weights."""
+        return cls.classifier_class.from_preset(
+            preset, load_weights=load_weights
+        ).backbone
+
+
+class ImageBackbone(Backbone):
+    """A backbone of images `(B, *image_size, num_channels)`."""
+
+    def check_inputs(self, inputs):
+        _validation.check_image_inputs(
+            inputs, tuple(self.image_size) + (self.num_channels,)
+        )
+
+
+class Classifier(PresetMixin, CompileDefaults, InputChecks, keras.Model):
+    """A head (dropout, `Dense(num_classes)`) on a `Backbone`.
+
+    Args:
+        backbone: a `Backbone` instance.
+        num_classes: number of classes, a positive integer.
+        activation: activation of the output layer; `None` (the default)
+            gives logits, for `from_logits=True` losses.
+        head_dropout: dropout rate before the output layer.
+
+    Subclasses take their backbone's arguments in their constructor and
+    build the backbone when `backbone` is not given.
+    """
+
+    backbone_class = Backbone
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # The backbone's `from_preset` reads the presets of its classifier.
+        if cls.backbone_class is not Backbone and (
+            cls.backbone_class.classifier_class is None
+        ):
+            cls.backbone_class.classifier_class = cls
+
+    def __init__(
+        self, backbone, num_classes, activation=None, head_dropout=0.0, **kwargs
+    ):
+        if not isinstance(backbone, keras.Model):
+            raise ValueError(
+                "Received an invalid value for argument `backbone`, expected "
+                f"a {self.backbone_class.__name__}. Received: "
+                f"backbone={backbone!r}"
+            )
+        _validation.check_positive_int("num_classes", num_classes)
+        _validation.check_rate("head_dropout", head_dropout)
+        inputs = backbone.input
+        features = backbone(inputs)
+        x = features
+        if head_dropout:
+            x = keras.layers.Dropout(head_dropout, name="head_dropout")(x)
+        outputs = keras.layers.Dense(
+            num_classes, activation=activation, name="predictions"
+        )(x)
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+        self.input_spec = None
+        self.backbone = backbone
+        self.num_classes = num_classes
+        self.activation = keras.activations.get(activation)
+        self.head_dropout = float(head_dropout)
+
+    def check_inputs(self, inputs):
+        self.backbone.check_inputs(inputs)
+
+    def attention_scores(self, inputs):
+        """The attention scores of every block; see the backbone's method."""
+        return self.backbone.attention_scores(inputs)
+
+    @classmethod
+    def backbone_from(cls, backbone, arguments, required, hint=""):
+        """`backbone`, or a new `backbone_class` from a constructor's `arguments`.
+
+        A subclass's constructor takes its backbone's arguments as well; it
+        passes `locals()` here, and the ones the backbone's constructor names
+        build it. `required` are those that have no default.
+        """
+        if backbone is not None:
+            return backbone
+        missing = [name for name in required if arguments.get(name) is None]
+        if missing:
+            raise ValueError(
+                f"{cls.__name__} needs "
+                + " and ".join(f"`{name}`" for name in required)
+                + f" (or {hint}a `backbone`). Received: "
+                + ", ".join(f"{name}={arguments.get(name)}" for name in required)
+            )
+        import inspect
+
+        parameters = inspect.signature(cls.backbone_class.__init__).parameters
+        return cls.backbone_class(
+            **{
+                name: arguments[name]
+                for name in parameters
+                if name in arguments and name not in ("self", "kwargs")
+            },
+            name="backbone",
+        )
+
+    def compile_defaults(self):
+        """Adam, the sparse categorical cross-entropy (from logits when the
+        head has no activation) and the accuracy, weighted by
+        `sample_weight` when one is given."""
+        return {
+            "optimizer": "adam",
+            "loss": keras.losses.SparseCategoricalCrossentropy(
+                from_logits=self.activation is keras.activations.linear
+            ),
+            "weighted_metrics": [
+                keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+            ],
+        }
+
+    def get_config(self):
+        return {
+            "backbone": keras.layers.serialize(self.backbone),
+            "num_classes": self.num_classes,
+            "activation": keras.activations.serialize(self.activation),
+            "head_dropout": self.head_dropout,
+            "name": self.name,
+            "trainable": self.trainable,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("backbone"), dict):
+            config["backbone"] = keras.layers.deserialize(config["backbone"])
+        return cls(**config)
+
+    def with_head(self, num_classes, **kwargs):
+        """A classifier of this class sharing this backbone, with a new head.
+
+        The backbone's layers (and weights) are shared, not copied; freeze
+        them with `new_model.backbone.trainable = False`.
+        """
+        return type(self)(backbone=self.backbone, num_classes=num_classes, **kwargs)
+
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, num_classes=None, **kwargs):
+        """Builds the preset `preset` and loads its shipped weights.
+
+        Args:
+            preset: a preset name; see `presets()`.
+            load_weights: load the shipped weights, where the preset has
+                them.
+            num_classes: if given and different from the preset's, the
+                loaded backbone gets a fresh head with this many classes.
+            **kwargs: other constructor arguments that override the preset's
+                (ones that change the weights' shapes make loading fail).
+
+        Raises:
+            ValueError: for an unknown preset (the message lists the known
+                ones).
+        """
+        model = super().from_preset(preset, load_weights=load_weights, **kwargs)
+        if num_classes is not None and num_classes != model.num_classes:
+            config = {**preset_registry.get_preset(preset).config, **kwargs}
+            model = model.with_head(
+                num_classes,
+                activation=config.get("activation"),
+                head_dropout=config.get("head_dropout", 0.0),
+            )
+        return model

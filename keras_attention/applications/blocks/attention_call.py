@@ -1,0 +1,75 @@
+"""How the blocks call an attention layer: only with the arguments it takes."""
+
+from keras_attention import registry
+
+_ATTENTION_ARGUMENTS = (
+    "value",
+    "key",
+    "query_mask",
+    "value_mask",
+    "mask",
+    "use_causal_mask",
+    "return_attention_scores",
+    "training",
+)
+
+
+def accepted_call_arguments(layer):
+    """The names among the blocks' attention arguments that `layer.call` takes."""
+    return frozenset(
+        a for a in _ATTENTION_ARGUMENTS if registry.call_accepts(layer, a)
+    )
+
+
+def call_attention(
+    layer,
+    accepted,
+    query,
+    return_attention_scores=False,
+    training=None,
+    **arguments,
+):
+    """`(output, scores)` of `layer(query, ...)` with the arguments it takes.
+
+    `arguments` holding `None` (or `use_causal_mask=False`) are left out; a
+    layer that cannot return scores gives `None`.
+    """
+    kwargs = {
+        k: v
+        for k, v in arguments.items()
+        if v is not None and v is not False and k in accepted
+    }
+    query_mask = arguments.get("query_mask")
+    if (
+        query_mask is not None
+        and "query_mask" not in accepted
+        and "mask" in accepted
+        and arguments.get("value") is None
+    ):
+        kwargs["mask"] = query_mask
+    if "training" in accepted:
+        kwargs["training"] = training
+    if return_attention_scores and "return_attention_scores" in accepted:
+        return layer(query, return_attention_scores=True, **kwargs)
+    return layer(query, **kwargs), None
+
+
+def call_self_attention(layer, accepted, x, mask=None, position=None, **options):
+    """`call_attention` for self-attention over `x` (B, T, C).
+
+    Without `position` the layer gets `x` alone (and `query_mask=mask`);
+    with it, queries and keys are `x + position` and values `x` (DETR).
+    """
+    if position is None:
+        return call_attention(layer, accepted, x, query_mask=mask, **options)
+    query = x + position
+    return call_attention(
+        layer,
+        accepted,
+        query,
+        value=x,
+        key=query,
+        query_mask=mask,
+        value_mask=mask,
+        **options,
+    )

@@ -1,0 +1,518 @@
+"""Transformer encoder and decoder blocks with attention chosen by name."""
+
+import keras
+from keras import ops
+
+from keras_attention import _validation as base
+from keras_attention import registry
+from keras_attention.applications.blocks.attention_call import accepted_call_arguments
+from keras_attention.applications.blocks.attention_call import call_attention
+from keras_attention.applications.blocks.attention_call import call_self_attention
+from keras_attention.layers.dropout import HashDropout
+
+PACKAGE = "keras_attention"
+DROPOUT_KINDS = ("keras", "hash")
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+def gelu(x):
+    """Exact GELU, `x * Phi(x)`, written with `erf`.
+
+    Equal to `keras.activations.gelu(x, approximate=False)` within float32
+    rounding; TensorFlow's own GELU uses `erfc`, which ONNX lacks, so this
+    form keeps `model.export(format="onnx")` working. The blocks use it for
+    `activation="gelu"`.
+    """
+    return 0.5 * x * (1.0 + ops.erf(x * 0.7071067811865476))
+
+
+def check_dropout_kind(value):
+    if value not in DROPOUT_KINDS:
+        raise base.invalid("dropout_kind", f"one of {DROPOUT_KINDS}", value)
+    return value
+
+
+class _TransformerBlock(keras.layers.Layer):
+    """What both Transformer blocks share: arguments, norms, MLP, dropout."""
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        dropout=0.0,
+        attention_dropout=0.0,
+        attention="multi_head",
+        attention_kwargs=None,
+        layer_norm_epsilon=1e-6,
+        norm_first=True,
+        activation="gelu",
+        dropout_kind="keras",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = base.check_positive_int("num_heads", num_heads)
+        self.mlp_dim = base.check_positive_int("mlp_dim", mlp_dim)
+        self.dropout = base.check_rate("dropout", dropout)
+        self.attention_dropout = base.check_rate(
+            "attention_dropout", attention_dropout
+        )
+        self.attention = registry.check_name(
+            attention, kinds=self._attention_kinds
+        )
+        self.attention_kwargs = dict(attention_kwargs or {})
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.norm_first = bool(norm_first)
+        self.activation = activation
+        self.dropout_kind = check_dropout_kind(dropout_kind)
+        self.supports_masking = True
+
+    _attention_kinds = ("tokens",)
+
+    def _check_heads(self, channels):
+        if channels % self.num_heads and "key_dim" not in self.attention_kwargs:
+            raise ValueError(
+                "Received an invalid value for argument `num_heads`, expected "
+                f"a divisor of the token size {channels}. Received: "
+                f"num_heads={self.num_heads}"
+            )
+
+    def _make_attention(self, name, channels, **offered):
+        layer = registry.build(
+            self.attention,
+            {
+                "num_heads": self.num_heads,
+                "key_dim": channels // self.num_heads,
+                "dropout": self.attention_dropout,
+                **offered,
+            },
+            self.attention_kwargs,
+            name=name,
+            dtype=self.dtype_policy,
+        )
+        return layer, accepted_call_arguments(layer)
+
+    def _norm(self, name, shape):
+        norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, name=name, dtype=self.dtype_policy
+        )
+        norm.build(shape)
+        return norm
+
+    def _build_mlp(self, input_shape):
+        channels = input_shape[-1]
+        self.mlp_norm = self._norm("mlp_norm", input_shape)
+        self.mlp_hidden = keras.layers.Dense(
+            self.mlp_dim,
+            activation=gelu if self.activation == "gelu" else self.activation,
+            name="mlp_hidden",
+            dtype=self.dtype_policy,
+        )
+        self.mlp_hidden.build(input_shape)
+        self.mlp_output = keras.layers.Dense(
+            channels, name="mlp_output", dtype=self.dtype_policy
+        )
+        self.mlp_output.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
+        if self.dropout_kind == "hash":
+            self.dropout_layer = HashDropout(self.dropout, dtype=self.dtype_policy)
+        else:
+            self.dropout_layer = keras.layers.Dropout(
+                self.dropout, dtype=self.dtype_policy
+            )
+
+    def _residual(self, x, branch, norm, training):
+        """Pre-norm `x + f(norm(x))` or post-norm `norm(x + f(x))`.
+
+        `branch` returns `(output, scores)`; so does this.
+        """
+        if self.norm_first:
+            h, scores = branch(norm(x))
+            return x + self.dropout_layer(h, training=training), scores
+        h, scores = branch(x)
+        return norm(x + self.dropout_layer(h, training=training)), scores
+
+    def _mlp(self, x, training):
+        h = self.dropout_layer(self.mlp_hidden(x), training=training)
+        return self.mlp_output(h), None
+
+    def _mlp_residual(self, x, training):
+        x, _ = self._residual(
+            x, lambda y: self._mlp(y, training), self.mlp_norm, training
+        )
+        return x
+
+    def compute_output_shape(self, input_shape, *args, **kwargs):
+        return tuple(input_shape)
+
+    def compute_mask(self, inputs, mask=None):
+        # The tokens keep the Keras mask they came with (a text model's
+        # padding); a mask only passed as an argument (the translator's)
+        # stays off the outputs, which would carry it into layers that
+        # cannot take one (the projections of a cross-attention's values).
+        if getattr(inputs, "_keras_mask", None) is None:
+            return None
+        return mask
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "mlp_dim": self.mlp_dim,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+                "attention": self.attention,
+                "attention_kwargs": self.attention_kwargs,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "norm_first": self.norm_first,
+                "activation": self.activation,
+                "dropout_kind": self.dropout_kind,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class TransformerEncoderBlock(_TransformerBlock):
+    """Transformer encoder block with attention chosen by name.
+
+    Pre-norm (`norm_first=True`, ViT):
+    `x = x + Dropout(Attention(LayerNorm(x)))`, then
+    `x = x + Dropout(MLP(LayerNorm(x)))` with `MLP = Dense(mlp_dim,
+    activation), Dropout, Dense(C)` (Vaswani et al., 2017; Dosovitskiy et
+    al., 2021). Post-norm (DETR) puts each LayerNorm after its addition.
+
+    The attention layer gets the tokens `(B, N, C)`, or the grid
+    `(B, h, w, C)` for a layer of input kind `"grid"` (then `grid_shape`
+    must be given and `N = h * w`). It is offered `num_heads`, `key_dim`
+    (`C // num_heads`), `dropout` (`attention_dropout`), `window_size` and
+    `shift_size`, updated with `attention_kwargs`.
+
+    Args:
+        num_heads: attention heads `H` (passed if the layer takes it).
+        mlp_dim: hidden size of the MLP.
+        dropout: dropout rate after the attention and in the MLP.
+        attention_dropout: dropout rate on the attention weights.
+        attention: a registered `"tokens"` or `"grid"` attention name.
+        attention_kwargs: extra constructor arguments of the attention layer.
+        grid_shape: `(h, w)` of the patch grid, for grid layers.
+        window_size, shift_size: offered to layers that take them.
+        layer_norm_epsilon: epsilon of both layer normalizations.
+        norm_first: pre-norm (`True`) or post-norm (`False`).
+        activation: activation of the MLP's hidden layer.
+        dropout_kind: `"keras"` or `"hash"` (see the module).
+        attention_name: the name of the attention sublayer (`"attention"`;
+            the translator and DETR keep their `"self_attention"`).
+
+    Call arguments:
+        tokens: `(B, N, C)`.
+        mask: optional boolean `(B, N)` padding mask (Keras masks too).
+        position: optional `(B or 1, N, C)` added to the queries and keys
+            (DETR's positions), not to the values.
+        return_attention_scores: also return the layer's scores (`None` for
+            a layer that cannot return them).
+        training: whether dropout is active.
+
+    Returns:
+        `(B, N, C)`, and the scores if `return_attention_scores=True`.
+    """
+
+    _attention_kinds = ("tokens", "grid")
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        dropout=0.0,
+        attention_dropout=0.0,
+        attention="multi_head",
+        attention_kwargs=None,
+        grid_shape=None,
+        window_size=None,
+        shift_size=0,
+        layer_norm_epsilon=1e-6,
+        norm_first=True,
+        activation="gelu",
+        dropout_kind="keras",
+        attention_name="attention",
+        **kwargs,
+    ):
+        super().__init__(
+            num_heads,
+            mlp_dim,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            attention=attention,
+            attention_kwargs=attention_kwargs,
+            layer_norm_epsilon=layer_norm_epsilon,
+            norm_first=norm_first,
+            activation=activation,
+            dropout_kind=dropout_kind,
+            **kwargs,
+        )
+        self.grid_shape = (
+            None if grid_shape is None else base.check_pair("grid_shape", grid_shape)
+        )
+        self.window_size = base.check_positive_int(
+            "window_size", window_size, allow_none=True
+        )
+        self.shift_size = shift_size
+        self.attention_name = attention_name
+        self.uses_grid = registry.input_kind(self.attention) == "grid"
+        if self.uses_grid and self.grid_shape is None:
+            raise ValueError(
+                f"The attention layer {self.attention!r} takes a grid "
+                "(B, h, w, C); pass `grid_shape=(h, w)`. Received: "
+                "grid_shape=None"
+            )
+
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        if self.uses_grid:
+            h, w = self.grid_shape
+            if input_shape[1] is not None and input_shape[1] != h * w:
+                raise ValueError(
+                    "Received an invalid value for argument `tokens`, "
+                    f"expected {h * w} tokens (the grid_shape={self.grid_shape}"
+                    f" of the {self.attention!r} layer; no class token). "
+                    f"Received: tokens.shape={tuple(input_shape)}"
+                )
+            attention_shape = (input_shape[0], h, w, channels)
+        else:
+            attention_shape = tuple(input_shape)
+        self._check_heads(channels)
+        offered = {"shift_size": self.shift_size}
+        if self.window_size is not None:
+            offered["window_size"] = self.window_size
+        self.attention_layer, self._accepted = self._make_attention(
+            self.attention_name, channels, **offered
+        )
+        self.attention_layer.build(attention_shape)
+        self.attention_norm = self._norm("attention_norm", input_shape)
+        self._build_mlp(input_shape)
+        self.built = True
+
+    def _attend(self, x, mask, position, return_scores, training):
+        layer, accepted = self.attention_layer, self._accepted
+        options = dict(return_attention_scores=return_scores, training=training)
+        if self.uses_grid:
+            channels = x.shape[-1]
+            grid = ops.reshape(x, (-1,) + self.grid_shape + (channels,))
+            h, scores = call_attention(layer, accepted, grid, **options)
+            return ops.reshape(h, (-1, ops.shape(x)[1], channels)), scores
+        return call_self_attention(layer, accepted, x, mask, position, **options)
+
+    def call(
+        self,
+        tokens,
+        mask=None,
+        position=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        x, scores = self._residual(
+            tokens,
+            lambda y: self._attend(
+                y, mask, position, return_attention_scores, training
+            ),
+            self.attention_norm,
+            training,
+        )
+        x = self._mlp_residual(x, training)
+        if return_attention_scores:
+            return x, scores
+        return x
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "grid_shape": self.grid_shape,
+                "window_size": self.window_size,
+                "shift_size": self.shift_size,
+                "attention_name": self.attention_name,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class TransformerDecoderBlock(_TransformerBlock):
+    """Transformer decoder block: self-attention, cross-attention, MLP.
+
+    Each of the three is a residual branch, pre-norm or post-norm as in
+    `TransformerEncoderBlock`. The self-attention is causal with
+    `use_causal_mask=True` (text); DETR adds `position` to the queries and
+    keys of both attentions and `memory_position` to the cross-attention's
+    keys. Both attention layers are built by name (`"tokens"` layers taking
+    `value`; `key` too when positions are given).
+
+    For step-by-step decoding, `step` runs one new position against a
+    key/value cache `(B, L, K, D)` of the earlier positions; it needs the
+    projection hooks of `MultiHeadAttention` (`supports_cache`).
+
+    Args:
+        num_heads, mlp_dim, dropout, attention_dropout, attention,
+        attention_kwargs, layer_norm_epsilon, norm_first, activation,
+        dropout_kind: as for `TransformerEncoderBlock` (one attention name
+            for both attentions).
+
+    Call arguments:
+        tokens: `(B, T, C)`.
+        memory: the encoder's output `(B, S, C)`.
+        mask: optional boolean `(B, T)` padding mask of `tokens`.
+        memory_mask: optional boolean `(B, S)` padding mask of `memory`.
+        position: optional `(B or 1, T, C)` added to the queries (and the
+            self-attention's keys).
+        memory_position: optional `(B or 1, S, C)` added to the
+            cross-attention's keys.
+        use_causal_mask: position `t` sees positions `<= t` only.
+        return_attention_scores: also return the cross-attention's weights.
+        training: whether dropout is active.
+
+    Returns:
+        `(B, T, C)`, and the cross-attention's weights if asked.
+    """
+
+    def build(self, tokens_shape, memory_shape=None):
+        tokens_shape = tuple(tokens_shape)
+        memory_shape = tokens_shape if memory_shape is None else tuple(memory_shape)
+        channels = tokens_shape[-1]
+        self._check_heads(channels)
+        self.self_attention_norm = self._norm("self_attention_norm", tokens_shape)
+        self.self_attention, self._self_accepted = self._make_attention(
+            "self_attention", channels
+        )
+        self.self_attention.build(tokens_shape, tokens_shape, tokens_shape)
+        self.cross_attention_norm = self._norm("cross_attention_norm", tokens_shape)
+        self.cross_attention, self._cross_accepted = self._make_attention(
+            "cross_attention", channels
+        )
+        self.cross_attention.build(tokens_shape, memory_shape, memory_shape)
+        self._build_mlp(tokens_shape)
+        self.built = True
+
+    def _self_attend(self, x, mask, position, use_causal_mask, training):
+        layer, accepted = self.self_attention, self._self_accepted
+        options = dict(use_causal_mask=use_causal_mask, training=training)
+        return call_self_attention(layer, accepted, x, mask, position, **options)
+
+    def _cross_attend(
+        self, x, memory, mask, memory_mask, position, memory_position,
+        return_scores, training,
+    ):
+        return call_attention(
+            self.cross_attention,
+            self._cross_accepted,
+            x if position is None else x + position,
+            value=memory,
+            key=None if memory_position is None else memory + memory_position,
+            query_mask=mask,
+            value_mask=memory_mask,
+            return_attention_scores=return_scores,
+            training=training,
+        )
+
+    def call(
+        self,
+        tokens,
+        memory,
+        mask=None,
+        memory_mask=None,
+        position=None,
+        memory_position=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        training=None,
+    ):
+        x, _ = self._residual(
+            tokens,
+            lambda y: self._self_attend(
+                y, mask, position, use_causal_mask, training
+            ),
+            self.self_attention_norm,
+            training,
+        )
+        x, weights = self._residual(
+            x,
+            lambda y: self._cross_attend(
+                y, memory, mask, memory_mask, position, memory_position,
+                return_attention_scores, training,
+            ),
+            self.cross_attention_norm,
+            training,
+        )
+        x = self._mlp_residual(x, training)
+        if return_attention_scores:
+            return x, weights
+        return x
+
+    def compute_mask(self, inputs, mask=None):
+        # The outputs are the decoder's own positions; a caller that wants
+        # the padding mask on them (a loss) passes it itself.
+        return None
+
+    # Key/value cache -------------------------------------------------------
+
+    @property
+    def supports_cache(self):
+        """Whether both attention layers have the hooks `step` uses."""
+        hooks = ("project", "attend", "project_output")
+        return self.norm_first and all(
+            hasattr(a, hook)
+            for a in (self.self_attention, self.cross_attention)
+            for hook in hooks
+        )
+
+    def empty_cache(self, batch, length, dtype):
+        """Zero key and value caches `(B, L, K, D)` of the self-attention."""
+        a = self.self_attention
+        shape = (batch, length, a.kv_heads, a.key_dim)
+        return [
+            ops.zeros(shape, dtype),
+            ops.zeros(shape[:3] + (a.head_value_dim,), dtype),
+        ]
+
+    def cross_keys_values(self, memory):
+        """The cross-attention keys and values `(B, S, K, D)`, made once."""
+        a = self.cross_attention
+        return (
+            a.project(memory, a.key_kernel, a.key_bias),
+            a.project(memory, a.value_kernel, a.value_bias),
+        )
+
+    def step(
+        self, x, index, key_cache, value_cache, cross_key, cross_value,
+        memory_mask,
+    ):
+        """One new position `x` (B, 1, C) against the cached positions.
+
+        The self-attention's key and value of position `index` are written
+        into `key_cache` / `value_cache` `(B, L, K, D)`; the query attends to
+        positions `0..index` only. The same projections, core and output
+        projection as `call` (the layer's hooks), so the result equals the
+        causal pass at that position.
+
+        Returns:
+            `(x, key_cache, value_cache, weights)`, the cross-attention's
+            weights `(B, H, 1, S)`.
+        """
+        a = self.self_attention
+        h = self.self_attention_norm(x)
+        query = a.project(h, a.query_kernel, a.query_bias)  # (B, 1, H, D)
+        key = a.project(h, a.key_kernel, a.key_bias)  # (B, 1, K, D)
+        value = a.project(h, a.value_kernel, a.value_bias)
+        length = key_cache.shape[1]
+        here = ops.reshape(ops.equal(ops.arange(length), index), (1, length, 1, 1))
+        key_cache = ops.where(here, key, key_cache)
+        value_cache = ops.where(here, value, value_cache)
+        visible = ops.less_equal(ops.arange(length), index)[None, None, :]
+        heads = a.attend(query, key_cache, value_cache, visible, False, False)
+        x = x + a.project_output(heads)
+        c = self.cross_attention
+        query = c.project(self.cross_attention_norm(x), c.query_kernel, c.query_bias)
+        heads, weights = c.attend(
+            query, cross_key, cross_value, memory_mask, True, False
+        )
+        x = x + c.project_output(heads)
+        x = x + self._mlp(self.mlp_norm(x), training=False)[0]
+        return x, key_cache, value_cache, weights

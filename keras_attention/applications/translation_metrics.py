@@ -1,0 +1,73 @@
+"""Token accuracy of the translators (teacher forcing).
+
+BLEU is `text_preprocessing.corpus_bleu` (keras-hub's).
+"""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+def token_accuracy(y_true, y_pred):
+    """Share of non-padding target tokens of **one batch** predicted exactly.
+
+    As a function in `metrics=`, Keras averages it over batches, which
+    weighs a batch of short sentences like one of long ones; the models'
+    default is the `TokenAccuracy` metric, which counts tokens.
+    """
+    y_true = ops.cast(y_true, "int32")
+    predicted = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
+    real = ops.not_equal(y_true, 0)
+    hits = ops.logical_and(real, ops.equal(predicted, y_true))
+    count = ops.sum(ops.cast(real, "float32"))
+    return ops.sum(ops.cast(hits, "float32")) / ops.maximum(count, 1.0)
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class TokenAccuracy(keras.metrics.Metric):
+    """Share of the non-padding target tokens predicted exactly.
+
+    Counts tokens over everything it has seen (`hits / tokens`), not a
+    mean of per-batch ratios, so batches with more padding weigh less.
+    A `sample_weight` of shape `(B,)` (per sentence) or `(B, T)` (per
+    token) weighs the tokens; padding (`padding_id`) never counts.
+
+    Args:
+        padding_id: the target id that marks padding (0).
+        name, dtype: as for any `keras.metrics.Metric`.
+
+    Example:
+
+    ```python
+    metric = TokenAccuracy()
+    metric.update_state([[5, 6, 0]], [[[0, 0, 0, 0, 0, 1, 0],
+                                       [0, 0, 0, 0, 0, 1, 0],
+                                       [1, 0, 0, 0, 0, 0, 0]]])
+    float(metric.result())  # 0.5: one of the two real tokens
+    ```
+    """
+
+    def __init__(self, padding_id=0, name="token_accuracy", dtype=None):
+        super().__init__(name=name, dtype=dtype)
+        self.padding_id = int(padding_id)
+        self.hits = self.add_variable((), initializer="zeros", name="hits")
+        self.tokens = self.add_variable((), initializer="zeros", name="tokens")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        y_true = ops.cast(y_true, "int32")
+        predicted = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
+        weight = ops.cast(ops.not_equal(y_true, self.padding_id), "float32")
+        if sample_weight is not None:
+            sample_weight = ops.cast(sample_weight, "float32")
+            if len(sample_weight.shape) == 1:
+                sample_weight = sample_weight[:, None]
+            weight = weight * sample_weight
+        correct = ops.cast(ops.equal(predicted, y_true), "float32")
+        self.hits.assign_add(ops.sum(weight * correct))
+        self.tokens.assign_add(ops.sum(weight))
+
+    def result(self):
+        return ops.divide_no_nan(self.hits, self.tokens)
+
+    def get_config(self):
+        return {**super().get_config(), "padding_id": self.padding_id}

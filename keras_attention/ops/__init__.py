@@ -1,0 +1,53 @@
+"""The attention core shared by every layer, on `keras.ops` only.
+
+Shape letters, used everywhere in keras_attention: `B` batch, `T` query
+length, `S` key length, `H` query heads, `K` key/value heads (grouped-query
+attention, `H % K == 0`), `D` head size, `E` edges, `N` nodes.
+
+One module per topic:
+
+- `masks`: `masked_softmax` (float32 whatever the input dtype; a row whose
+  entries are all masked gives zeros, never NaN), `segment_softmax`
+  (softmax over groups of entries, a graph's incoming edges), `causal_mask`.
+- `dispatch`: `dot_product_attention`, scaled dot-product attention with
+  padding masks, an arbitrary boolean mask, a causal flag, an additive bias,
+  dropout on the weights and optionally the weights themselves (taken before
+  dropout). It checks its inputs once and takes the backend's fused kernel
+  (`fused_attention`), the memory-efficient blocked path for long sequences,
+  or the dense path with its own backward pass (`dense_custom_gradient`).
+- `blocked`: `blocked_attention`, key blocks with an online softmax and
+  recomputation in the backward pass; never holds the `T x S` scores.
+- `random`: `hash_bits`, `hash_dropout`, counter-based random bits and
+  dropout masks that XLA fuses (the backend's generator is slow under XLA on
+  CPU); the attention core's dropout when a seed is given.
+"""
+
+from keras_attention.ops.blocked import DEFAULT_BLOCK_SIZE
+from keras_attention.ops.blocked import DEFAULT_QUERY_BLOCK_SIZE
+from keras_attention.ops.blocked import blocked_attention
+from keras_attention.ops.dispatch import DENSE_THRESHOLD
+from keras_attention.ops.dispatch import dense_custom_gradient
+from keras_attention.ops.dispatch import dot_product_attention
+from keras_attention.ops.dispatch import fused_attention
+from keras_attention.ops.dispatch import set_dense_custom_gradient
+from keras_attention.ops.masks import causal_mask
+from keras_attention.ops.masks import masked_softmax
+from keras_attention.ops.masks import segment_softmax
+from keras_attention.ops.random import hash_bits
+from keras_attention.ops.random import hash_dropout
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_QUERY_BLOCK_SIZE",
+    "DENSE_THRESHOLD",
+    "blocked_attention",
+    "causal_mask",
+    "dense_custom_gradient",
+    "dot_product_attention",
+    "fused_attention",
+    "hash_bits",
+    "hash_dropout",
+    "masked_softmax",
+    "segment_softmax",
+    "set_dense_custom_gradient",
+]

@@ -1,0 +1,286 @@
+"""Memory-efficient attention: key blocks with an online softmax.
+
+The same result as the dense path, computed one key block at a time with
+running maxima and sums (Milakov & Gimelshein 2018; Rabe & Staats 2021;
+Dao et al. 2022). The backward pass recomputes each block's weights from the
+saved log-sum-exp instead of storing them, so memory is `O(T * block_size)`
+per head in both passes, never `O(T * S)`. Queries are also taken
+`query_block_size` at a time when that divides `T` (the working set of one
+step is then `query_block_size * block_size` scores per head, which stays in
+cache on a CPU).
+
+All tensors here are float32 heads `(B, H, T, D)`; a `_Plan` holds the
+static block layout and the rank-4 mask that every step reads.
+"""
+
+import collections
+import math
+
+from keras import ops
+
+from keras_attention.ops.masks import MASK_VALUE
+from keras_attention.ops.masks import causal_mask
+from keras_attention.ops.masks import expand_mask
+from keras_attention.ops.shapes import check_attention_inputs
+from keras_attention.ops.shapes import repeat_heads
+from keras_attention.ops.shapes import static_dim
+
+DEFAULT_BLOCK_SIZE = 256
+DEFAULT_QUERY_BLOCK_SIZE = 256
+
+# block: key block length; q_block: query block length; mask: rank 4 or
+# None, keys padded to whole blocks; rows_may_be_empty: a query may see no
+# key (without a mask every query sees one, a causal row its first key).
+_Plan = collections.namedtuple(
+    "_Plan",
+    "block num_blocks q_block num_q_blocks mask is_causal d_v rows_may_be_empty",
+)
+
+
+def _block_mask(mask, q_start, q_size, k_start, k_size, is_causal):
+    """The `(B|1, H|1, q_size|1, k_size|1)` mask of a query and key block."""
+    block = None
+    if mask is not None:
+        starts, shape, sliced = [0, 0, 0, 0], list(ops.shape(mask)), False
+        if q_start is not None and mask.shape[2] != 1:
+            starts[2], shape[2], sliced = q_start, q_size, True
+        if mask.shape[3] != 1:
+            starts[3], shape[3], sliced = k_start, k_size, True
+        block = ops.slice(mask, starts, shape) if sliced else mask
+    if is_causal:
+        offset = -k_start if q_start is None else q_start - k_start
+        causal = causal_mask(q_size, k_size, offset=offset)
+        block = causal if block is None else ops.logical_and(block, causal)
+    return block
+
+
+def _pick_query_block(t_len, query_block_size):
+    """The query block: `query_block_size` if it divides `T`, else all of `T`."""
+    if not query_block_size or query_block_size >= t_len:
+        return t_len
+    if t_len % int(query_block_size):
+        return t_len
+    return int(query_block_size)
+
+
+def _rows(x, i, plan):
+    """Query block `i` of `x` `(B, H, T, ...)`."""
+    if plan.num_q_blocks == 1:
+        return x
+    shape = list(ops.shape(x))
+    shape[2] = plan.q_block
+    return ops.slice(x, [0, 0, i * plan.q_block, 0], shape)
+
+
+def _keys(x, j, plan):
+    """Key block `j` of `x` `(B, H, S, ...)`."""
+    shape = list(ops.shape(x))
+    shape[2] = plan.block
+    return ops.slice(x, [0, 0, j * plan.block, 0], shape)
+
+
+def _scores(q_i, k_j, i, j, plan):
+    """Scores `(B, H, Tq, block)` of query block `i`, key block `j`, and mask."""
+    s = ops.matmul(q_i, ops.transpose(k_j, (0, 1, 3, 2)))
+    q_start = None if plan.num_q_blocks == 1 else i * plan.q_block
+    mask = _block_mask(
+        plan.mask, q_start, plan.q_block, j * plan.block, plan.block,
+        plan.is_causal,
+    )
+    return s, mask
+
+
+def _forward_rows(q, k, v, i, plan):
+    """Output and log-sum-exp of query block `i` over all key blocks."""
+    q_i = _rows(q, i, plan)
+
+    def step(j, carry):
+        acc, row_max, row_sum = carry
+        s, m = _scores(q_i, _keys(k, j, plan), i, j, plan)
+        if m is not None:
+            s = ops.where(m, s, MASK_VALUE)
+        new_max = ops.maximum(row_max, ops.max(s, axis=-1, keepdims=True))
+        p = ops.exp(s - new_max)
+        if m is not None:
+            p = ops.where(m, p, 0.0)
+        correction = ops.exp(row_max - new_max)
+        row_sum = row_sum * correction + ops.sum(p, axis=-1, keepdims=True)
+        acc = acc * correction + ops.matmul(p, _keys(v, j, plan))
+        return acc, new_max, row_sum
+
+    row_zeros = ops.zeros_like(q_i[..., :1])  # (B, H, Tq, 1)
+    init = (
+        row_zeros + ops.zeros((plan.d_v,), "float32"),
+        row_zeros + MASK_VALUE,
+        row_zeros,
+    )
+    acc, row_max, row_sum = ops.fori_loop(0, plan.num_blocks, step, init)
+    if not plan.rows_may_be_empty:
+        return acc / row_sum, row_max + ops.log(row_sum)
+    has_keys = row_sum > 0.0
+    safe_sum = ops.where(has_keys, row_sum, 1.0)
+    out = ops.where(has_keys, acc / safe_sum, 0.0)
+    # log-sum-exp per row; rows without keys never contribute gradients
+    # (their mask is False everywhere).
+    lse = ops.where(has_keys, row_max + ops.log(safe_sum), 0.0)
+    return out, lse
+
+
+def _backward_rows(q, k, v, d_out, delta, lse, i, d_k, d_v, plan):
+    """`d_q` of query block `i`; adds its part to `d_k`, `d_v`."""
+    q_i, do_i, delta_i, lse_i = (_rows(x, i, plan) for x in (q, d_out, delta, lse))
+
+    def step(j, carry):
+        d_q_i, d_k, d_v = carry
+        k_j, v_j = _keys(k, j, plan), _keys(v, j, plan)
+        s, m = _scores(q_i, k_j, i, j, plan)
+        p = ops.exp(s - lse_i)
+        if m is not None:
+            p = ops.where(m, p, 0.0)
+        d_v_j = ops.matmul(ops.transpose(p, (0, 1, 3, 2)), do_i)
+        d_p = ops.matmul(do_i, ops.transpose(v_j, (0, 1, 3, 2)))
+        d_s = p * (d_p - delta_i)
+        d_q_i = d_q_i + ops.matmul(d_s, k_j)
+        d_k_j = ops.matmul(ops.transpose(d_s, (0, 1, 3, 2)), q_i)
+        if plan.num_q_blocks > 1:
+            d_k_j = d_k_j + _keys(d_k, j, plan)
+            d_v_j = d_v_j + _keys(d_v, j, plan)
+        d_k = ops.slice_update(d_k, [0, 0, j * plan.block, 0], d_k_j)
+        d_v = ops.slice_update(d_v, [0, 0, j * plan.block, 0], d_v_j)
+        return d_q_i, d_k, d_v
+
+    return ops.fori_loop(0, plan.num_blocks, step, (ops.zeros_like(q_i), d_k, d_v))
+
+
+def _forward(q, k, v, plan):
+    """Output and log-sum-exp of every query block."""
+    if plan.num_q_blocks == 1:
+        return _forward_rows(q, k, v, 0, plan)
+
+    def step(i, carry):
+        out_all, lse_all = carry
+        out_i, lse_i = _forward_rows(q, k, v, i, plan)
+        start = [0, 0, i * plan.q_block, 0]
+        return (
+            ops.slice_update(out_all, start, out_i),
+            ops.slice_update(lse_all, start, lse_i),
+        )
+
+    row_zeros = ops.zeros_like(q[..., :1])
+    init = (row_zeros + ops.zeros((plan.d_v,), "float32"), row_zeros)
+    return ops.fori_loop(0, plan.num_q_blocks, step, init)
+
+
+def _backward(q, k, v, out, lse, d_out, plan):
+    """`(d_q, d_k, d_v)`, recomputing each block's weights from `lse`."""
+    d_out = ops.cast(d_out, "float32")
+    delta = ops.sum(d_out * out, axis=-1, keepdims=True)
+    d_k, d_v = ops.zeros_like(k), ops.zeros_like(v)
+    if plan.num_q_blocks == 1:
+        return _backward_rows(q, k, v, d_out, delta, lse, 0, d_k, d_v, plan)
+
+    def step(i, carry):
+        d_q, d_k, d_v = carry
+        d_q_i, d_k, d_v = _backward_rows(
+            q, k, v, d_out, delta, lse, i, d_k, d_v, plan
+        )
+        d_q = ops.slice_update(d_q, [0, 0, i * plan.q_block, 0], d_q_i)
+        return d_q, d_k, d_v
+
+    return ops.fori_loop(0, plan.num_q_blocks, step, (ops.zeros_like(q), d_k, d_v))
+
+
+def _pad_keys(k, v, mask, s_len, padded):
+    """Keys and values padded to whole blocks, the padding masked."""
+    if padded == s_len:
+        return k, v, mask
+    pad = [[0, 0], [0, 0], [0, padded - s_len], [0, 0]]
+    k, v = ops.pad(k, pad), ops.pad(v, pad)
+    valid = ops.reshape(ops.arange(padded) < s_len, (1, 1, 1, padded))
+    if mask is None:
+        return k, v, valid
+    if mask.shape[-1] != 1:
+        mask = ops.pad(
+            mask, [[0, 0], [0, 0], [0, 0], [0, padded - s_len]],
+            constant_values=False,
+        )
+    return k, v, ops.logical_and(mask, valid)
+
+
+def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
+                  query_block_size):
+    """The blocked path on inputs `dot_product_attention` has checked.
+
+    `mask` is rank 4 or `None`; `scale` a number. Returns `(B, T, H, Dv)` in
+    `value`'s dtype.
+    """
+    num_heads = query.shape[2]
+    s_len, t_len = static_dim(key, 1), static_dim(query, 1)
+    if s_len is None or t_len is None:
+        raise ValueError(
+            "The blocked attention path needs static sequence lengths. "
+            f"Received: query.shape={tuple(query.shape)}, "
+            f"key.shape={tuple(key.shape)}"
+        )
+    block = max(1, min(int(block_size), s_len))
+    num_blocks = -(-s_len // block)
+    # Work in float32 (B, H, T, D) layout.
+    q = ops.transpose(ops.cast(query, "float32"), (0, 2, 1, 3)) * scale
+    k = ops.transpose(ops.cast(repeat_heads(key, num_heads), "float32"), (0, 2, 1, 3))
+    v = ops.transpose(
+        ops.cast(repeat_heads(value, num_heads), "float32"), (0, 2, 1, 3)
+    )
+    k, v, mask = _pad_keys(k, v, mask, s_len, num_blocks * block)
+    if mask is not None and mask.shape[2] not in (1, t_len):
+        raise ValueError(
+            "Received an invalid value for argument `attention_mask`, its "
+            f"query axis must be 1 or {t_len}. Received: "
+            f"attention_mask.shape={tuple(mask.shape)}"
+        )
+    q_block = _pick_query_block(t_len, query_block_size)
+    plan = _Plan(
+        block, num_blocks, q_block, t_len // q_block, mask, is_causal,
+        v.shape[-1], mask is not None,
+    )
+
+    @ops.custom_gradient
+    def attend(q, k, v):
+        out, lse = _forward(q, k, v, plan)
+
+        def grad(*args, upstream=None):
+            d_out = upstream if upstream is not None else args[0]
+            return _backward(q, k, v, out, lse, d_out, plan)
+
+        return out, grad
+
+    out = attend(q, k, v)  # (B, H, T, Dv)
+    return ops.cast(ops.transpose(out, (0, 2, 1, 3)), value.dtype)
+
+
+def blocked_attention(
+    query,
+    key,
+    value,
+    attention_mask=None,
+    is_causal=False,
+    scale=None,
+    block_size=DEFAULT_BLOCK_SIZE,
+    query_block_size=DEFAULT_QUERY_BLOCK_SIZE,
+):
+    """Memory-efficient attention: key blocks with an online softmax.
+
+    See the module. `dot_product_attention(..., implementation="blocked")`
+    takes this path after its own checks.
+
+    Args: as `dot_product_attention` (no bias, dropout or weights).
+
+    Returns:
+        `(B, T, H, Dv)` in `value`'s dtype.
+    """
+    check_attention_inputs(query, key, value)
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    return blocked_heads(
+        query, key, value, expand_mask(attention_mask), is_causal, scale,
+        block_size, query_block_size,
+    )

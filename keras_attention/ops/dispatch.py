@@ -1,0 +1,319 @@
+"""Attention dispatch: the dense path, the fused kernels, the blocked path.
+
+`dot_product_attention` checks its inputs once and picks a path: the
+backend's fused kernel, the memory-efficient blocked path
+(`ops/blocked.py`) for long sequences, or the dense path, which has its own
+backward pass when no weights, bias or dropout are involved
+(`_dense_attention`; `dense_custom_gradient(False)` or the
+`custom_gradient=False` argument gives autodiff's, for comparisons).
+"""
+
+import contextlib
+import math
+
+import keras
+from keras import ops
+
+from keras_attention.ops.blocked import DEFAULT_BLOCK_SIZE
+from keras_attention.ops.blocked import DEFAULT_QUERY_BLOCK_SIZE
+from keras_attention.ops.blocked import blocked_heads
+from keras_attention.ops.masks import causal_mask
+from keras_attention.ops.masks import expand_mask
+from keras_attention.ops.masks import masked_softmax
+from keras_attention.ops.random import hash_dropout
+from keras_attention.ops.shapes import check_attention_inputs
+from keras_attention.ops.shapes import repeat_heads
+from keras_attention.ops.shapes import static_dim
+
+# The dense path is used below this many scores per (batch, head) pair.
+DENSE_THRESHOLD = 1024 * 1024
+
+_CONFIG = {"dense_custom_gradient": True}
+
+
+def set_dense_custom_gradient(enabled):
+    """Whether the dense path uses its own backward pass (default `True`).
+
+    Read when a function is traced; the `custom_gradient` argument of
+    `dot_product_attention` overrides it for one call.
+    """
+    _CONFIG["dense_custom_gradient"] = bool(enabled)
+
+
+@contextlib.contextmanager
+def dense_custom_gradient(enabled):
+    """`set_dense_custom_gradient(enabled)` inside a `with` block only."""
+    previous = _CONFIG["dense_custom_gradient"]
+    set_dense_custom_gradient(enabled)
+    try:
+        yield
+    finally:
+        _CONFIG["dense_custom_gradient"] = previous
+
+
+def _check_implementation(implementation, can_block, same_dims, query, value, received):
+    if implementation not in ("auto", "dense", "blocked", "fused"):
+        raise ValueError(
+            "Received an invalid value for argument `implementation`, "
+            "expected one of 'auto', 'dense', 'blocked', 'fused'. "
+            f"Received: implementation={implementation!r}"
+        )
+    if implementation in ("blocked", "fused") and not can_block:
+        raise ValueError(
+            f"The {implementation} implementation returns no weights and "
+            f"supports no bias or dropout. Received: {received}"
+        )
+    if implementation == "fused" and not same_dims:
+        raise ValueError(
+            "The fused implementation needs values of the queries' head size. "
+            f"Received: query.shape={tuple(query.shape)}, "
+            f"value.shape={tuple(value.shape)}"
+        )
+
+
+def dot_product_attention(
+    query,
+    key,
+    value,
+    attention_mask=None,
+    bias=None,
+    is_causal=False,
+    scale=None,
+    dropout_rate=0.0,
+    seed=None,
+    training=False,
+    return_weights=False,
+    implementation="auto",
+    block_size=None,
+    custom_gradient=None,
+):
+    """Scaled dot-product attention (Vaswani et al., 2017).
+
+    `softmax(Q K^T * scale + bias, masked) V`, the softmax in float32 whatever
+    the inputs' dtype. A query whose keys are all masked outputs zeros.
+
+    Args:
+        query: `(B, T, H, D)`.
+        key: `(B, S, K, D)`; `K` divides `H` (grouped-query attention).
+        value: `(B, S, K, Dv)`.
+        attention_mask: optional boolean, `True` where a query may attend to
+            a key: `(B, S)` (key padding), `(B, T, S)` or anything
+            broadcastable to `(B, H, T, S)`.
+        bias: optional additive bias broadcastable to `(B, H, T, S)`.
+        is_causal: if `True`, query `t` only sees keys `s <= t`.
+        scale: the score scale; defaults to `1 / sqrt(D)`.
+        dropout_rate: dropout on the attention weights during training.
+        seed: a `keras.random.SeedGenerator` or an int, for the dropout
+            (a counter-based mask, `hash_dropout`; without a seed,
+            `keras.random.dropout`).
+        training: whether dropout is active.
+        return_weights: also return the weights `(B, H, T, S)`, taken
+            before dropout (normalised over keys, zero for a query that
+            sees no key).
+        implementation: `"auto"`, `"dense"`, `"blocked"` or `"fused"`.
+            `"auto"`, when the weights are not requested and no bias or
+            dropout applies, takes the backend's fused kernel on a GPU
+            (`keras.ops.dot_product_attention`: cuDNN / PyTorch SDPA, on
+            the JAX and torch backends) and elsewhere the memory-efficient
+            blocked path once `T * S` is large; otherwise the dense path.
+        block_size: key block length of the memory-efficient path.
+        custom_gradient: whether the dense path (no weights returned, no
+            bias, no dropout) uses its own backward pass
+            (`_dense_attention`) instead of autodiff's; `None` takes
+            `dense_custom_gradient()` (on by default).
+
+    Returns:
+        `output` `(B, T, H, Dv)` in `value`'s dtype, and the weights
+        `(B, H, T, S)` if `return_weights`.
+    """
+    check_attention_inputs(query, key, value)
+    head_dim = query.shape[-1]
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    mask = expand_mask(attention_mask)
+    dropout_active = bool(training) and dropout_rate > 0.0
+    t_len, s_len = static_dim(query, 1), static_dim(key, 1)
+    long_enough = (
+        t_len is not None
+        and s_len is not None
+        and t_len * s_len > DENSE_THRESHOLD
+    )
+    can_block = not return_weights and bias is None and not dropout_active
+    same_dims = value.shape[-1] == head_dim  # the fused kernels need it
+    _check_implementation(
+        implementation, can_block, same_dims, query, value,
+        f"return_weights={return_weights}, bias={bias is not None}, "
+        f"dropout_rate={dropout_rate}, training={training}",
+    )
+    if implementation == "fused" or (
+        implementation == "auto"
+        and can_block
+        and same_dims
+        and _fused_kernel_available()
+    ):
+        return fused_attention(query, key, value, mask, is_causal, scale)
+    if implementation == "blocked" or (
+        implementation == "auto" and can_block and long_enough
+    ):
+        return blocked_heads(
+            query,
+            key,
+            value,
+            mask,
+            is_causal,
+            scale,
+            block_size or DEFAULT_BLOCK_SIZE,
+            DEFAULT_QUERY_BLOCK_SIZE,
+        )
+
+    if custom_gradient is None:
+        custom_gradient = _CONFIG["dense_custom_gradient"]
+    return _dense_path(
+        query, key, value, mask, bias, is_causal, scale, dropout_rate, seed,
+        dropout_active, return_weights, custom_gradient and can_block,
+    )
+
+
+def _dense_path(
+    query, key, value, mask, bias, is_causal, scale, dropout_rate, seed,
+    dropout_active, return_weights, custom_gradient,
+):
+    """The dense path: the `(B, H, T, S)` scores, their softmax, the sum."""
+    num_heads = query.shape[2]
+    out_dtype = value.dtype
+    key = repeat_heads(key, num_heads)
+    value = repeat_heads(value, num_heads)
+    q = ops.transpose(query, (0, 2, 1, 3)) * ops.cast(scale, query.dtype)
+    if is_causal:
+        causal = causal_mask(ops.shape(query)[1], ops.shape(key)[1])
+        mask = causal if mask is None else ops.logical_and(mask, causal)
+    if custom_gradient:
+        out = _dense_attention(
+            q,
+            ops.transpose(key, (0, 2, 1, 3)),
+            ops.transpose(value, (0, 2, 1, 3)),
+            mask,
+        )
+        return ops.cast(ops.transpose(out, (0, 2, 1, 3)), out_dtype)
+    k = ops.transpose(key, (0, 2, 3, 1))
+    scores = ops.matmul(q, k)  # (B, H, T, S)
+    if bias is not None:
+        scores = ops.cast(scores, "float32") + ops.cast(bias, "float32")
+    weights = masked_softmax(scores, mask)
+    # The weights returned are those before dropout (they sum to one), as
+    # keras.layers.MultiHeadAttention returns them; dropout only reaches the
+    # weighted sum.
+    dropped = weights
+    if dropout_active:
+        if seed is None:
+            dropped = keras.random.dropout(weights, dropout_rate)
+        else:
+            # Counter-based mask: a few fused integer operations under XLA,
+            # where the backend's generator is slow on CPU (`hash_dropout`).
+            dropped = hash_dropout(weights, dropout_rate, seed)
+    v = ops.transpose(value, (0, 2, 1, 3))
+    out = ops.matmul(ops.cast(dropped, v.dtype), v)  # (B, H, T, Dv)
+    out = ops.cast(ops.transpose(out, (0, 2, 1, 3)), out_dtype)
+    if return_weights:
+        return out, weights
+    return out
+
+
+def _dense_attention(q, k, v, mask):
+    """`softmax(q k^T, mask) v` on `(B, H, T, D)` heads, with its own gradient.
+
+    `q` is already scaled. The backward pass is the one of flash attention
+    (Dao et al., 2022) with the weights kept from the forward pass instead
+    of recomputed: `dV = P^T dO`, `dP = dO V^T`, `dS = P (dP - delta)` with
+    `delta = rowsum(dO * O)` (a `(B, H, T)` reduction over the head size,
+    where autodiff reduces `dP * P` over all `S` keys), `dQ = dS K`,
+    `dK = dS^T Q`. Fewer passes over the `(B, H, T, S)` tensors than
+    autodiff through `masked_softmax`, the same values (tested).
+    """
+
+    @ops.custom_gradient
+    def attend(q, k, v):
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))  # (B, H, T, S)
+        weights = ops.cast(masked_softmax(scores, mask), v.dtype)
+        out = ops.matmul(weights, v)  # (B, H, T, Dv)
+
+        def grad(*args, upstream=None):
+            d_out = upstream if upstream is not None else args[0]
+            d_out = ops.cast(d_out, v.dtype)
+            delta = ops.sum(
+                ops.cast(d_out, "float32") * ops.cast(out, "float32"),
+                axis=-1,
+                keepdims=True,
+            )
+            d_v = ops.matmul(ops.transpose(weights, (0, 1, 3, 2)), d_out)
+            d_p = ops.matmul(d_out, ops.transpose(v, (0, 1, 3, 2)))
+            d_s = ops.cast(weights, "float32") * (ops.cast(d_p, "float32") - delta)
+            d_s = ops.cast(d_s, q.dtype)
+            d_q = ops.matmul(d_s, k)
+            d_k = ops.matmul(ops.transpose(d_s, (0, 1, 3, 2)), q)
+            return d_q, d_k, d_v
+
+        return out, grad
+
+    return attend(q, k, v)
+
+
+_FUSED = {}
+
+
+def _fused_kernel_available():
+    """Whether `keras.ops.dot_product_attention` runs a fused kernel.
+
+    True on the torch backend, CPU or CUDA (`scaled_dot_product_attention`
+    has fused kernels for both), and on the JAX backend with a GPU (cuDNN's
+    flash attention through `jax.nn.dot_product_attention`). TensorFlow's
+    version, and JAX's on the CPU, are chains of plain ops, so there the
+    blocked path stays.
+    """
+    backend = keras.backend.backend()
+    if backend not in _FUSED:
+        available = False
+        try:
+            if backend == "jax":
+                import jax
+
+                available = jax.default_backend() == "gpu"
+            elif backend == "torch":
+                available = True
+        except Exception:  # pragma: no cover - a broken accelerator stack
+            available = False
+        _FUSED[backend] = available
+    return _FUSED[backend]
+
+
+def fused_attention(query, key, value, mask=None, is_causal=False, scale=None):
+    """`keras.ops.dot_product_attention` with this module's semantics.
+
+    Same layout and arguments as `dot_product_attention` (boolean `mask`
+    broadcastable to `(B, H, T, S)`); grouped key/value heads go to the
+    backend as they are (each backend's kernel shares them), and a query
+    whose keys are all masked outputs zeros (the fused kernels would average
+    the masked values).
+    """
+    num_heads = query.shape[2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    out_dtype = value.dtype
+    out = ops.dot_product_attention(
+        query, key, value, mask=mask, scale=scale, is_causal=is_causal
+    )
+    if mask is not None:
+        # Does query t see any key at all? (B, 1|H, 1|T) from the mask.
+        seen = ops.any(mask, axis=-1)
+        if is_causal:
+            # With the causal mask it must see a key s <= t: the first
+            # unmasked key (per row of the mask) must come no later than t.
+            first = ops.argmax(ops.cast(mask, "int32"), axis=-1)
+            t_index = ops.arange(ops.shape(out)[1])
+            seen = ops.logical_and(seen, first <= t_index)
+        seen = ops.broadcast_to(
+            seen, (ops.shape(out)[0], num_heads, ops.shape(out)[1])
+        )
+        seen = ops.transpose(seen, (0, 2, 1))  # (B, T, H)
+        out = ops.where(seen[..., None], out, ops.zeros_like(out))
+    return ops.cast(out, out_dtype)

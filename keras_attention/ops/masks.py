@@ -1,0 +1,107 @@
+"""Masks and softmaxes: float32 softmax where a fully masked row gives 0."""
+
+import keras
+from keras import ops
+
+# A finite "minus infinity": large enough that exp() underflows to 0 in
+# float32, small enough that subtracting two of them never gives inf - inf.
+MASK_VALUE = -1e30
+
+
+def masked_softmax(scores, mask=None, axis=-1):
+    """Softmax of `scores` along `axis`, in float32, ignoring masked entries.
+
+    Args:
+        scores: a float tensor of any dtype.
+        mask: optional boolean tensor broadcastable to `scores`; `True`
+            keeps an entry, `False` removes it.
+        axis: the axis to normalise over.
+
+    Returns:
+        A tensor of `scores`' shape and dtype. Rows whose entries are all
+        masked are all zeros.
+
+    Example:
+
+    >>> w = masked_softmax(np.array([[1.0, 2.0, 3.0]]), np.array([[1, 1, 0]]))
+    >>> np.round(keras.ops.convert_to_numpy(w), 3)
+    array([[0.269, 0.731, 0.   ]], dtype=float32)
+    """
+    dtype = keras.backend.standardize_dtype(scores.dtype)
+    x = ops.cast(scores, "float32")
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+        x = ops.where(mask, x, MASK_VALUE)
+    x_max = ops.stop_gradient(ops.max(x, axis=axis, keepdims=True))
+    e = ops.exp(x - x_max)
+    if mask is not None:
+        # A fully masked row has x == x_max == MASK_VALUE, so e == 1 there;
+        # zero it explicitly.
+        e = ops.where(mask, e, 0.0)
+    total = ops.sum(e, axis=axis, keepdims=True)
+    weights = e / ops.maximum(total, 1e-30)
+    return ops.cast(weights, dtype)
+
+
+def segment_softmax(scores, segment_ids, num_segments, mask=None):
+    """Softmax of `scores` within each segment (e.g. a node's incoming edges).
+
+    Args:
+        scores: float tensor `(E, ...)`.
+        segment_ids: int tensor `(E,)`, the segment of each entry, in
+            `[0, num_segments)`.
+        num_segments: the static number of segments.
+        mask: optional boolean `(E,)` or `(E, ...)`; masked entries get 0.
+
+    Returns:
+        A tensor of `scores`' shape and dtype; the entries of each segment sum
+        to 1 (or are all 0 if the segment has no unmasked entry).
+    """
+    dtype = keras.backend.standardize_dtype(scores.dtype)
+    x = ops.cast(scores, "float32")
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+        while len(mask.shape) < len(x.shape):
+            mask = ops.expand_dims(mask, -1)
+        x = ops.where(mask, x, MASK_VALUE)
+    seg_max = ops.segment_max(x, segment_ids, num_segments=num_segments)
+    # Empty segments get -inf from segment_max; they are never gathered.
+    seg_max = ops.stop_gradient(ops.where(ops.isfinite(seg_max), seg_max, 0.0))
+    e = ops.exp(x - ops.take(seg_max, segment_ids, axis=0))
+    if mask is not None:
+        e = ops.where(mask, e, 0.0)
+    total = ops.segment_sum(e, segment_ids, num_segments=num_segments)
+    total = ops.take(total, segment_ids, axis=0)
+    return ops.cast(e / ops.maximum(total, 1e-30), dtype)
+
+
+def causal_mask(query_length, key_length, offset=0):
+    """Boolean `(T, S)` mask, `True` where query `t + offset` may see key `s`.
+
+    The default `offset=0` aligns the first query with the first key, as
+    `keras.layers.MultiHeadAttention` does. With `offset = S - T` the last
+    query sees every key (queries that continue a cache of `S - T` earlier
+    positions).
+    """
+    rows = ops.expand_dims(ops.arange(query_length) + offset, -1)
+    cols = ops.expand_dims(ops.arange(key_length), 0)
+    return ops.greater_equal(rows, cols)
+
+
+def expand_mask(mask):
+    """A mask of rank 2 `(B, S)` or 3 `(B, T, S)` as rank 4 `(B, 1|H, T, S)`."""
+    if mask is None:
+        return None
+    mask = ops.cast(mask, "bool")
+    rank = len(mask.shape)
+    if rank == 2:
+        return mask[:, None, None, :]
+    if rank == 3:
+        return mask[:, None, :, :]
+    if rank == 4:
+        return mask
+    raise ValueError(
+        "Received an invalid value for argument `attention_mask`, expected a "
+        "boolean tensor of rank 2 (B, S), 3 (B, T, S) or 4 (B, H, T, S). "
+        f"Received: attention_mask.shape={tuple(mask.shape)}"
+    )

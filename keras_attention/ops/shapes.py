@@ -1,0 +1,47 @@
+"""Shape checks and head layout shared by the attention paths."""
+
+from keras import ops
+
+
+def static_dim(x, axis):
+    dim = x.shape[axis]
+    return None if dim is None else int(dim)
+
+
+def check_attention_inputs(query, key, value):
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if len(x.shape) != 4:
+            raise ValueError(
+                f"Received an invalid value for argument `{name}`, expected a "
+                f"rank-4 tensor (B, T, H, D). Received: {name}.shape="
+                f"{tuple(x.shape)}"
+            )
+    q_heads, k_heads, v_heads = query.shape[2], key.shape[2], value.shape[2]
+    if k_heads != v_heads:
+        raise ValueError(
+            "Expected `key` and `value` to have the same number of heads. "
+            f"Received: key.shape={tuple(key.shape)}, "
+            f"value.shape={tuple(value.shape)}"
+        )
+    if None not in (q_heads, k_heads) and q_heads % k_heads:
+        raise ValueError(
+            "Expected the number of query heads to be a multiple of the "
+            f"number of key heads. Received: query.shape={tuple(query.shape)}, "
+            f"key.shape={tuple(key.shape)}"
+        )
+    if None not in (query.shape[-1], key.shape[-1]) and (
+        query.shape[-1] != key.shape[-1]
+    ):
+        raise ValueError(
+            "Expected `query` and `key` to have the same head size. "
+            f"Received: query.shape={tuple(query.shape)}, "
+            f"key.shape={tuple(key.shape)}"
+        )
+
+
+def repeat_heads(x, num_heads):
+    # (B, S, K, D) -> (B, S, H, D) for grouped-query attention.
+    k = x.shape[2]
+    if k == num_heads:
+        return x
+    return ops.repeat(x, num_heads // k, axis=2)
