@@ -24,6 +24,7 @@ import keras
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention.layers import base as layer_base
 from keras_attention.applications import presets as preset_registry
 
 PACKAGE = preset_registry.PACKAGE
@@ -211,6 +212,27 @@ class Backbone(InputChecks, keras.Model):
     def feature_dim(self):
         """Size of the feature vector the backbone outputs."""
         return self.output.shape[-1]
+
+    def enable_lora(self, rank, lora_alpha=None, target_names=("query", "value")):
+        """LoRA fine-tuning of this backbone, as keras-hub's `Backbone`.
+
+        The named projections of every attention layer get trainable
+        low-rank updates and every other weight of the backbone is frozen
+        (a classifier's head stays trainable). See
+        `keras_attention.layers.enable_lora` for the arguments; a bad
+        argument raises a `ValueError` and changes nothing.
+
+        Example:
+
+        ```python
+        model = VisionTransformer.from_preset("vit_digits")
+        model.backbone.enable_lora(rank=4)
+        model.compile(optimizer="adam")
+        ```
+        """
+        return layer_base.enable_lora(
+            self, rank, lora_alpha=lora_alpha, target_names=target_names
+        )
 
     # The constructor arguments that `get_config` returns; each is kept as an
     # attribute of the same name.
