@@ -282,6 +282,31 @@ def test_converted_vit_fine_tunes_saves_loads_and_draws_rollout(tmp_path):
     again.fit(IMAGES, np.array([0, 3]), epochs=1, verbose=0)
 
 
+def test_convert_command(tmp_path, capsys):
+    from keras_attention import cli
+
+    reference = _randomize(transformers.ViTForImageClassification(_hf_config()))
+    reference.save_pretrained(tmp_path / "hf")
+    out = str(tmp_path / "hf.keras")
+    assert cli.main(["convert", str(tmp_path / "hf"), "--out", out]) == 0
+    assert "Saved" in capsys.readouterr().out
+    assert _difference(reference, keras.saving.load_model(out)) < ATOL
+
+    timm_file = _timm_file(tmp_path)
+    assert cli.main(["convert", timm_file, "--out", out]) == cli.EXIT_USAGE
+    assert "--timm-model" in capsys.readouterr().err
+    assert cli.main(
+        ["convert", str(tmp_path / "missing"), "--out", out]
+    ) == cli.EXIT_USAGE
+    # A checkpoint of another shape than the named model: exit 1, named.
+    code = cli.main(
+        ["convert", timm_file, "--timm-model", "vit_tiny_patch16_224",
+         "--out", out]
+    )
+    assert code == cli.EXIT_FAILED
+    assert "does not match" in capsys.readouterr().err
+
+
 @pytest.mark.large
 def test_full_size_vit_base_patch16_224():
     # The packages' own initialisation (trained-like scales); images scaled
