@@ -142,6 +142,16 @@ def test_hf_folder_and_timm_files(tmp_path):
     )
     assert _difference(timm_reference, from_pth) < ATOL
 
+    # bfloat16 files (NumPy has no bfloat16) are read as float32.
+    half = {k: v.to(torch.bfloat16) for k, v in state.items()}
+    safetensors_torch.save_file(half, str(tmp_path / "bf16.safetensors"))
+    from_bf16 = VisionTransformer.from_timm(
+        str(tmp_path / "bf16.safetensors"), config=config
+    )
+    rounded = _timm_vit()
+    rounded.load_state_dict({k: v.float() for k, v in half.items()})
+    assert _difference(rounded.eval(), from_bf16) < ATOL
+
 
 def test_timm_file_with_model_name(tmp_path):
     reference = _randomize(

@@ -23,6 +23,22 @@ def state_dict_arrays(module):
     return {name: _to_numpy(t) for name, t in module.state_dict().items()}
 
 
+def _read_bfloat16(path, name):
+    """One bfloat16 tensor of a safetensors file, as float32.
+
+    The format: an 8-byte little-endian header size, a JSON header with each
+    tensor's dtype, shape and byte offsets after it, then the data.
+    """
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        entry = json.loads(f.read(size))[name]
+        start, end = entry["data_offsets"]
+        f.seek(8 + size + start)
+        raw = np.frombuffer(f.read(end - start), dtype="<u2")
+    # bfloat16 is the upper half of a float32.
+    return (raw.astype("<u4") << 16).view("<f4").reshape(entry["shape"])
+
+
 def _read_safetensors(path):
     from safetensors import SafetensorError
     from safetensors import safe_open
@@ -31,7 +47,10 @@ def _read_safetensors(path):
     try:
         with safe_open(path, framework="numpy") as f:
             for name in f.keys():
-                arrays[name] = f.get_tensor(name)
+                if f.get_slice(name).get_dtype() == "BF16":  # NumPy lacks it
+                    arrays[name] = _read_bfloat16(path, name)
+                else:
+                    arrays[name] = f.get_tensor(name)
     except (SafetensorError, OSError, ValueError, TypeError) as error:
         raise ValueError(
             f"Could not read the safetensors file {path!r} (truncated, or "
