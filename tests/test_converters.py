@@ -317,6 +317,24 @@ def test_convert_command(tmp_path, capsys):
     assert "does not match" in capsys.readouterr().err
 
 
+def test_options_round_trip_and_attention_swap(tmp_path):
+    """The new architecture options survive `.keras`; the attention's
+    implementation can change while the projection weights stay."""
+    reference = _timm_vit(global_pool="avg", class_token=False)
+    model = VisionTransformer.from_timm(reference)
+    assert model.backbone.final_norm == "pooled"
+    path = str(tmp_path / "gap.keras")
+    model.save(path)
+    assert _difference(reference, keras.saving.load_model(path)) < ATOL
+
+    reference = _timm_vit(no_embed_class=True)
+    blocked = VisionTransformer.from_timm(
+        reference, attention_kwargs={"implementation": "blocked"}
+    )
+    assert not blocked.backbone.embed_class_token
+    assert _difference(reference, blocked) < ATOL
+
+
 @pytest.mark.large
 def test_full_size_vit_base_patch16_224():
     # The packages' own initialisation (trained-like scales); images scaled
