@@ -171,6 +171,52 @@ def test_timm_file_with_model_name(tmp_path):
     assert _difference(reference, model) < ATOL
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(img_size=32, window_size=2, embed_dim=16, depths=(2, 2),
+             num_heads=(2, 4)),
+        dict(img_size=64, window_size=4, embed_dim=16, depths=(2, 2, 2),
+             num_heads=(2, 2, 4)),
+    ],
+    ids=["two_stages", "three_stages"],
+)
+def test_timm_swin_converts_exactly(options):
+    reference = _randomize(
+        timm.create_model(
+            "swin_tiny_patch4_window7_224", pretrained=False, num_classes=5,
+            **options,
+        )
+    )
+    model = VisionTransformer.from_timm(reference)
+    assert model.backbone.attention == "local_window"
+    size = options["img_size"]
+    images = np.random.RandomState(3).randn(2, size, size, 3).astype("float32")
+    assert _difference(reference, model, images) < ATOL
+
+
+def test_timm_swin_file_with_model_name(tmp_path):
+    options = dict(img_size=32, window_size=2, embed_dim=16, depths=(2, 2),
+                   num_heads=(2, 4))
+    reference = _randomize(
+        timm.create_model(
+            "swin_tiny_patch4_window7_224", pretrained=False, num_classes=5,
+            **options,
+        )
+    )
+    path = str(tmp_path / "swin.safetensors")
+    safetensors_torch.save_file(
+        {k: v.contiguous() for k, v in reference.state_dict().items()}, path
+    )
+    model = VisionTransformer.from_timm(
+        path, model_name="swin_tiny_patch4_window7_224", model_kwargs=options
+    )
+    images = np.random.RandomState(3).randn(2, 32, 32, 3).astype("float32")
+    assert _difference(reference, model, images) < ATOL
+    scores = model.attention_scores(images)  # (B, nW, H, T, T) per block
+    assert len(scores) == 4 and scores[0].shape == (2, 16, 2, 4, 4)
+
+
 # ------------------------------------------------------------- bad input
 
 
@@ -188,6 +234,20 @@ def test_other_architectures_and_options_are_refused():
         VisionTransformer.from_timm(_timm_vit(reg_tokens=2))
     with pytest.raises(ValueError, match="qk_norm|q_norm"):
         VisionTransformer.from_timm(_timm_vit(qk_norm=True))
+    swin = dict(img_size=32, window_size=2, embed_dim=16, depths=(2, 2),
+                num_heads=(2, 4))
+    with pytest.raises(ValueError, match="global_pool"):
+        VisionTransformer.from_timm(
+            timm.create_model(
+                "swin_tiny_patch4_window7_224", global_pool="max", **swin
+            )
+        )
+    with pytest.raises(ValueError, match="window_size"):  # grid 4 < window 8
+        VisionTransformer.from_timm(
+            timm.create_model(
+                "swin_tiny_patch4_window7_224", **{**swin, "window_size": 8}
+            )
+        )
     with pytest.raises(ValueError, match="hidden_act"):
         VisionTransformer.from_transformers(
             transformers.ViTForImageClassification(_hf_config(hidden_act="relu"))
@@ -336,7 +396,7 @@ def test_options_round_trip_and_attention_swap(tmp_path):
 
 
 @pytest.mark.large
-def test_full_size_vit_base_patch16_224():
+def test_full_size_vit_base_and_swin_tiny():
     # The packages' own initialisation (trained-like scales); images scaled
     # like normalized photographs.
     reference = timm.create_model("vit_base_patch16_224", pretrained=False)
@@ -344,6 +404,11 @@ def test_full_size_vit_base_patch16_224():
     model = VisionTransformer.from_timm(reference)
     images = np.random.RandomState(2).randn(2, 224, 224, 3).astype("float32")
     assert _difference(reference, model, images) < ATOL
+
+    swin = timm.create_model(
+        "swin_tiny_patch4_window7_224", pretrained=False
+    ).eval()
+    assert _difference(swin, VisionTransformer.from_timm(swin), images) < ATOL
 
     hf = transformers.ViTForImageClassification(
         transformers.ViTConfig(num_labels=1000)

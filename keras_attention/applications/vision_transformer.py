@@ -63,6 +63,10 @@ class PatchEmbedding(keras.layers.Layer):
         embed_class_token: the position embedding covers the class token
             (`(1, N + 1, C)`); `False` adds it to the patches only
             (`(1, N, C)`, timm's `no_embed_class=True`).
+        use_position_embedding: add a learned position embedding (Swin
+            has none: its attention has a relative position bias).
+        patch_norm_epsilon: if not `None`, a layer normalization of this
+            epsilon on the embedded patches (Swin's `patch_norm`).
 
     Call arguments:
         images: `(B, H, W, channels)` with `H`, `W` multiples of the patch.
@@ -77,6 +81,8 @@ class PatchEmbedding(keras.layers.Layer):
         patch_size,
         use_class_token=True,
         embed_class_token=True,
+        use_position_embedding=True,
+        patch_norm_epsilon=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -84,6 +90,8 @@ class PatchEmbedding(keras.layers.Layer):
         self.patch_size = base.check_pair("patch_size", patch_size)
         self.use_class_token = bool(use_class_token)
         self.embed_class_token = bool(embed_class_token)
+        self.use_position_embedding = bool(use_position_embedding)
+        self.patch_norm_epsilon = patch_norm_epsilon
 
     def build(self, input_shape):
         _, height, width, _ = input_shape
@@ -98,6 +106,12 @@ class PatchEmbedding(keras.layers.Layer):
             dtype=self.dtype_policy,
         )
         self.projection.build(input_shape)
+        if self.patch_norm_epsilon is not None:
+            self.norm = keras.layers.LayerNormalization(
+                epsilon=self.patch_norm_epsilon, name="norm",
+                dtype=self.dtype_policy,
+            )
+            self.norm.build((None, None, self.hidden_dim))
         num_tokens = self.grid_shape[0] * self.grid_shape[1]
         if self.use_class_token:
             self.class_token = self.add_weight(
@@ -106,18 +120,24 @@ class PatchEmbedding(keras.layers.Layer):
                 initializer="zeros",
             )
             num_tokens += int(self.embed_class_token)
-        self.position_embedding = self.add_weight(
-            name="position_embedding",
-            shape=(1, num_tokens, self.hidden_dim),
-            initializer=keras.initializers.TruncatedNormal(stddev=0.02),
-        )
+        if self.use_position_embedding:
+            self.position_embedding = self.add_weight(
+                name="position_embedding",
+                shape=(1, num_tokens, self.hidden_dim),
+                initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+            )
         self.built = True
 
     def call(self, images):
         x = self.projection(images)  # (B, h, w, C)
         h, w = self.grid_shape
         x = ops.reshape(x, (-1, h * w, self.hidden_dim))
-        position = ops.cast(self.position_embedding, x.dtype)
+        if self.patch_norm_epsilon is not None:
+            x = self.norm(x)
+        if not self.use_position_embedding:
+            position = ops.zeros((1, 1, self.hidden_dim), x.dtype)
+        else:
+            position = ops.cast(self.position_embedding, x.dtype)
         if not self.use_class_token:
             return x + position
         token = ops.broadcast_to(
@@ -142,6 +162,8 @@ class PatchEmbedding(keras.layers.Layer):
                 "patch_size": self.patch_size,
                 "use_class_token": self.use_class_token,
                 "embed_class_token": self.embed_class_token,
+                "use_position_embedding": self.use_position_embedding,
+                "patch_norm_epsilon": self.patch_norm_epsilon,
             }
         )
         return config
@@ -276,6 +298,10 @@ class VisionTransformerBackbone(app_base.Backbone):
         embed_class_token: with `pooling="cls"`, the position embedding
             covers the class token too (`True`, the original ViT and
             Hugging Face's) or only the patches (timm's `no_embed_class`).
+        use_position_embedding: add a learned absolute position embedding
+            (`False` for Swin, whose window attention has a relative
+            position bias).
+        patch_norm: a layer normalization on the embedded patches (Swin).
 
     Call arguments:
         images: `(B, H, W, num_channels)`.
@@ -307,6 +333,7 @@ class VisionTransformerBackbone(app_base.Backbone):
         "mlp_dim", "dropout", "attention_dropout", "attention",
         "attention_kwargs", "window_size", "pooling", "num_channels",
         "layer_norm_epsilon", "final_norm", "embed_class_token",
+        "use_position_embedding", "patch_norm",
     )
 
     def __init__(
@@ -327,6 +354,8 @@ class VisionTransformerBackbone(app_base.Backbone):
         layer_norm_epsilon=1e-6,
         final_norm="tokens",
         embed_class_token=True,
+        use_position_embedding=True,
+        patch_norm=False,
         **kwargs,
     ):
         image_size = base.check_pair("image_size", image_size)
@@ -343,6 +372,8 @@ class VisionTransformerBackbone(app_base.Backbone):
         if final_norm not in ("tokens", "pooled", None):
             raise base.invalid("final_norm", "'tokens', 'pooled' or None", final_norm)
         embed_class_token = bool(embed_class_token)
+        use_position_embedding = bool(use_position_embedding)
+        patch_norm = bool(patch_norm)
         depths = (
             list(depth) if isinstance(depth, (list, tuple)) else [depth]
         )
@@ -374,6 +405,8 @@ class VisionTransformerBackbone(app_base.Backbone):
             patch_size,
             use_class_token=pooling == "cls",
             embed_class_token=embed_class_token,
+            use_position_embedding=use_position_embedding,
+            patch_norm_epsilon=layer_norm_epsilon if patch_norm else None,
             name="patch_embedding",
         )(inputs)
         chain = ["patch_embedding"]
@@ -467,7 +500,8 @@ class VisionTransformer(app_base.Classifier):
         image_size, patch_size, hidden_dim, depth, num_heads, mlp_dim,
         dropout, attention_dropout, attention, attention_kwargs,
         window_size, pooling, num_channels, layer_norm_epsilon, final_norm,
-        embed_class_token: the backbone's arguments (see
+        embed_class_token, use_position_embedding, patch_norm: the
+            backbone's arguments (see
             `VisionTransformerBackbone`); ignored when `backbone` is given.
         num_classes: number of classes.
         backbone: an existing `VisionTransformerBackbone`.
@@ -522,6 +556,8 @@ class VisionTransformer(app_base.Classifier):
         layer_norm_epsilon=1e-6,
         final_norm="tokens",
         embed_class_token=True,
+        use_position_embedding=True,
+        patch_norm=False,
         backbone=None,
         activation=None,
         head_dropout=0.0,
@@ -543,15 +579,19 @@ class VisionTransformer(app_base.Classifier):
         cls, source, model_name=None, config=None, num_classes=None,
         model_kwargs=None, **kwargs,
     ):
-        """A `VisionTransformer` with the weights of a timm `vit_*` model.
+        """A `VisionTransformer` with the weights of a timm ViT or Swin.
 
         Converts timm's `VisionTransformer` exactly (the same logits within
         float rounding, on channels-last images): the patch convolution
         (to a channels-last kernel), class token, position embedding, the
         pre-norm blocks with the fused `qkv` split into the query, key and
         value projections, the LayerNorm epsilon, exact GELU, the final norm
-        (`norm`, or `fc_norm` of the global-pool models) and the head. The
-        images are normalized as timm's model expects (its `pretrained_cfg`
+        (`norm`, or `fc_norm` of the global-pool models) and the head.
+        timm's `SwinTransformer` (`swin_*`) becomes the Swin mode
+        (`attention="local_window"`, stages with `PatchMerging`,
+        `patch_norm=True`, no absolute position embedding), its window
+        attention loading into `LocalWindowAttention`. The images are
+        normalized as timm's model expects (its `pretrained_cfg`
         mean and std); this model does not normalize them.
 
         Every tensor is checked before any is assigned.
@@ -562,8 +602,9 @@ class VisionTransformer(app_base.Classifier):
                 (`.pth`, `.bin`, ...).
             model_name: for a file, the timm model name that gives the
                 architecture (`"vit_base_patch16_224"`); needs timm.
-            config: for a file without timm, `VisionTransformer`'s
-                architecture arguments instead of `model_name`.
+            config: for a ViT file without timm, `VisionTransformer`'s
+                architecture arguments instead of `model_name` (a Swin file
+                needs `model_name`).
             num_classes: a new head of this many classes (the checkpoint's
                 head is not loaded) when it differs from the checkpoint's;
                 needed when the checkpoint has no head.
@@ -597,6 +638,8 @@ class VisionTransformer(app_base.Classifier):
         References:
             - Wightman, PyTorch Image Models (timm).
               https://github.com/huggingface/pytorch-image-models
+            - Liu et al., Swin Transformer, 2021.
+              https://arxiv.org/abs/2103.14030
         """
         from keras_attention.applications.converters import vit
 

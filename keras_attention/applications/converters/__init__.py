@@ -1,6 +1,6 @@
 """Converters of public checkpoints (timm, Hugging Face) to the applications.
 
-Each family has a module (`vit`); `common` reads tensors (`.safetensors`
+Each family has a module (`vit`, `swin`); `common` reads tensors (`.safetensors`
 into NumPy without torch, `.pth`/`.bin` with torch, or a torch module's
 `state_dict`) and loads them all-or-nothing: every tensor is looked up,
 transformed and shape-checked against its Keras variable first, and only

@@ -165,7 +165,8 @@ def timm_arguments(model):
 
     if type(model) is not timm_vit.VisionTransformer:
         raise ValueError(
-            "Expected a timm `VisionTransformer` (a `vit_*` model). "
+            "Expected a timm `VisionTransformer` (a `vit_*` model) or "
+            "`SwinTransformer` (`swin_*`). "
             f"Received: {type(model).__module__}.{type(model).__name__}"
         )
 
@@ -288,14 +289,17 @@ def from_timm(
     model_kwargs=None, **kwargs,
 ):
     """See `VisionTransformer.from_timm`."""
+    from keras_attention.applications.converters import swin
+
+    timm_model = None
     if _is_torch_module(source):
-        arguments, source_classes, qkv_bias = timm_arguments(source)
+        timm_model = source
         tensors = common.state_dict_arrays(source)
         name = f"The timm model {type(source).__name__}"
     elif isinstance(source, (str, os.PathLike)):
         tensors = common.read_checkpoint(source)
         name = f"The checkpoint {os.fspath(source)!r}"
-        head = tensors.get("head.weight")
+        head = tensors.get("head.weight", tensors.get("head.fc.weight"))
         source_classes = 0 if head is None else int(head.shape[0])
         if config is not None:
             arguments = dict(config)
@@ -304,7 +308,6 @@ def from_timm(
             timm_model = _timm_model_from_name(
                 model_name, source_classes, dict(model_kwargs or {})
             )
-            arguments, _, qkv_bias = timm_arguments(timm_model)
         else:
             raise ValueError(
                 "A timm checkpoint file needs its architecture: pass "
@@ -316,9 +319,22 @@ def from_timm(
             "timm model or a checkpoint file. Received: "
             f"source={type(source).__name__}"
         )
+    is_swin = timm_model is not None and swin.is_timm_swin(timm_model)
+    if timm_model is not None:
+        describe = swin.swin_arguments if is_swin else timm_arguments
+        arguments, model_classes, qkv_bias = describe(timm_model)
+        if _is_torch_module(source):
+            source_classes = model_classes
     model, load_head = _build(cls, arguments, source_classes, num_classes, kwargs)
-    ignore = () if load_head else ("head.weight", "head.bias")
+    head = "head.fc" if is_swin else "head"
+    ignore = () if load_head else (head + ".weight", head + ".bias")
     loader = common.TensorLoader(tensors, name, ignore=ignore)
+    if is_swin:
+        swin.fill(model, loader)
+        if load_head:
+            _take_linear(loader, head, model.get_layer("predictions"))
+        loader.load()
+        return model
     _fill(
         model, loader, {**TIMM_LAYOUT, "final_norm": (
             "fc_norm" if model.backbone.final_norm == "pooled" else "norm"
