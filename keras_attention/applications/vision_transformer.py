@@ -134,19 +134,23 @@ class PatchEmbedding(keras.layers.Layer):
         x = ops.reshape(x, (-1, h * w, self.hidden_dim))
         if self.patch_norm_epsilon is not None:
             x = self.norm(x)
-        if not self.use_position_embedding:
-            position = ops.zeros((1, 1, self.hidden_dim), x.dtype)
-        else:
+        position = None
+        if self.use_position_embedding:
             position = ops.cast(self.position_embedding, x.dtype)
-        if not self.use_class_token:
-            return x + position
-        token = ops.broadcast_to(
-            ops.cast(self.class_token, x.dtype),
-            (ops.shape(x)[0], 1, self.hidden_dim),
-        )
-        if self.embed_class_token:
-            return ops.concatenate([token, x], axis=1) + position
-        return ops.concatenate([token, x + position], axis=1)
+        # With `embed_class_token` the embedding is added after the class
+        # token is put first, otherwise to the patches only.
+        on_tokens = self.use_class_token and self.embed_class_token
+        if position is not None and not on_tokens:
+            x = x + position
+        if self.use_class_token:
+            token = ops.broadcast_to(
+                ops.cast(self.class_token, x.dtype),
+                (ops.shape(x)[0], 1, self.hidden_dim),
+            )
+            x = ops.concatenate([token, x], axis=1)
+        if position is not None and on_tokens:
+            x = x + position
+        return x
 
     def compute_output_shape(self, input_shape):
         _, height, width, _ = input_shape
