@@ -377,6 +377,19 @@ def test_convert_command(tmp_path, capsys):
     assert "does not match" in capsys.readouterr().err
 
 
+def test_lora_on_a_converted_vit():
+    from keras_attention.layers import enable_lora
+
+    reference = _timm_vit()
+    model = VisionTransformer.from_timm(reference, num_classes=3)
+    before = keras.ops.convert_to_numpy(model(IMAGES))
+    assert enable_lora(model.backbone, rank=2)
+    after = keras.ops.convert_to_numpy(model(IMAGES))
+    np.testing.assert_allclose(after, before, atol=1e-6)
+    model.compile(optimizer="adam")
+    model.fit(IMAGES, np.array([0, 2]), epochs=1, verbose=0)
+
+
 def test_options_round_trip_and_attention_swap(tmp_path):
     """The new architecture options survive `.keras`; the attention's
     implementation can change while the projection weights stay."""
