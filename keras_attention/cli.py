@@ -7,6 +7,8 @@ keras-attention run translation|classification|detection|node-classification
 keras-attention demo [--out DIR] [--seed S]
 keras-attention explore MODEL.keras INPUT [--out PAGE.html] [--kind K]
     [--index I] [--layers L ...] [--tokens "a b c"] [--node-labels Y.npy]
+keras-attention convert SOURCE [--timm-model NAME] [--num-classes N]
+    [--out model.keras]
 ```
 
 Exit codes: 0 success, 1 the job failed (the message says why), 2 bad
@@ -123,7 +125,77 @@ def build_parser():
     explore.add_argument(
         "--node-labels", help="a .npy file with one class per node (graphs)"
     )
+    convert = commands.add_parser(
+        "convert",
+        help="a timm or Hugging Face ViT checkpoint to a .keras model",
+        description="Convert a pretrained ViT checkpoint you have locally: a "
+        "Hugging Face folder (config.json + model.safetensors or "
+        "pytorch_model.bin, e.g. a downloaded hub snapshot or what "
+        "save_pretrained writes), or a timm checkpoint file (.safetensors, "
+        ".pth, .bin) with --timm-model. Every tensor is checked before any "
+        "is loaded.",
+    )
+    convert.add_argument("source", help="a Hugging Face folder or a timm file")
+    convert.add_argument(
+        "--timm-model",
+        help="the timm model name of a timm file (e.g. vit_base_patch16_224)",
+    )
+    convert.add_argument(
+        "--num-classes",
+        type=_positive_int,
+        help="a new head with this many classes (default: the checkpoint's)",
+    )
+    convert.add_argument("--out", default="model.keras", help="the .keras file")
     return parser
+
+
+def _import_triton_first():
+    """Triton (PyTorch's CUDA builds bring it) crashes the process when it
+    is first imported after TensorFlow; `convert` imports it before."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is not None:
+        import triton  # noqa: F401
+
+
+def command_convert(args):
+    from keras_attention.applications import VisionTransformer
+
+    if not os.path.exists(args.source):
+        raise UsageError(f"SOURCE: no such file or folder: {args.source}")
+    if not args.out.endswith(".keras"):
+        raise UsageError(
+            f"--out: expected a path ending in .keras. Received: --out={args.out}"
+        )
+    if os.path.isdir(args.source):
+        if args.timm_model:
+            raise UsageError(
+                "--timm-model is for a timm checkpoint file; SOURCE is a "
+                "folder (read as a Hugging Face model)"
+            )
+        model = VisionTransformer.from_transformers(
+            args.source, num_classes=args.num_classes
+        )
+    else:
+        if not args.timm_model:
+            raise UsageError(
+                "a timm checkpoint file needs its architecture: pass "
+                "--timm-model NAME (e.g. vit_base_patch16_224)"
+            )
+        model = VisionTransformer.from_timm(
+            args.source, model_name=args.timm_model, num_classes=args.num_classes
+        )
+    directory = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(directory, exist_ok=True)
+    model.save(args.out)
+    backbone = model.backbone
+    print(
+        f"{type(model).__name__}: {backbone.depth} blocks of width "
+        f"{backbone.hidden_dim}, images {backbone.image_size + (backbone.num_channels,)}, "
+        f"{model.num_classes} classes, {model.count_params():,} parameters"
+    )
+    print(f"Saved: {os.path.abspath(args.out)}")
+    return EXIT_OK
 
 
 def command_list():
@@ -290,6 +362,8 @@ def command_explore(args):
 
 def main(argv=None):
     _quiet_tensorflow()
+    if (sys.argv[1:] if argv is None else list(argv))[:1] == ["convert"]:
+        _import_triton_first()
     parser = build_parser()
     args = parser.parse_args(argv)  # exits with 2 on bad arguments
     try:
@@ -299,6 +373,8 @@ def main(argv=None):
             return command_run(args)
         if args.command == "explore":
             return command_explore(args)
+        if args.command == "convert":
+            return command_convert(args)
         return command_demo(args)
     except UsageError as error:
         parser.print_usage(sys.stderr)

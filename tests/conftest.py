@@ -1,21 +1,28 @@
-"""`--run-large` runs the tests marked `@pytest.mark.large` (skipped otherwise)."""
+"""`--run-large` runs the tests marked `large` (skipped by default).
+
+Triton (which PyTorch's CUDA builds bring, and timm's torchvision import
+loads) crashes the process when it is first imported after TensorFlow; it
+is imported here, before any test module imports Keras.
+"""
+
+import importlib.util
 
 import pytest
+
+if importlib.util.find_spec("triton") is not None:
+    import triton  # noqa: F401
 
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--run-large",
-        action="store_true",
-        default=False,
-        help="also run the tests marked large (minutes each)",
+        "--run-large", action="store_true", help="also run the `large` tests"
     )
 
 
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--run-large"):
         return
-    skip = pytest.mark.skip(reason="large: run with --run-large")
+    skip = pytest.mark.skip(reason="a large test: run with --run-large")
     for item in items:
         if "large" in item.keywords:
             item.add_marker(skip)

@@ -53,12 +53,20 @@ class PatchEmbedding(keras.layers.Layer):
     A `Conv2D` with kernel and stride `patch_size` projects each patch to
     `hidden_dim` features; the `(B, h, w, hidden_dim)` grid is flattened
     row-major to `N = h * w` tokens, a learned class token is put first if
-    `use_class_token`, and a learned position embedding is added.
+    `use_class_token`, and a learned position embedding is added (to the
+    class token too if `embed_class_token`, as in the original ViT).
 
     Args:
         hidden_dim: size `C` of each token.
         patch_size: patch side (int) or `(height, width)`.
         use_class_token: prepend a learned class token.
+        embed_class_token: the position embedding covers the class token
+            (`(1, N + 1, C)`); `False` adds it to the patches only
+            (`(1, N, C)`, timm's `no_embed_class=True`).
+        use_position_embedding: add a learned position embedding (Swin
+            has none: its attention has a relative position bias).
+        patch_norm_epsilon: if not `None`, a layer normalization of this
+            epsilon on the embedded patches (Swin's `patch_norm`).
 
     Call arguments:
         images: `(B, H, W, channels)` with `H`, `W` multiples of the patch.
@@ -67,11 +75,23 @@ class PatchEmbedding(keras.layers.Layer):
         Tokens `(B, N (+ 1), C)`.
     """
 
-    def __init__(self, hidden_dim, patch_size, use_class_token=True, **kwargs):
+    def __init__(
+        self,
+        hidden_dim,
+        patch_size,
+        use_class_token=True,
+        embed_class_token=True,
+        use_position_embedding=True,
+        patch_norm_epsilon=None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.hidden_dim = base.check_positive_int("hidden_dim", hidden_dim)
         self.patch_size = base.check_pair("patch_size", patch_size)
         self.use_class_token = bool(use_class_token)
+        self.embed_class_token = bool(embed_class_token)
+        self.use_position_embedding = bool(use_position_embedding)
+        self.patch_norm_epsilon = patch_norm_epsilon
 
     def build(self, input_shape):
         _, height, width, _ = input_shape
@@ -86,6 +106,12 @@ class PatchEmbedding(keras.layers.Layer):
             dtype=self.dtype_policy,
         )
         self.projection.build(input_shape)
+        if self.patch_norm_epsilon is not None:
+            self.norm = keras.layers.LayerNormalization(
+                epsilon=self.patch_norm_epsilon, name="norm",
+                dtype=self.dtype_policy,
+            )
+            self.norm.build((None, None, self.hidden_dim))
         num_tokens = self.grid_shape[0] * self.grid_shape[1]
         if self.use_class_token:
             self.class_token = self.add_weight(
@@ -93,25 +119,38 @@ class PatchEmbedding(keras.layers.Layer):
                 shape=(1, 1, self.hidden_dim),
                 initializer="zeros",
             )
-            num_tokens += 1
-        self.position_embedding = self.add_weight(
-            name="position_embedding",
-            shape=(1, num_tokens, self.hidden_dim),
-            initializer=keras.initializers.TruncatedNormal(stddev=0.02),
-        )
+            num_tokens += int(self.embed_class_token)
+        if self.use_position_embedding:
+            self.position_embedding = self.add_weight(
+                name="position_embedding",
+                shape=(1, num_tokens, self.hidden_dim),
+                initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+            )
         self.built = True
 
     def call(self, images):
         x = self.projection(images)  # (B, h, w, C)
         h, w = self.grid_shape
         x = ops.reshape(x, (-1, h * w, self.hidden_dim))
+        if self.patch_norm_epsilon is not None:
+            x = self.norm(x)
+        position = None
+        if self.use_position_embedding:
+            position = ops.cast(self.position_embedding, x.dtype)
+        # With `embed_class_token` the embedding is added after the class
+        # token is put first, otherwise to the patches only.
+        on_tokens = self.use_class_token and self.embed_class_token
+        if position is not None and not on_tokens:
+            x = x + position
         if self.use_class_token:
             token = ops.broadcast_to(
                 ops.cast(self.class_token, x.dtype),
                 (ops.shape(x)[0], 1, self.hidden_dim),
             )
             x = ops.concatenate([token, x], axis=1)
-        return x + ops.cast(self.position_embedding, x.dtype)
+        if position is not None and on_tokens:
+            x = x + position
+        return x
 
     def compute_output_shape(self, input_shape):
         _, height, width, _ = input_shape
@@ -126,6 +165,9 @@ class PatchEmbedding(keras.layers.Layer):
                 "hidden_dim": self.hidden_dim,
                 "patch_size": self.patch_size,
                 "use_class_token": self.use_class_token,
+                "embed_class_token": self.embed_class_token,
+                "use_position_embedding": self.use_position_embedding,
+                "patch_norm_epsilon": self.patch_norm_epsilon,
             }
         )
         return config
@@ -251,7 +293,19 @@ class VisionTransformerBackbone(app_base.ImageBackbone):
             `"auto"`: `"cls"` for token attention in one stage, else
             `"mean"` (grid layers and patch merging have no class token).
         num_channels: channels of the images.
-        layer_norm_epsilon: epsilon of the layer normalizations.
+        layer_norm_epsilon: epsilon of the layer normalizations (timm's ViT
+            uses `1e-6`, Hugging Face's `1e-12`).
+        final_norm: where the last layer normalization goes: `"tokens"`
+            (on every token, before the pooling: the original ViT, timm's
+            `norm`), `"pooled"` (on the pooled vector: timm's `fc_norm` of
+            the global-pool models) or `None`.
+        embed_class_token: with `pooling="cls"`, the position embedding
+            covers the class token too (`True`, the original ViT and
+            Hugging Face's) or only the patches (timm's `no_embed_class`).
+        use_position_embedding: add a learned absolute position embedding
+            (`False` for Swin, whose window attention has a relative
+            position bias).
+        patch_norm: a layer normalization on the embedded patches (Swin).
 
     Call arguments:
         images: `(B, H, W, num_channels)`.
@@ -283,7 +337,8 @@ class VisionTransformerBackbone(app_base.ImageBackbone):
         "image_size", "patch_size", "hidden_dim", "depth", "num_heads",
         "mlp_dim", "dropout", "attention_dropout", "attention",
         "attention_kwargs", "window_size", "pooling", "num_channels",
-        "layer_norm_epsilon",
+        "layer_norm_epsilon", "final_norm", "embed_class_token",
+        "use_position_embedding", "patch_norm",
     )
 
     def __init__(
@@ -302,6 +357,10 @@ class VisionTransformerBackbone(app_base.ImageBackbone):
         pooling="auto",
         num_channels=3,
         layer_norm_epsilon=1e-6,
+        final_norm="tokens",
+        embed_class_token=True,
+        use_position_embedding=True,
+        patch_norm=False,
         **kwargs,
     ):
         image_size = base.check_pair("image_size", image_size)
@@ -315,6 +374,11 @@ class VisionTransformerBackbone(app_base.ImageBackbone):
         base.check_positive_int("hidden_dim", hidden_dim)
         base.check_positive_int("num_channels", num_channels)
         base.check_rate("dropout", dropout)
+        if final_norm not in ("tokens", "pooled", None):
+            raise base.invalid("final_norm", "'tokens', 'pooled' or None", final_norm)
+        embed_class_token = bool(embed_class_token)
+        use_position_embedding = bool(use_position_embedding)
+        patch_norm = bool(patch_norm)
         depths = (
             list(depth) if isinstance(depth, (list, tuple)) else [depth]
         )
@@ -345,6 +409,9 @@ class VisionTransformerBackbone(app_base.ImageBackbone):
             hidden_dim,
             patch_size,
             use_class_token=pooling == "cls",
+            embed_class_token=embed_class_token,
+            use_position_embedding=use_position_embedding,
+            patch_norm_epsilon=layer_norm_epsilon if patch_norm else None,
             name="patch_embedding",
         )(inputs)
         chain = ["patch_embedding"]
@@ -379,11 +446,16 @@ class VisionTransformerBackbone(app_base.ImageBackbone):
                     name=name,
                 )(x)
                 chain.append(name)
-        x = keras.layers.LayerNormalization(
-            epsilon=layer_norm_epsilon, name="final_norm"
-        )(x)
-        chain.append("final_norm")
+        if final_norm == "tokens":
+            x = keras.layers.LayerNormalization(
+                epsilon=layer_norm_epsilon, name="final_norm"
+            )(x)
+            chain.append("final_norm")
         outputs = TokenPooling(pooling, name="pooling")(x)
+        if final_norm == "pooled":
+            outputs = keras.layers.LayerNormalization(
+                epsilon=layer_norm_epsilon, name="final_norm"
+            )(outputs)
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
         self.keep_config(locals())
@@ -403,7 +475,9 @@ class VisionTransformer(app_base.Classifier):
     Args:
         image_size, patch_size, hidden_dim, depth, num_heads, mlp_dim,
         dropout, attention_dropout, attention, attention_kwargs,
-        window_size, pooling, num_channels: the backbone's arguments (see
+        window_size, pooling, num_channels, layer_norm_epsilon, final_norm,
+        embed_class_token, use_position_embedding, patch_norm: the
+            backbone's arguments (see
             `VisionTransformerBackbone`); ignored when `backbone` is given.
         num_classes: number of classes.
         backbone: an existing `VisionTransformerBackbone`.
@@ -455,6 +529,11 @@ class VisionTransformer(app_base.Classifier):
         window_size=4,
         pooling="auto",
         num_channels=3,
+        layer_norm_epsilon=1e-6,
+        final_norm="tokens",
+        embed_class_token=True,
+        use_position_embedding=True,
+        patch_norm=False,
         backbone=None,
         activation=None,
         head_dropout=0.0,
@@ -469,6 +548,130 @@ class VisionTransformer(app_base.Classifier):
             activation=activation,
             head_dropout=head_dropout,
             **kwargs,
+        )
+
+    @classmethod
+    def from_timm(
+        cls, source, model_name=None, config=None, num_classes=None,
+        model_kwargs=None, **kwargs,
+    ):
+        """A `VisionTransformer` with the weights of a timm ViT or Swin.
+
+        Converts timm's `VisionTransformer` exactly (the same logits within
+        float rounding, on channels-last images): the patch convolution
+        (to a channels-last kernel), class token, position embedding, the
+        pre-norm blocks with the fused `qkv` split into the query, key and
+        value projections, the LayerNorm epsilon, exact GELU, the final norm
+        (`norm`, or `fc_norm` of the global-pool models) and the head.
+        timm's `SwinTransformer` (`swin_*`) becomes the Swin mode
+        (`attention="local_window"`, stages with `PatchMerging`,
+        `patch_norm=True`, no absolute position embedding), its window
+        attention loading into `LocalWindowAttention`. The images are
+        normalized as timm's model expects (its `pretrained_cfg`
+        mean and std); this model does not normalize them.
+
+        Every tensor is checked before any is assigned.
+
+        Args:
+            source: a timm model (`timm.create_model(...)`), or a checkpoint
+                file: `.safetensors` (read without torch) or a torch file
+                (`.pth`, `.bin`, ...).
+            model_name: for a file, the timm model name that gives the
+                architecture (`"vit_base_patch16_224"`); needs timm.
+            config: for a ViT file without timm, `VisionTransformer`'s
+                architecture arguments instead of `model_name` (a Swin file
+                needs `model_name`).
+            num_classes: a new head of this many classes (the checkpoint's
+                head is not loaded) when it differs from the checkpoint's;
+                needed when the checkpoint has no head.
+            model_kwargs: extra arguments of `timm.create_model` for
+                `model_name` (e.g. `img_size`).
+            **kwargs: other `VisionTransformer` arguments that keep the
+                weights' shapes (`dropout`, `attention_dropout`,
+                `head_dropout`, `attention` of the same projections, ...).
+
+        Returns:
+            A `VisionTransformer`.
+
+        Raises:
+            ValueError: a model or options that the converter does not
+                cover (naming the option), or a checkpoint with missing,
+                extra or misshapen tensors (naming them); no weight is
+                assigned then.
+
+        Example:
+
+        ```python
+        import timm
+        reference = timm.create_model(
+            "vit_tiny_patch16_224", pretrained=False, img_size=32,
+            num_classes=10,
+        )
+        model = VisionTransformer.from_timm(reference)
+        model(np.zeros((1, 32, 32, 3))).shape  # (1, 10)
+        ```
+
+        References:
+            - Wightman, PyTorch Image Models (timm).
+              https://github.com/huggingface/pytorch-image-models
+            - Liu et al., Swin Transformer, 2021.
+              https://arxiv.org/abs/2103.14030
+        """
+        from keras_attention.applications.converters import vit
+
+        return vit.from_timm(
+            cls, source, model_name=model_name, config=config,
+            num_classes=num_classes, model_kwargs=model_kwargs, **kwargs,
+        )
+
+    @classmethod
+    def from_transformers(cls, source, num_classes=None, **kwargs):
+        """A `VisionTransformer` with the weights of a Hugging Face ViT.
+
+        Converts `ViTForImageClassification` (head included) and `ViTModel`
+        (a new head of `num_classes`; its pooler is not used, as Hugging
+        Face's classifier does not use it either) exactly: the same logits
+        within float rounding, on channels-last images. Every tensor is
+        checked before any is assigned.
+
+        Args:
+            source: a `transformers` ViT model, or a local folder with
+                `config.json` and `model.safetensors` (read without torch)
+                or `pytorch_model.bin`: what `save_pretrained` writes, or a
+                downloaded hub snapshot.
+            num_classes: a new head of this many classes when it differs
+                from the checkpoint's; needed for a `ViTModel`.
+            **kwargs: other `VisionTransformer` arguments that keep the
+                weights' shapes (`dropout`, `head_dropout`, ...).
+
+        Returns:
+            A `VisionTransformer`.
+
+        Raises:
+            ValueError: another architecture or an option not covered
+                (`hidden_act` other than `"gelu"`), or missing, extra or
+                misshapen tensors (naming them); no weight is assigned then.
+
+        Example:
+
+        ```python
+        import transformers
+        config = transformers.ViTConfig(
+            image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
+            num_attention_heads=4, intermediate_size=128, num_labels=10,
+        )
+        reference = transformers.ViTForImageClassification(config)
+        model = VisionTransformer.from_transformers(reference)
+        ```
+
+        References:
+            - Hugging Face Transformers, ViT.
+              https://huggingface.co/docs/transformers/model_doc/vit
+        """
+        from keras_attention.applications.converters import vit
+
+        return vit.from_transformers(
+            cls, source, num_classes=num_classes, **kwargs
         )
 
 

@@ -1,0 +1,232 @@
+"""Reading checkpoint tensors and loading them all-or-nothing."""
+
+import json
+import os
+
+import numpy as np
+
+TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
+
+
+def _to_numpy(tensor):
+    """A torch tensor (any float dtype, bfloat16 too) or array as NumPy."""
+    if hasattr(tensor, "detach"):
+        tensor = tensor.detach().cpu()
+        if tensor.is_floating_point():
+            tensor = tensor.float()
+        return tensor.numpy()
+    return np.asarray(tensor)
+
+
+def state_dict_arrays(module):
+    """`{name: np.ndarray}` of a torch module's `state_dict()`."""
+    return {name: _to_numpy(t) for name, t in module.state_dict().items()}
+
+
+def _read_bfloat16(path, name):
+    """One bfloat16 tensor of a safetensors file, as float32.
+
+    The format: an 8-byte little-endian header size, a JSON header with each
+    tensor's dtype, shape and byte offsets after it, then the data.
+    """
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        entry = json.loads(f.read(size))[name]
+        start, end = entry["data_offsets"]
+        f.seek(8 + size + start)
+        raw = np.frombuffer(f.read(end - start), dtype="<u2")
+    # bfloat16 is the upper half of a float32.
+    return (raw.astype("<u4") << 16).view("<f4").reshape(entry["shape"])
+
+
+def _read_safetensors(path):
+    from safetensors import SafetensorError
+    from safetensors import safe_open
+
+    arrays = {}
+    try:
+        with safe_open(path, framework="numpy") as f:
+            for name in f.keys():
+                if f.get_slice(name).get_dtype() == "BF16":  # NumPy lacks it
+                    arrays[name] = _read_bfloat16(path, name)
+                else:
+                    arrays[name] = f.get_tensor(name)
+    except (SafetensorError, OSError, ValueError, TypeError) as error:
+        raise ValueError(
+            f"Could not read the safetensors file {path!r} (truncated, or "
+            f"not a safetensors file?): {error}"
+        ) from error
+    return arrays
+
+
+def _read_torch(path):
+    try:
+        import torch
+    except ImportError as error:
+        raise ValueError(
+            f"Reading {path!r} needs torch; convert it to .safetensors or "
+            "install torch."
+        ) from error
+    try:
+        content = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many kinds for a bad file
+        raise ValueError(
+            f"Could not read the torch checkpoint {path!r} (truncated, or "
+            f"not a checkpoint?): {error}"
+        ) from error
+    # Training checkpoints wrap the weights: {"state_dict": ...}, {"model": ...}.
+    for key in ("state_dict", "model", "module"):
+        if isinstance(content, dict) and isinstance(content.get(key), dict):
+            content = content[key]
+    if not isinstance(content, dict):
+        raise ValueError(
+            f"Expected a state dict (name -> tensor) in {path!r}. Received: "
+            f"{type(content).__name__}"
+        )
+    return {name: _to_numpy(t) for name, t in content.items()}
+
+
+def read_checkpoint(path):
+    """`{name: np.ndarray}` of a checkpoint file.
+
+    Args:
+        path: a `.safetensors` file (read with the `safetensors` package into
+            NumPy, no torch needed) or a torch file (`.pth`, `.pt`, `.bin`,
+            `.ckpt`, read with `torch.load(weights_only=True)`).
+
+    Returns:
+        The tensors by name, float tensors as `float32`.
+
+    Raises:
+        ValueError: a missing, unreadable or truncated file, or another
+            suffix.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"No checkpoint file at {path!r}.")
+    if path.endswith(".safetensors"):
+        arrays = _read_safetensors(path)
+    elif path.endswith(TORCH_SUFFIXES):
+        arrays = _read_torch(path)
+    else:
+        raise ValueError(
+            "Received an invalid value for argument `source`, expected a "
+            f".safetensors or torch ({', '.join(TORCH_SUFFIXES)}) file. "
+            f"Received: source={path!r}"
+        )
+    return {
+        name: a.astype("float32") if a.dtype.kind == "f" else a
+        for name, a in arrays.items()
+    }
+
+
+def read_hub_directory(directory):
+    """`(config, tensors)` of a Hugging Face model folder.
+
+    The folder of `save_pretrained` or of a hub snapshot: `config.json` and
+    `model.safetensors` (preferred) or `pytorch_model.bin`. Sharded
+    checkpoints (`*.index.json`) are read shard by shard.
+    """
+    directory = os.fspath(directory)
+    config_path = os.path.join(directory, "config.json")
+    if not os.path.isfile(config_path):
+        raise ValueError(
+            f"Expected a Hugging Face model folder with a config.json. "
+            f"Received: source={directory!r}"
+        )
+    with open(config_path) as f:
+        config = json.load(f)
+    for single, index in (
+        ("model.safetensors", "model.safetensors.index.json"),
+        ("pytorch_model.bin", "pytorch_model.bin.index.json"),
+    ):
+        if os.path.isfile(os.path.join(directory, single)):
+            return config, read_checkpoint(os.path.join(directory, single))
+        if os.path.isfile(os.path.join(directory, index)):
+            with open(os.path.join(directory, index)) as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+            tensors = {}
+            for shard in shards:
+                tensors.update(read_checkpoint(os.path.join(directory, shard)))
+            return config, tensors
+    raise ValueError(
+        f"No model.safetensors or pytorch_model.bin in {directory!r}."
+    )
+
+
+class TensorLoader:
+    """Collects `checkpoint tensor -> Keras variable` assignments, then loads.
+
+    `take(names, variables, transform)` looks up the source tensors,
+    transforms them (`transform(*arrays)` returns one array per variable)
+    and checks each result against its variable's shape; problems are
+    collected, not raised. `load()` raises one `ValueError` listing every
+    missing, misshapen and unused tensor, and assigns the variables only when
+    there is none.
+
+    Args:
+        tensors: `{name: np.ndarray}` of the checkpoint.
+        source: how the checkpoint is named in messages.
+        ignore: tensor names that are known and deliberately not loaded
+            (a pooler the model has no use for, a replaced head).
+    """
+
+    def __init__(self, tensors, source="the checkpoint", ignore=()):
+        self.tensors = dict(tensors)
+        self.source = source
+        self.used = set(name for name in ignore if name in self.tensors)
+        self.assignments = []
+        self.problems = []
+
+    def take(self, names, variables, transform=None):
+        names = [names] if isinstance(names, str) else list(names)
+        variables = list(variables) if isinstance(variables, (list, tuple)) else [variables]
+        missing = [name for name in names if name not in self.tensors]
+        if missing:
+            self.problems.extend(f"missing tensor {name!r}" for name in missing)
+            return
+        self.used.update(names)
+        arrays = [self.tensors[name] for name in names]
+        try:
+            values = transform(*arrays) if transform else arrays
+        except ValueError as error:  # a reshape or split of a wrong shape
+            self.problems.append(
+                f"tensor {'/'.join(names)!r} of shape "
+                f"{tuple(arrays[0].shape)} does not fit "
+                f"{', '.join(v.path for v in variables)}: {error}"
+            )
+            return
+        values = list(values) if isinstance(values, (list, tuple)) else [values]
+        for variable, value in zip(variables, values):
+            expected = tuple(variable.shape)
+            if tuple(value.shape) != expected:
+                self.problems.append(
+                    f"tensor {'/'.join(names)!r} of shape "
+                    f"{tuple(arrays[0].shape)} gives {tuple(value.shape)}, "
+                    f"but {variable.path} has shape {expected}"
+                )
+            else:
+                self.assignments.append((variable, value))
+
+    def zeros(self, variables):
+        """Sets `variables` to zero (a bias the checkpoint does not have)."""
+        for variable in variables:
+            self.assignments.append(
+                (variable, np.zeros(tuple(variable.shape), "float32"))
+            )
+
+    def load(self):
+        """Assigns every variable, or raises `ValueError` and assigns none."""
+        extra = sorted(set(self.tensors) - self.used)
+        problems = self.problems + [f"unexpected tensor {name!r}" for name in extra]
+        if problems:
+            shown = problems[:20]
+            more = len(problems) - len(shown)
+            raise ValueError(
+                f"{self.source} does not match the model "
+                f"({len(problems)} problem(s); no weight was assigned):\n  "
+                + "\n  ".join(shown)
+                + (f"\n  ... and {more} more" if more else "")
+            )
+        for variable, value in self.assignments:
+            variable.assign(value.astype(variable.dtype))

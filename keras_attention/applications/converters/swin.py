@@ -1,0 +1,130 @@
+"""timm Swin Transformer checkpoints -> `VisionTransformer` in Swin mode.
+
+timm's `SwinTransformer` (`swin_*`) becomes a `VisionTransformer` with
+`attention="local_window"`, a list `depth` (stages separated by
+`PatchMerging`), `patch_norm=True`, no absolute position embedding, mean
+pooling after the final norm. Each block's window attention is this
+library's `LocalWindowAttention`, whose fused `qkv` and relative position
+bias table have timm's layout, so they load as they are (transposed
+kernels only).
+"""
+
+from keras_attention.applications.converters import vit as vit_converter
+
+
+def _unsupported(option, value, where=""):
+    return ValueError(
+        f"The timm Swin model's option {option}={value!r}{where} is not "
+        "covered by VisionTransformer.from_timm."
+    )
+
+
+def is_timm_swin(model):
+    try:
+        from timm.models import swin_transformer as timm_swin
+    except ImportError:
+        return False
+    return type(model) is timm_swin.SwinTransformer
+
+
+def swin_arguments(model):
+    """`(arguments, num_classes, qkv_bias)` of a timm `SwinTransformer`."""
+    import torch.nn as nn
+    from timm.models import swin_transformer as timm_swin
+
+    if getattr(model, "absolute_pos_embed", None) is not None:
+        raise _unsupported("ape (absolute position embedding)", True)
+    patch_embed = model.patch_embed
+    if not isinstance(patch_embed.norm, nn.LayerNorm):
+        raise _unsupported("patch_norm", False)
+    if model.head.global_pool.pool_type != "avg":
+        raise _unsupported("global_pool", model.head.global_pool.pool_type)
+    epsilons = {model.norm.eps, patch_embed.norm.eps}
+    window = None
+    for stage, layer in enumerate(model.layers):
+        downsample = layer.downsample
+        if (stage == 0) != isinstance(downsample, nn.Identity):
+            raise _unsupported("downsample", type(downsample).__name__,
+                               f" (layers.{stage})")
+        if stage:
+            if type(downsample) is not timm_swin.PatchMerging:
+                raise _unsupported("downsample", type(downsample).__name__)
+            if downsample.norm.eps != 1e-5:
+                raise _unsupported("PatchMerging eps", downsample.norm.eps)
+        for index, block in enumerate(layer.blocks):
+            where = f" (layers.{stage}.blocks.{index})"
+            if type(block) is not timm_swin.SwinTransformerBlock:
+                raise _unsupported("block", type(block).__name__, where)
+            if getattr(block, "always_partition", False) or getattr(
+                block, "dynamic_mask", False
+            ):
+                raise _unsupported("always_partition/dynamic_mask", True, where)
+            size = tuple(block.window_size)
+            window = window or size
+            if size != window or size[0] != size[1]:
+                raise _unsupported(
+                    "window_size", size, where + " (the grid is smaller than "
+                    "the window, or windows differ)"
+                )
+            if block.attn.qkv.bias is None:
+                raise _unsupported("qkv_bias", False, where)
+            act = block.mlp.act
+            if not (isinstance(act, nn.GELU) and act.approximate == "none"):
+                raise _unsupported("act_layer", repr(act), where)
+            epsilons.update((block.norm1.eps, block.norm2.eps))
+    if len(epsilons) > 1:
+        raise _unsupported("LayerNorm eps", sorted(epsilons))
+    first = [layer.blocks[0] for layer in model.layers]
+    head = model.head.fc
+    arguments = dict(
+        image_size=tuple(patch_embed.img_size),
+        patch_size=tuple(patch_embed.patch_size),
+        hidden_dim=patch_embed.proj.out_channels,
+        depth=[len(layer.blocks) for layer in model.layers],
+        num_heads=[block.attn.num_heads for block in first],
+        mlp_dim=[block.mlp.fc1.out_features for block in first],
+        attention="local_window",
+        window_size=window[0],
+        pooling="mean",
+        num_channels=patch_embed.proj.in_channels,
+        layer_norm_epsilon=epsilons.pop(),
+        final_norm="tokens",
+        use_position_embedding=False,
+        patch_norm=True,
+    )
+    num_classes = head.out_features if isinstance(head, nn.Linear) else 0
+    return arguments, num_classes, True
+
+
+def fill(model, loader):
+    """Queues every variable of a Swin-mode `model` in `loader`."""
+    backbone = model.backbone
+    patch = backbone.get_layer("patch_embedding")
+    loader.take("patch_embed.proj.weight", patch.projection.kernel,
+                vit_converter._conv_kernel)
+    loader.take("patch_embed.proj.bias", patch.projection.bias)
+    vit_converter._take_norm(loader, "patch_embed.norm", patch.norm)
+    depths = backbone.depth if isinstance(backbone.depth, (list, tuple)) else [backbone.depth]
+    for stage, stage_depth in enumerate(depths):
+        if stage:
+            merging = backbone.get_layer(f"patch_merging_{stage}")
+            prefix = f"layers.{stage}.downsample."
+            vit_converter._take_norm(loader, prefix + "norm", merging.norm)
+            loader.take(prefix + "reduction.weight", merging.reduction.kernel,
+                        vit_converter._dense_kernel)
+        for index in range(stage_depth):
+            name = f"block_{index}" if len(depths) == 1 else f"block_{stage}_{index}"
+            block = backbone.get_layer(name)
+            attention = block.attention_layer
+            prefix = f"layers.{stage}.blocks.{index}."
+            vit_converter._take_norm(loader, prefix + "norm1", block.attention_norm)
+            loader.take(prefix + "attn.relative_position_bias_table",
+                        attention.relative_position_bias_table)
+            vit_converter._take_linear(loader, prefix + "attn.qkv", attention.qkv)
+            vit_converter._take_linear(
+                loader, prefix + "attn.proj", attention.output_dense
+            )
+            vit_converter._take_norm(loader, prefix + "norm2", block.mlp_norm)
+            vit_converter._take_linear(loader, prefix + "mlp.fc1", block.mlp_hidden)
+            vit_converter._take_linear(loader, prefix + "mlp.fc2", block.mlp_output)
+    vit_converter._take_norm(loader, "norm", backbone.get_layer("final_norm"))
