@@ -8,6 +8,7 @@ from keras.src.backend import set_keras_mask
 
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
+from keras_attention.ops.masks import check_sliding_window
 from keras_attention.registry import register
 
 IMPLEMENTATIONS = ("auto", "dense", "blocked", "fused")
@@ -213,6 +214,7 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
             raise base.invalid(
                 "implementation", f"one of {IMPLEMENTATIONS}", implementation
             )
+        sliding_window = check_sliding_window(sliding_window)
         super().__init__(
             num_heads=num_heads,
             key_dim=key_dim,
@@ -331,15 +333,17 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
     # ------------------------------------------------------------- the core
 
     def attend(
-        self, query, key, value, mask, return_weights, training, is_causal=False
+        self, query, key, value, mask, return_weights, training, is_causal=False,
+        sliding_window=None,
     ):
         """Hook: the attention of projected heads `(B, T, H, D)`.
 
         `key`, `value`: `(B, S, K, D)`. `mask` has the core's meaning
         (`keras_attention.ops.dot_product_attention`): `(B, S)`,
         `(B, T, S)` or rank 4 `(B, H, T, S)`, any axis 1 to broadcast.
-        Returns `(B, T, H, Dv)`, and the weights `(B, H, T, S)` (before
-        dropout) if `return_weights`.
+        `sliding_window` is the core's (the blocked path skips the key
+        blocks outside the band). Returns `(B, T, H, Dv)`, and the weights
+        `(B, H, T, S)` (before dropout) if `return_weights`.
         """
         implementation = self.implementation
         if self._flash_attention and not return_weights:
@@ -357,6 +361,7 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
             training=training,
             return_weights=return_weights,
             implementation=implementation,
+            sliding_window=sliding_window,
         )
 
     def _compute_attention(
@@ -368,6 +373,7 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         training=None,
         return_attention_scores=False,
         use_causal_mask=False,
+        sliding_window=None,
     ):
         """keras's hook, on the core: projected heads in, heads out.
 
@@ -418,8 +424,10 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
                 mask = ops.reshape(
                     mask, (-1, heads, _product(q_axes), _product(k_axes))
                 )
+        extra = {"sliding_window": sliding_window} if sliding_window else {}
         result = self.attend(
-            q, k, v, mask, return_attention_scores, training, use_causal_mask
+            q, k, v, mask, return_attention_scores, training, use_causal_mask,
+            **extra,
         )
         out, weights = result if return_attention_scores else (result, None)
         if not simple:
@@ -505,6 +513,11 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
             type(self)._compute_attention is MultiHeadAttention._compute_attention
         )
         core_causal = causal and own_core and len(query.shape) == 3
+        # Likewise the sliding window: the core's blocked path then skips
+        # the key blocks outside the band.
+        core_window = (
+            self._sliding_window if own_core and len(query.shape) == 3 else None
+        )
         attention_mask = self._compute_attention_mask(
             query,
             value,
@@ -513,6 +526,7 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
             key_mask=key_mask,
             attention_mask=attention_mask,
             use_causal_mask=causal and not core_causal,
+            use_sliding_window=core_window is None,
         )
         # The masks are in `attention_mask` now; the projections take none
         # (as in keras's layer, which clears them the same way).
@@ -524,6 +538,8 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         k = self._key_dense(key)
         v = self._value_dense(value)
         extra = {"use_causal_mask": True} if core_causal else {}
+        if core_window is not None:
+            extra["sliding_window"] = core_window
         heads, scores = self._compute_attention(
             q, k, v, attention_mask, training, return_attention_scores, **extra
         )
@@ -533,6 +549,39 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         if return_attention_scores:
             return output, scores
         return output
+
+    def _compute_attention_mask(
+        self,
+        query,
+        value,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        use_sliding_window=True,
+    ):
+        """keras's mask merge; `use_sliding_window=False` leaves the band
+        to the core. Returns a boolean mask broadcastable to `(B, T, S)`
+        or `None`."""
+        masks = []
+        if query_mask is not None:
+            masks.append(ops.expand_dims(ops.cast(query_mask, "bool"), -1))
+        for m in (value_mask, key_mask):
+            if m is not None:
+                masks.append(ops.expand_dims(ops.cast(m, "bool"), -2))
+        if use_causal_mask:
+            masks.append(self._compute_causal_mask(query, value))
+        if use_sliding_window and self._sliding_window is not None:
+            masks.append(self._compute_sliding_window_mask(query, value))
+        if attention_mask is not None:
+            masks.insert(0, ops.cast(attention_mask, "bool"))
+        if not masks:
+            return None
+        merged = masks[0]
+        for m in masks[1:]:
+            merged = ops.logical_and(merged, m)
+        return merged
 
     def compute_mask(self, inputs, mask=None):
         # The output is aligned with the query, so it keeps the query's mask.

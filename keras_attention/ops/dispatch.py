@@ -18,8 +18,10 @@ from keras_attention.ops.blocked import DEFAULT_BLOCK_SIZE
 from keras_attention.ops.blocked import DEFAULT_QUERY_BLOCK_SIZE
 from keras_attention.ops.blocked import blocked_heads
 from keras_attention.ops.masks import causal_mask
+from keras_attention.ops.masks import check_sliding_window
 from keras_attention.ops.masks import expand_mask
 from keras_attention.ops.masks import masked_softmax
+from keras_attention.ops.masks import sliding_window_mask
 from keras_attention.ops.random import hash_dropout
 from keras_attention.ops.shapes import check_attention_inputs
 from keras_attention.ops.shapes import repeat_heads
@@ -86,6 +88,7 @@ def dot_product_attention(
     implementation="auto",
     block_size=None,
     custom_gradient=None,
+    sliding_window=None,
 ):
     """Scaled dot-product attention (Vaswani et al., 2017).
 
@@ -121,11 +124,18 @@ def dot_product_attention(
             bias, no dropout) uses its own backward pass
             (`_dense_attention`) instead of autodiff's; `None` takes
             `dense_custom_gradient()` (on by default).
+        sliding_window: if set, query `t` sees only keys `s` with
+            `|t - s| < sliding_window` (keras's meaning); with `is_causal`,
+            `0 <= t - s < sliding_window` (Mistral). The blocked path then
+            visits only the key blocks each query block's band meets
+            (`O(T * sliding_window)` work); the dense and fused paths add
+            the `(T, S)` band to the mask.
 
     Returns:
         `output` `(B, T, H, Dv)` in `value`'s dtype, and the weights
         `(B, H, T, S)` if `return_weights`.
     """
+    sliding_window = check_sliding_window(sliding_window)
     check_attention_inputs(query, key, value)
     head_dim = query.shape[-1]
     if scale is None:
@@ -145,15 +155,11 @@ def dot_product_attention(
         f"return_weights={return_weights}, bias={bias is not None}, "
         f"dropout_rate={dropout_rate}, training={training}",
     )
-    if implementation == "fused" or (
+    if implementation == "blocked" or (
         implementation == "auto"
         and can_block
-        and same_dims
-        and _fused_kernel_available()
-    ):
-        return fused_attention(query, key, value, mask, is_causal, scale)
-    if implementation == "blocked" or (
-        implementation == "auto" and can_block and long_enough
+        and long_enough
+        and (sliding_window is not None or not _fused_kernel_available())
     ):
         return blocked_heads(
             query,
@@ -164,7 +170,20 @@ def dot_product_attention(
             scale,
             block_size or DEFAULT_BLOCK_SIZE,
             DEFAULT_QUERY_BLOCK_SIZE,
+            sliding_window,
         )
+    if sliding_window is not None:
+        band = sliding_window_mask(
+            ops.shape(query)[1], ops.shape(key)[1], sliding_window
+        )
+        mask = band if mask is None else ops.logical_and(mask, band)
+    if implementation == "fused" or (
+        implementation == "auto"
+        and can_block
+        and same_dims
+        and _fused_kernel_available()
+    ):
+        return fused_attention(query, key, value, mask, is_causal, scale)
 
     if custom_gradient is None:
         custom_gradient = _CONFIG["dense_custom_gradient"]
