@@ -23,6 +23,7 @@ from keras_attention.ops.masks import causal_mask
 from keras_attention.ops.masks import check_sliding_window
 from keras_attention.ops.masks import expand_mask
 from keras_attention.ops.masks import sliding_window_mask
+from keras_attention.ops.positions import alibi_bias
 from keras_attention.ops.shapes import check_attention_inputs
 from keras_attention.ops.shapes import repeat_heads
 from keras_attention.ops.shapes import static_dim
@@ -34,11 +35,12 @@ DEFAULT_QUERY_BLOCK_SIZE = 256
 # None, keys padded to whole blocks; rows_may_be_empty: a query may see no
 # key (without a mask every query sees one, a causal row its first key);
 # window: the sliding window or None; span: how many key blocks each query
-# block visits (all of them without a window).
+# block visits (all of them without a window); slopes: ALiBi slopes `(H,)`
+# or None.
 _Plan = collections.namedtuple(
     "_Plan",
     "block num_blocks q_block num_q_blocks mask is_causal d_v rows_may_be_empty "
-    "window span",
+    "window span slopes",
 )
 
 
@@ -121,6 +123,10 @@ def _scores(q_i, k_j, i, j, plan):
     """Scores `(B, H, Tq, block)` of query block `i`, key block `j`, and mask."""
     s = ops.matmul(q_i, ops.transpose(k_j, (0, 1, 3, 2)))
     q_start = None if plan.num_q_blocks == 1 else i * plan.q_block
+    if plan.slopes is not None:
+        s = s + alibi_bias(
+            plan.slopes, q_start or 0, plan.q_block, j * plan.block, plan.block
+        )
     mask = _block_mask(
         plan.mask, q_start, plan.q_block, j * plan.block, plan.block,
         plan.is_causal, plan.window,
@@ -252,13 +258,14 @@ def _pad_keys(k, v, mask, s_len, padded):
 
 
 def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
-                  query_block_size, sliding_window=None):
+                  query_block_size, sliding_window=None, alibi_slopes=None):
     """The blocked path on inputs `dot_product_attention` has checked.
 
     `mask` is rank 4 or `None`; `scale` a number. With `sliding_window`,
     each query block visits only the key blocks its band meets (a static
     count, `_window_span`), so the work is `O(T * window)`; the queries are
-    then padded to whole query blocks. Returns `(B, T, H, Dv)` in `value`'s
+    then padded to whole query blocks. `alibi_slopes` `(H,)` adds
+    `slope * (s - t)` to each block's scores. Returns `(B, T, H, Dv)` in `value`'s
     dtype.
     """
     num_heads = query.shape[2]
@@ -300,6 +307,7 @@ def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
         mask is not None or sliding_window is not None,
         sliding_window,
         _window_span(q_block, block, num_blocks, sliding_window, is_causal),
+        alibi_slopes,
     )
 
     @ops.custom_gradient
@@ -341,6 +349,7 @@ def blocked_attention(
     block_size=DEFAULT_BLOCK_SIZE,
     query_block_size=DEFAULT_QUERY_BLOCK_SIZE,
     sliding_window=None,
+    alibi_slopes=None,
 ):
     """Memory-efficient attention: key blocks with an online softmax.
 
@@ -358,5 +367,5 @@ def blocked_attention(
         scale = 1.0 / math.sqrt(query.shape[-1])
     return blocked_heads(
         query, key, value, expand_mask(attention_mask), is_causal, scale,
-        block_size, query_block_size, sliding_window,
+        block_size, query_block_size, sliding_window, alibi_slopes,
     )
