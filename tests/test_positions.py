@@ -88,3 +88,87 @@ def test_alibi_blocked_gradients_equal_dense(window):
 
     for want, got in zip(run("dense"), run("blocked")):
         np.testing.assert_allclose(got.numpy(), want.numpy(), atol=2e-5)
+
+
+def by_hand(layer, x, encoding, causal):
+    """The layer's projections, keras-hub's position layer, the attention."""
+    q, k, v = layer._query_dense(x), layer._key_dense(x), layer._value_dense(x)
+    q, k, v = (np.asarray(t, "float64") for t in (q, k, v))
+    if encoding == "rope":
+        rope = keras_hub.layers.RotaryEmbedding(
+            max_wavelength=layer.rope_max_wavelength,
+            scaling_factor=layer.rope_scaling_factor,
+        )
+        q, k = (np.asarray(rope(t.astype("float32")), "float64") for t in (q, k))
+    heads = q.shape[2]
+    k = np.repeat(k, heads // k.shape[2], axis=2)
+    v = np.repeat(v, heads // v.shape[2], axis=2)
+    scores = np.einsum("bthd,bshd->bhts", q, k) / np.sqrt(q.shape[-1])
+    if encoding == "alibi":
+        scores = np.asarray(
+            keras_hub.layers.AlibiBias(alibi_bias_max=layer.alibi_bias_max)(
+                scores.astype("float32")
+            ),
+            "float64",
+        )
+    full = np.ones(scores.shape, bool)
+    if causal:
+        full &= np.tril(np.ones(scores.shape[-2:], bool))
+    out = np.einsum("bhts,bshd->bthd", softmax(scores, full), v)
+    return np.asarray(layer._output_dense(out.astype("float32")))
+
+
+@pytest.mark.parametrize("encoding", ["rope", "alibi"])
+@pytest.mark.parametrize("implementation", ["dense", "blocked", "fused"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_layer_position_encodings_equal_keras_hub_by_hand(encoding, implementation, causal):
+    from keras_attention.layers import MultiHeadAttention
+
+    layer = MultiHeadAttention(
+        num_heads=4, key_dim=8, num_key_value_heads=2, use_causal_mask=causal,
+        position_encoding=encoding, rope_max_wavelength=100,
+        rope_scaling_factor=2.0, alibi_bias_max=4, implementation=implementation,
+    )
+    x = np.random.default_rng(3).normal(size=(2, 13, 12)).astype("float32")
+    got = np.asarray(layer(x))
+    np.testing.assert_allclose(got, by_hand(layer, x, encoding, causal), atol=2e-5)
+
+
+@pytest.mark.parametrize("encoding", ["rope", "alibi"])
+def test_layer_position_encodings_round_trip(tmp_path, encoding):
+    from keras_attention.layers import MultiHeadAttention
+
+    inputs = keras.Input((10, 8))
+    layer = MultiHeadAttention(
+        num_heads=2, key_dim=4, position_encoding=encoding,
+        rope_max_wavelength=50, use_causal_mask=True, sliding_window=4,
+    )
+    model = keras.Model(inputs, layer(inputs))
+    config = layer.get_config()
+    assert config["position_encoding"] == encoding
+    assert MultiHeadAttention.from_config(config).rope_max_wavelength == 50
+    model.compile("sgd", "mse", jit_compile=True)
+    x = np.random.default_rng(0).normal(size=(2, 10, 8)).astype("float32")
+    model.fit(x, x, epochs=1, verbose=0)
+    path = str(tmp_path / "positions.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_allclose(
+        loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(position_encoding="xpos"), "position_encoding"),
+        (dict(position_encoding="rope", rope_max_wavelength=0), "rope_max_wavelength"),
+        (dict(position_encoding="rope", rope_scaling_factor=-1.0), "rope_scaling_factor"),
+        (dict(position_encoding="alibi", alibi_bias_max="8"), "alibi_bias_max"),
+    ],
+)
+def test_layer_rejects_bad_position_arguments(kwargs, name):
+    from keras_attention.layers import MultiHeadAttention
+
+    with pytest.raises(ValueError, match=f"{name}="):
+        MultiHeadAttention(num_heads=2, key_dim=4, **kwargs)

@@ -8,10 +8,12 @@ from keras.src.backend import set_keras_mask
 
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
+from keras_attention.ops import positions
 from keras_attention.ops.masks import check_sliding_window
 from keras_attention.registry import register
 
 IMPLEMENTATIONS = ("auto", "dense", "blocked", "fused")
+POSITION_ENCODINGS = (None, "rope", "alibi")
 
 
 def _projection_equation(free_dims, bound_dims, output_dims):
@@ -106,6 +108,14 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
             a call's `use_causal_mask` overrides it.
         implementation: `"auto"`, `"dense"`, `"blocked"` or `"fused"` (see
             `keras_attention.ops.dot_product_attention`).
+        position_encoding: `None`, `"rope"` (rotary embeddings of the
+            query and key heads, Su et al., 2021) or `"alibi"` (a linear
+            distance penalty per head, Press et al., 2022, added block by
+            block on the memory-efficient path). Inputs `(B, T, dim)` only.
+        rope_max_wavelength: RoPE's longest wavelength ("theta").
+        rope_scaling_factor: RoPE positions are divided by it (linear
+            scaling of a trained context).
+        alibi_bias_max: ALiBi's largest slope exponent (8 in the paper).
 
     Call arguments:
         query: `(B, T, dim)` (or `(B, ..., dim)` with `attention_axes`), or
@@ -179,9 +189,29 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         num_key_value_heads=None,
         use_causal_mask=False,
         implementation="auto",
+        position_encoding=None,
+        rope_max_wavelength=10000,
+        rope_scaling_factor=1.0,
+        alibi_bias_max=8,
         **kwargs,
     ):
         dropout = base.check_rate("dropout", dropout)
+        if position_encoding not in POSITION_ENCODINGS:
+            raise base.invalid(
+                "position_encoding", f"one of {POSITION_ENCODINGS}",
+                position_encoding,
+            )
+        for name, number in (
+            ("rope_max_wavelength", rope_max_wavelength),
+            ("rope_scaling_factor", rope_scaling_factor),
+            ("alibi_bias_max", alibi_bias_max),
+        ):
+            if (
+                isinstance(number, bool)
+                or not isinstance(number, (int, float))
+                or not number > 0
+            ):
+                raise base.invalid(name, "a positive number", number)
         if output_shape is not None:
             dims = (
                 (output_shape,)
@@ -240,6 +270,10 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         self.num_key_value_heads = num_key_value_heads
         self.use_causal_mask = bool(use_causal_mask)
         self.implementation = implementation
+        self.position_encoding = position_encoding
+        self.rope_max_wavelength = rope_max_wavelength
+        self.rope_scaling_factor = rope_scaling_factor
+        self.alibi_bias_max = alibi_bias_max
 
     # ----------------------------------------------------------- properties
 
@@ -329,20 +363,31 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
                 f"query.shape={tuple(query_shape)}, "
                 f"value.shape={tuple(value_shape)}"
             )
+        if self.position_encoding and len(query_shape) != 3:
+            raise ValueError(
+                f"position_encoding={self.position_encoding!r} needs "
+                "sequences `(B, T, dim)`. Received: "
+                f"query.shape={tuple(query_shape)}"
+            )
+        if self.position_encoding == "rope" and self._key_dim % 2:
+            raise base.invalid(
+                "key_dim", "an even head size for rotary embeddings",
+                self._key_dim,
+            )
 
     # ------------------------------------------------------------- the core
 
     def attend(
         self, query, key, value, mask, return_weights, training, is_causal=False,
-        sliding_window=None,
+        sliding_window=None, alibi_slopes=None,
     ):
         """Hook: the attention of projected heads `(B, T, H, D)`.
 
         `key`, `value`: `(B, S, K, D)`. `mask` has the core's meaning
         (`keras_attention.ops.dot_product_attention`): `(B, S)`,
         `(B, T, S)` or rank 4 `(B, H, T, S)`, any axis 1 to broadcast.
-        `sliding_window` is the core's (the blocked path skips the key
-        blocks outside the band). Returns `(B, T, H, Dv)`, and the weights
+        `sliding_window` and `alibi_slopes` are the core's (the blocked path
+        skips the key blocks outside the band). Returns `(B, T, H, Dv)`, and the weights
         `(B, H, T, S)` (before dropout) if `return_weights`.
         """
         implementation = self.implementation
@@ -362,6 +407,7 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
             return_weights=return_weights,
             implementation=implementation,
             sliding_window=sliding_window,
+            alibi_slopes=alibi_slopes,
         )
 
     def _compute_attention(
@@ -374,6 +420,7 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         return_attention_scores=False,
         use_causal_mask=False,
         sliding_window=None,
+        alibi_slopes=None,
     ):
         """keras's hook, on the core: projected heads in, heads out.
 
@@ -425,6 +472,8 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
                     mask, (-1, heads, _product(q_axes), _product(k_axes))
                 )
         extra = {"sliding_window": sliding_window} if sliding_window else {}
+        if alibi_slopes is not None:
+            extra["alibi_slopes"] = alibi_slopes
         result = self.attend(
             q, k, v, mask, return_attention_scores, training, use_causal_mask,
             **extra,
@@ -540,6 +589,7 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         extra = {"use_causal_mask": True} if core_causal else {}
         if core_window is not None:
             extra["sliding_window"] = core_window
+        q, k, extra = self._encode_positions(q, k, extra, own_core)
         heads, scores = self._compute_attention(
             q, k, v, attention_mask, training, return_attention_scores, **extra
         )
@@ -549,6 +599,26 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         if return_attention_scores:
             return output, scores
         return output
+
+    def _encode_positions(self, q, k, extra, own_core, q_start=0, k_start=0):
+        """RoPE rotates the heads; ALiBi's slopes go to the core."""
+        if self.position_encoding == "rope":
+            rope = dict(
+                max_wavelength=self.rope_max_wavelength,
+                scaling_factor=self.rope_scaling_factor,
+            )
+            q = positions.rotary_embedding(q, start_index=q_start, **rope)
+            k = positions.rotary_embedding(k, start_index=k_start, **rope)
+        elif self.position_encoding == "alibi":
+            if not own_core:
+                raise ValueError(
+                    "position_encoding='alibi' needs keras_attention's "
+                    "`_compute_attention`; a subclass overrides it."
+                )
+            extra["alibi_slopes"] = positions.alibi_slopes(
+                self._num_heads, self.alibi_bias_max
+            )
+        return q, k, extra
 
     def _compute_attention_mask(
         self,
@@ -675,6 +745,10 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
                 "num_key_value_heads": self.num_key_value_heads,
                 "use_causal_mask": self.use_causal_mask,
                 "implementation": self.implementation,
+                "position_encoding": self.position_encoding,
+                "rope_max_wavelength": self.rope_max_wavelength,
+                "rope_scaling_factor": self.rope_scaling_factor,
+                "alibi_bias_max": self.alibi_bias_max,
             }
         )
         return config

@@ -87,5 +87,5 @@ def alibi_bias(slopes, q_start, q_size, k_start, k_size):
     rows = ops.arange(q_size, dtype="float32") + ops.cast(q_start, "float32")
     cols = ops.arange(k_size, dtype="float32") + ops.cast(k_start, "float32")
     distance = cols[None, :] - rows[:, None]  # (q_size, k_size)
-    slopes = ops.reshape(ops.cast(slopes, "float32"), (1, -1, 1, 1))
+    slopes = ops.reshape(ops.convert_to_tensor(slopes, "float32"), (1, -1, 1, 1))
     return slopes * distance[None, None]
