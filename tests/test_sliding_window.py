@@ -186,7 +186,7 @@ def test_layer_routes_its_window_to_the_core(monkeypatch, causal):
     original = attention_ops.dispatch.blocked_heads
 
     def spy(*args):
-        seen.append(args[-1])
+        seen.append(args[8])  # sliding_window
         return original(*args)
 
     monkeypatch.setattr(attention_ops.dispatch, "blocked_heads", spy)
