@@ -172,3 +172,36 @@ def test_layer_rejects_bad_position_arguments(kwargs, name):
 
     with pytest.raises(ValueError, match=f"{name}="):
         MultiHeadAttention(num_heads=2, key_dim=4, **kwargs)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("jit", [False, True])
+def test_alibi_with_query_blocks_equals_dense(window, jit):
+    """Several query blocks: the bias follows each block's query rows."""
+    rng = np.random.default_rng(4)
+    q, k, v = (
+        tf.constant(rng.normal(size=(1, 18, 2, 8)).astype("float32"))
+        for _ in range(3)
+    )
+    slopes = positions.alibi_slopes(2, 4)
+
+    def run(blocked):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            if blocked:
+                out = attention_ops.blocked_attention(
+                    q, k, v, is_causal=True, block_size=4, query_block_size=6,
+                    alibi_slopes=slopes, sliding_window=window,
+                )
+            else:
+                out = attention_ops.dot_product_attention(
+                    q, k, v, is_causal=True, implementation="dense",
+                    alibi_slopes=slopes, sliding_window=window,
+                )
+            loss = tf.reduce_sum(out * tf.cos(out))
+        return [out] + tape.gradient(loss, [q, k, v])
+
+    want = run(False)
+    got = tf.function(lambda: run(True), jit_compile=jit)()
+    for w, g in zip(want, got):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), atol=2e-5)

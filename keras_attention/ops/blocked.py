@@ -47,10 +47,11 @@ _Plan = collections.namedtuple(
 def _window_span(q_block, block, num_blocks, window, is_causal):
     """The number of key blocks a query block's band can touch (static).
 
-    Query rows `[a, a + q_block)` see keys `(a - window, a + q_block - 1 +
-    window)` (the upper end only without `is_causal`): an interval of
-    `q_block + window - 1` or `q_block + 2 * window - 2` keys, which meets
-    at most `ceil((length - 1) / block) + 1` blocks wherever it starts.
+    Query rows `[a, a + q_block)` see keys from `a - window + 1` to
+    `a + q_block - 1` (to `a + q_block + window - 2` without `is_causal`):
+    an interval of `q_block + window - 1` (or `q_block + 2 * window - 2`)
+    keys, which meets at most `ceil((length - 1) / block) + 1` blocks
+    wherever it starts.
     """
     if window is None:
         return num_blocks
@@ -125,7 +126,8 @@ def _scores(q_i, k_j, i, j, plan):
     q_start = None if plan.num_q_blocks == 1 else i * plan.q_block
     if plan.slopes is not None:
         s = s + alibi_bias(
-            plan.slopes, q_start or 0, plan.q_block, j * plan.block, plan.block
+            plan.slopes, 0 if q_start is None else q_start, plan.q_block,
+            j * plan.block, plan.block,
         )
     mask = _block_mask(
         plan.mask, q_start, plan.q_block, j * plan.block, plan.block,
@@ -135,7 +137,8 @@ def _scores(q_i, k_j, i, j, plan):
 
 
 def _forward_rows(q, k, v, i, plan):
-    """Output and log-sum-exp of query block `i` over all key blocks."""
+    """Output and log-sum-exp of query block `i` over the key blocks it
+    visits (`plan.span` of them from `_first_key_block`)."""
     q_i = _rows(q, i, plan)
     first = _first_key_block(i, plan)
 
