@@ -106,3 +106,35 @@ def test_translators(kind):
     x, y = model.prepare(words, words)
     fits(model, x, y, batch_size=8)
     assert len(model.translate(words[:2])) == 2
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="jax.grad")
+@pytest.mark.parametrize("causal", [False, True])
+def test_sliding_window_blocked_equals_dense_band_under_jit(causal):
+    import jax
+
+    from keras_attention import ops as attention_ops
+
+    t, window = 22, 4
+    q = RNG.normal(size=(2, t, 2, 8)).astype("float32")
+    k = RNG.normal(size=(2, t, 1, 8)).astype("float32")
+    v = RNG.normal(size=(2, t, 1, 8)).astype("float32")
+    distance = np.arange(t)[:, None] - np.arange(t)[None, :]
+    band = (distance >= 0) & (distance < window) if causal else abs(distance) < window
+
+    def loss(fn):
+        return lambda q, k, v: (lambda o: (o * np.cos(1.0) * o).sum())(fn(q, k, v))
+
+    dense = loss(lambda q, k, v: attention_ops.dot_product_attention(
+        q, k, v, attention_mask=band[None], is_causal=causal,
+        implementation="dense",
+    ))
+    windowed = loss(lambda q, k, v: attention_ops.blocked_attention(
+        q, k, v, is_causal=causal, block_size=4, query_block_size=8,
+        sliding_window=window,
+    ))
+    want = jax.value_and_grad(dense, argnums=(0, 1, 2))(q, k, v)
+    got = jax.jit(jax.value_and_grad(windowed, argnums=(0, 1, 2)))(q, k, v)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    for g, w in zip(got[1], want[1]):
+        np.testing.assert_allclose(g, w, atol=2e-5)

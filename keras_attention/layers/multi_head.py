@@ -7,9 +7,12 @@ from keras.src.backend import set_keras_mask
 
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
+from keras_attention.ops import positions
+from keras_attention.ops.masks import check_sliding_window
 from keras_attention.registry import register
 
 IMPLEMENTATIONS = ("auto", "dense", "blocked", "fused")
+POSITION_ENCODINGS = (None, "rope", "alibi")
 
 
 def _projection_equation(free_dims, bound_dims, output_dims):
@@ -104,6 +107,14 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
             a call's `use_causal_mask` overrides it.
         implementation: `"auto"`, `"dense"`, `"blocked"` or `"fused"` (see
             `keras_attention.ops.dot_product_attention`).
+        position_encoding: `None`, `"rope"` (rotary embeddings of the
+            query and key heads, Su et al., 2021) or `"alibi"` (a linear
+            distance penalty per head, Press et al., 2022, added block by
+            block on the memory-efficient path). Inputs `(B, T, dim)` only.
+        rope_max_wavelength: RoPE's longest wavelength ("theta").
+        rope_scaling_factor: RoPE positions are divided by it (linear
+            scaling of a trained context).
+        alibi_bias_max: ALiBi's largest slope exponent (8 in the paper).
 
     Call arguments:
         query: `(B, T, dim)` (or `(B, ..., dim)` with `attention_axes`), or
@@ -122,6 +133,16 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         training: whether dropout is active.
         use_causal_mask: apply a causal mask in this call; `None` (the
             default) uses the constructor's.
+        cache: optional key/value cache `(B, 2, S_max, K, D)` (keras-hub's
+            `CachedMultiHeadAttention` convention; value_dim == key_dim):
+            the call then returns `(output, cache)`. A cache of exactly
+            `sliding_window` entries is a ring (memory stays flat however
+            long the decoding). Keras masks are not read in a cached call;
+            `attention_mask` `(B, T, S_max)` is.
+        cache_update_index: where the new tokens' keys and values go (an int
+            or a scalar tensor); the queries sit at positions
+            `cache_update_index + arange(T)`. `None` reads the cache as it
+            is.
 
     Returns:
         `(B, T, *output_shape)`, and the attention weights if
@@ -177,9 +198,29 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         num_key_value_heads=None,
         use_causal_mask=False,
         implementation="auto",
+        position_encoding=None,
+        rope_max_wavelength=10000,
+        rope_scaling_factor=1.0,
+        alibi_bias_max=8,
         **kwargs,
     ):
         dropout = base.check_rate("dropout", dropout)
+        if position_encoding not in POSITION_ENCODINGS:
+            raise base.invalid(
+                "position_encoding", f"one of {POSITION_ENCODINGS}",
+                position_encoding,
+            )
+        for name, number in (
+            ("rope_max_wavelength", rope_max_wavelength),
+            ("rope_scaling_factor", rope_scaling_factor),
+            ("alibi_bias_max", alibi_bias_max),
+        ):
+            if (
+                isinstance(number, bool)
+                or not isinstance(number, (int, float))
+                or not number > 0
+            ):
+                raise base.invalid(name, "a positive number", number)
         if output_shape is not None:
             dims = (
                 (output_shape,)
@@ -212,6 +253,7 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
             raise base.invalid(
                 "implementation", f"one of {IMPLEMENTATIONS}", implementation
             )
+        sliding_window = check_sliding_window(sliding_window)
         super().__init__(
             num_heads=num_heads,
             key_dim=key_dim,
@@ -237,6 +279,10 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         self.num_key_value_heads = num_key_value_heads
         self.use_causal_mask = bool(use_causal_mask)
         self.implementation = implementation
+        self.position_encoding = position_encoding
+        self.rope_max_wavelength = rope_max_wavelength
+        self.rope_scaling_factor = rope_scaling_factor
+        self.alibi_bias_max = alibi_bias_max
 
     # ----------------------------------------------------------- properties
 
@@ -326,19 +372,32 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
                 f"query.shape={tuple(query_shape)}, "
                 f"value.shape={tuple(value_shape)}"
             )
+        if self.position_encoding and len(query_shape) != 3:
+            raise ValueError(
+                f"position_encoding={self.position_encoding!r} needs "
+                "sequences `(B, T, dim)`. Received: "
+                f"query.shape={tuple(query_shape)}"
+            )
+        if self.position_encoding == "rope" and self._key_dim % 2:
+            raise base.invalid(
+                "key_dim", "an even head size for rotary embeddings",
+                self._key_dim,
+            )
 
     # ------------------------------------------------------------- the core
 
     def attend(
-        self, query, key, value, mask, return_weights, training, is_causal=False
+        self, query, key, value, mask, return_weights, training, is_causal=False,
+        sliding_window=None, alibi_slopes=None,
     ):
         """Hook: the attention of projected heads `(B, T, H, D)`.
 
         `key`, `value`: `(B, S, K, D)`. `mask` has the core's meaning
         (`keras_attention.ops.dot_product_attention`): `(B, S)`,
         `(B, T, S)` or rank 4 `(B, H, T, S)`, any axis 1 to broadcast.
-        Returns `(B, T, H, Dv)`, and the weights `(B, H, T, S)` (before
-        dropout) if `return_weights`.
+        `sliding_window` and `alibi_slopes` are the core's (the blocked path
+        skips the key blocks outside the band). Returns `(B, T, H, Dv)`, and the weights
+        `(B, H, T, S)` (before dropout) if `return_weights`.
         """
         implementation = self.implementation
         if self._flash_attention and not return_weights:
@@ -356,6 +415,8 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
             training=training,
             return_weights=return_weights,
             implementation=implementation,
+            sliding_window=sliding_window,
+            alibi_slopes=alibi_slopes,
         )
 
     def _compute_attention(
@@ -367,6 +428,8 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         training=None,
         return_attention_scores=False,
         use_causal_mask=False,
+        sliding_window=None,
+        alibi_slopes=None,
     ):
         """keras's hook, on the core: projected heads in, heads out.
 
@@ -417,8 +480,12 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
                 mask = ops.reshape(
                     mask, (-1, heads, _product(q_axes), _product(k_axes))
                 )
+        extra = {"sliding_window": sliding_window} if sliding_window else {}
+        if alibi_slopes is not None:
+            extra["alibi_slopes"] = alibi_slopes
         result = self.attend(
-            q, k, v, mask, return_attention_scores, training, use_causal_mask
+            q, k, v, mask, return_attention_scores, training, use_causal_mask,
+            **extra,
         )
         out, weights = result if return_attention_scores else (result, None)
         if not simple:
@@ -480,12 +547,26 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         training=None,
         use_causal_mask=None,
         mask=None,
+        cache=None,
+        cache_update_index=None,
     ):
         query, value, key, query_mask, value_mask, key_mask = (
             base.SequenceAttention.flatten_inputs(
                 query, value, key, query_mask, value_mask, key_mask, mask
             )
         )
+        if cache is not None or cache_update_index is not None:
+            return self._call_cached(
+                query,
+                query if value is None else value,
+                key,
+                attention_mask,
+                cache,
+                cache_update_index,
+                training,
+                use_causal_mask,
+                return_attention_scores,
+            )
         if value is None:  # self-attention
             value = query
             value_mask = query_mask if value_mask is None else value_mask
@@ -504,6 +585,11 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
             type(self)._compute_attention is MultiHeadAttention._compute_attention
         )
         core_causal = causal and own_core and len(query.shape) == 3
+        # Likewise the sliding window: the core's blocked path then skips
+        # the key blocks outside the band.
+        core_window = (
+            self._sliding_window if own_core and len(query.shape) == 3 else None
+        )
         attention_mask = self._compute_attention_mask(
             query,
             value,
@@ -512,6 +598,7 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
             key_mask=key_mask,
             attention_mask=attention_mask,
             use_causal_mask=causal and not core_causal,
+            use_sliding_window=core_window is None,
         )
         # The masks are in `attention_mask` now; the projections take none
         # (as in keras's layer, which clears them the same way).
@@ -523,6 +610,9 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         k = self._key_dense(key)
         v = self._value_dense(value)
         extra = {"use_causal_mask": True} if core_causal else {}
+        if core_window is not None:
+            extra["sliding_window"] = core_window
+        q, k, extra = self._encode_positions(q, k, extra, own_core)
         heads, scores = self._compute_attention(
             q, k, v, attention_mask, training, return_attention_scores, **extra
         )
@@ -532,6 +622,230 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         if return_attention_scores:
             return output, scores
         return output
+
+    # ------------------------------------------------------------ KV cache
+
+    def _check_cache(self, query, cache, cache_update_index):
+        """Static checks of a cache and its index, before any work."""
+        if cache is None:
+            raise ValueError(
+                "`cache_update_index` is given without a `cache`. Received: "
+                f"cache=None, cache_update_index={cache_update_index!r}"
+            )
+        shape = tuple(cache.shape)
+        expected = (query.shape[0], 2, None, self.kv_heads, self._key_dim)
+        if len(shape) != 5 or any(
+            e is not None and d is not None and d != e
+            for d, e in zip(shape, expected)
+        ):
+            raise ValueError(
+                "Received an invalid value for argument `cache`, expected a "
+                "tensor (B, 2, S_max, K, D) = "
+                f"{expected[:2] + ('S_max',) + expected[3:]}. "
+                f"Received: cache.shape={shape}"
+            )
+        if self._value_dim != self._key_dim:
+            raise ValueError(
+                "A key/value cache needs value_dim == key_dim. Received: "
+                f"key_dim={self._key_dim}, value_dim={self._value_dim}"
+            )
+        dtype = keras.backend.standardize_dtype(cache.dtype)
+        if dtype != self.compute_dtype:
+            raise ValueError(
+                "Received an invalid value for argument `cache`, expected "
+                f"the layer's compute dtype {self.compute_dtype}. "
+                f"Received: cache.dtype={dtype}"
+            )
+        index = cache_update_index
+        if index is None or self._is_ring(shape[2]):
+            return
+        if isinstance(index, int) and not isinstance(index, bool):
+            t_len, s_max = query.shape[1], shape[2]
+            if index < 0 or (
+                None not in (t_len, s_max) and index + t_len > s_max
+            ):
+                raise ValueError(
+                    "Received an invalid value for argument "
+                    "`cache_update_index`, expected 0 <= index and "
+                    f"index + T <= S_max = {s_max} (T = {t_len}). "
+                    f"Received: cache_update_index={index}"
+                )
+
+    def _is_ring(self, s_max):
+        """A cache of `sliding_window` entries is a ring: position `p` sits
+        in slot `p % sliding_window`."""
+        return self._sliding_window is not None and s_max == self._sliding_window
+
+    def _call_cached(
+        self, query, value, key, attention_mask, cache, cache_update_index,
+        training, use_causal_mask, return_attention_scores,
+    ):
+        """keras-hub's `CachedMultiHeadAttention` convention.
+
+        `cache` `(B, 2, S_max, K, D)` holds the projected (and, with RoPE,
+        rotated) keys and values of the earlier positions. With
+        `cache_update_index` the new tokens' keys and values are written at
+        that position and the queries, at positions `index + arange(T)`,
+        attend to every filled slot (causally with `use_causal_mask`, within
+        the window with `sliding_window`); without it the cache is read as
+        it is (cross-attention to a fixed memory). A cache of exactly
+        `sliding_window` entries is a ring. Returns `(output, cache)`.
+        """
+        self._check_cache(query, cache, cache_update_index)
+        if return_attention_scores:
+            raise ValueError(
+                "A cached call returns `(output, cache)`, no attention "
+                "scores. Received: return_attention_scores=True"
+            )
+        causal = self.use_causal_mask if use_causal_mask is None else use_causal_mask
+        key = value if key is None else key
+        for x in (query, value, key):
+            set_keras_mask(x, None)
+        if self._use_gate:
+            gate = self._gate_dense(query)
+        q = self._query_dense(query)
+        t_len, s_max = ops.shape(query)[1], cache.shape[2]
+        index = 0 if cache_update_index is None else cache_update_index
+        q_pos = ops.arange(t_len) + ops.cast(index, "int32")
+        key_cache, value_cache = cache[:, 0], cache[:, 1]
+        if cache_update_index is None:
+            k, v = key_cache, value_cache
+            k_pos = ops.arange(s_max)
+            valid = ops.ones((1, s_max), "bool")
+            q, _, _ = self._encode_positions(q, q, {}, True, q_start=index)
+        else:
+            new_k = self._key_dense(key)
+            new_v = self._value_dense(value)
+            q, new_k, _ = self._encode_positions(
+                q, new_k, {}, True, q_start=index, k_start=index
+            )
+            new_k = ops.cast(new_k, cache.dtype)
+            new_v = ops.cast(new_v, cache.dtype)
+            if self._is_ring(s_max):
+                k, v, k_pos, cache = self._ring_update(
+                    key_cache, value_cache, new_k, new_v, index
+                )
+            else:
+                start = [0, index, 0, 0]
+                k = ops.slice_update(key_cache, start, new_k)
+                v = ops.slice_update(value_cache, start, new_v)
+                cache = ops.stack((k, v), axis=1)
+                k_pos = ops.arange(s_max)
+            filled = ops.logical_and(
+                k_pos >= 0, k_pos < ops.cast(index, "int32") + t_len
+            )
+            valid = filled[None, :]
+        distance = q_pos[:, None] - k_pos[None, :]  # (T, S)
+        allowed = ops.broadcast_to(valid, ops.shape(distance))
+        if causal:
+            allowed = ops.logical_and(allowed, distance >= 0)
+        if self._sliding_window is not None:
+            allowed = ops.logical_and(
+                allowed, ops.abs(distance) < self._sliding_window
+            )
+        mask = allowed[None]
+        if attention_mask is not None:
+            mask = ops.logical_and(ops.cast(attention_mask, "bool"), mask)
+        bias = None
+        if self.position_encoding == "alibi":
+            slopes = ops.convert_to_tensor(
+                positions.alibi_slopes(self._num_heads, self.alibi_bias_max),
+                "float32",
+            )
+            bias = slopes[None, :, None, None] * ops.cast(
+                -distance, "float32"
+            )[None, None]
+        heads = attention_ops.dot_product_attention(
+            q, k, v, attention_mask=mask, bias=bias,
+            scale=self._inverse_sqrt_key_dim, dropout_rate=self._dropout,
+            seed=getattr(self._dropout_layer, "seed_generator", None),
+            training=training,
+            implementation="auto" if bias is None else "dense",
+        )
+        if self._use_gate:
+            heads = ops.multiply(heads, gate)
+        return self._output_dense(heads), cache
+
+    def _ring_update(self, key_cache, value_cache, new_k, new_v, index):
+        """Keys/values to attend to and the new ring, for a ring cache.
+
+        The queries see the ring's earlier entries and the new tokens
+        (concatenated, `(B, W + T, K, D)`, with their positions); the new
+        ring keeps, per slot `j`, the newest position `p = j (mod W)`.
+        """
+        window = self._sliding_window
+        t_len = ops.shape(new_k)[1]
+        index = ops.cast(index, "int32")
+        slots = ops.arange(window)
+        # Slot j holds the newest position before `index` with p % W == j.
+        old_pos = index - 1 - ops.mod(index - 1 - slots, window)
+        last = index + t_len - 1
+        newest = last - ops.mod(last - slots, window)
+        from_new = newest >= index
+        take = ops.clip(newest - index, 0, t_len - 1)
+        ring_k = ops.where(
+            from_new[None, :, None, None], ops.take(new_k, take, axis=1), key_cache
+        )
+        ring_v = ops.where(
+            from_new[None, :, None, None], ops.take(new_v, take, axis=1), value_cache
+        )
+        k = ops.concatenate([key_cache, new_k], axis=1)
+        v = ops.concatenate([value_cache, new_v], axis=1)
+        k_pos = ops.concatenate([old_pos, ops.arange(t_len) + index], axis=0)
+        return k, v, k_pos, ops.stack((ring_k, ring_v), axis=1)
+
+    def _encode_positions(self, q, k, extra, own_core, q_start=0, k_start=0):
+        """RoPE rotates the heads; ALiBi's slopes go to the core."""
+        if self.position_encoding == "rope":
+            rope = dict(
+                max_wavelength=self.rope_max_wavelength,
+                scaling_factor=self.rope_scaling_factor,
+            )
+            q = positions.rotary_embedding(q, start_index=q_start, **rope)
+            k = positions.rotary_embedding(k, start_index=k_start, **rope)
+        elif self.position_encoding == "alibi":
+            if not own_core:
+                raise ValueError(
+                    "position_encoding='alibi' needs keras_attention's "
+                    "`_compute_attention`; a subclass overrides it."
+                )
+            extra["alibi_slopes"] = positions.alibi_slopes(
+                self._num_heads, self.alibi_bias_max
+            )
+        return q, k, extra
+
+    def _compute_attention_mask(
+        self,
+        query,
+        value,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        use_sliding_window=True,
+    ):
+        """keras's mask merge; `use_sliding_window=False` leaves the band
+        to the core. Returns a boolean mask broadcastable to `(B, T, S)`
+        or `None`."""
+        masks = []
+        if query_mask is not None:
+            masks.append(ops.expand_dims(ops.cast(query_mask, "bool"), -1))
+        for m in (value_mask, key_mask):
+            if m is not None:
+                masks.append(ops.expand_dims(ops.cast(m, "bool"), -2))
+        if use_causal_mask:
+            masks.append(self._compute_causal_mask(query, value))
+        if use_sliding_window and self._sliding_window is not None:
+            masks.append(self._compute_sliding_window_mask(query, value))
+        if attention_mask is not None:
+            masks.insert(0, ops.cast(attention_mask, "bool"))
+        if not masks:
+            return None
+        merged = masks[0]
+        for m in masks[1:]:
+            merged = ops.logical_and(merged, m)
+        return merged
 
     def compute_mask(self, inputs, mask=None):
         # The output is aligned with the query, so it keeps the query's mask.
@@ -583,12 +897,21 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         training=None,
         use_causal_mask=None,
         mask=None,
+        cache=None,
+        cache_update_index=None,
     ):
         query, value, key, query_mask, value_mask, key_mask = (
             base.SequenceAttention.flatten_inputs(
                 query, value, key, query_mask, value_mask, key_mask, mask
             )
         )
+        if cache is not None:
+            self._check_cache(query, cache, cache_update_index)
+            output = keras.KerasTensor(
+                self.compute_output_shape(query.shape, query.shape, query.shape),
+                dtype=self.compute_dtype,
+            )
+            return output, keras.KerasTensor(cache.shape, dtype=cache.dtype)
         value = query if value is None else value
         key = value if key is None else key
         self._check_shapes(
@@ -639,6 +962,10 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
                 "num_key_value_heads": self.num_key_value_heads,
                 "use_causal_mask": self.use_causal_mask,
                 "implementation": self.implementation,
+                "position_encoding": self.position_encoding,
+                "rope_max_wavelength": self.rope_max_wavelength,
+                "rope_scaling_factor": self.rope_scaling_factor,
+                "alibi_bias_max": self.alibi_bias_max,
             }
         )
         return config

@@ -8,7 +8,8 @@ One module per topic:
 
 - `masks`: `masked_softmax` (float32 whatever the input dtype; a row whose
   entries are all masked gives zeros, never NaN), `segment_softmax`
-  (softmax over groups of entries, a graph's incoming edges), `causal_mask`.
+  (softmax over groups of entries, a graph's incoming edges), `causal_mask`,
+  `sliding_window_mask` (keras's band, causal or symmetric).
 - `dispatch`: `dot_product_attention`, scaled dot-product attention with
   padding masks, an arbitrary boolean mask, a causal flag, an additive bias,
   dropout on the weights and optionally the weights themselves (taken before
@@ -16,7 +17,9 @@ One module per topic:
   (`fused_attention`), the memory-efficient blocked path for long sequences,
   or the dense path with its own backward pass (`dense_custom_gradient`).
 - `blocked`: `blocked_attention`, key blocks with an online softmax and
-  recomputation in the backward pass; never holds the `T x S` scores.
+  recomputation in the backward pass; never holds the `T x S` scores. With
+  `sliding_window` each query block visits only the key blocks its band
+  meets: `O(T * window)` work.
 - `random`: `hash_bits`, `hash_dropout`, counter-based random bits and
   dropout masks that XLA fuses (the backend's generator is slow under XLA on
   CPU); the attention core's dropout when a seed is given.
@@ -33,6 +36,7 @@ from keras_attention.ops.dispatch import set_dense_custom_gradient
 from keras_attention.ops.masks import causal_mask
 from keras_attention.ops.masks import masked_softmax
 from keras_attention.ops.masks import segment_softmax
+from keras_attention.ops.masks import sliding_window_mask
 from keras_attention.ops.random import hash_bits
 from keras_attention.ops.random import hash_dropout
 
@@ -49,5 +53,6 @@ __all__ = [
     "hash_dropout",
     "masked_softmax",
     "segment_softmax",
+    "sliding_window_mask",
     "set_dense_custom_gradient",
 ]

@@ -20,7 +20,10 @@ from keras import ops
 
 from keras_attention.ops.masks import MASK_VALUE
 from keras_attention.ops.masks import causal_mask
+from keras_attention.ops.masks import check_sliding_window
 from keras_attention.ops.masks import expand_mask
+from keras_attention.ops.masks import sliding_window_mask
+from keras_attention.ops.positions import alibi_bias
 from keras_attention.ops.shapes import check_attention_inputs
 from keras_attention.ops.shapes import repeat_heads
 from keras_attention.ops.shapes import static_dim
@@ -30,14 +33,49 @@ DEFAULT_QUERY_BLOCK_SIZE = 256
 
 # block: key block length; q_block: query block length; mask: rank 4 or
 # None, keys padded to whole blocks; rows_may_be_empty: a query may see no
-# key (without a mask every query sees one, a causal row its first key).
+# key (without a mask every query sees one, a causal row its first key);
+# window: the sliding window or None; span: how many key blocks each query
+# block visits (all of them without a window); slopes: ALiBi slopes `(H,)`
+# or None.
 _Plan = collections.namedtuple(
     "_Plan",
-    "block num_blocks q_block num_q_blocks mask is_causal d_v rows_may_be_empty",
+    "block num_blocks q_block num_q_blocks mask is_causal d_v rows_may_be_empty "
+    "window span slopes",
 )
 
 
-def _block_mask(mask, q_start, q_size, k_start, k_size, is_causal):
+def _window_span(q_block, block, num_blocks, window, is_causal):
+    """The number of key blocks a query block's band can touch (static).
+
+    Query rows `[a, a + q_block)` see keys from `a - window + 1` to
+    `a + q_block - 1` (to `a + q_block + window - 2` without `is_causal`):
+    an interval of `q_block + window - 1` (or `q_block + 2 * window - 2`)
+    keys, which meets at most `ceil((length - 1) / block) + 1` blocks
+    wherever it starts.
+    """
+    if window is None:
+        return num_blocks
+    length = q_block + (window - 1) * (1 if is_causal else 2)
+    return min(num_blocks, -(-(length - 1) // block) + 1)
+
+
+def _first_key_block(i, plan):
+    """The first key block visited by query block `i` (int or tensor).
+
+    Its band starts at key `i * q_block - window + 1`; the start is clipped
+    so that all `span` blocks lie inside the keys (the band's own blocks
+    are still among them; the mask removes the rest).
+    """
+    if plan.span == plan.num_blocks:
+        return 0
+    last = plan.num_blocks - plan.span
+    if isinstance(i, int):
+        return min(max((i * plan.q_block - plan.window + 1) // plan.block, 0), last)
+    first = ops.floor_divide(i * plan.q_block - plan.window + 1, plan.block)
+    return ops.clip(first, 0, last)
+
+
+def _block_mask(mask, q_start, q_size, k_start, k_size, is_causal, window=None):
     """The `(B|1, H|1, q_size|1, k_size|1)` mask of a query and key block."""
     block = None
     if mask is not None:
@@ -47,8 +85,11 @@ def _block_mask(mask, q_start, q_size, k_start, k_size, is_causal):
         if mask.shape[3] != 1:
             starts[3], shape[3], sliced = k_start, k_size, True
         block = ops.slice(mask, starts, shape) if sliced else mask
-    if is_causal:
-        offset = -k_start if q_start is None else q_start - k_start
+    offset = -k_start if q_start is None else q_start - k_start
+    if window is not None:
+        band = sliding_window_mask(q_size, k_size, window, offset, is_causal)
+        block = band if block is None else ops.logical_and(block, band)
+    elif is_causal:
         causal = causal_mask(q_size, k_size, offset=offset)
         block = causal if block is None else ops.logical_and(block, causal)
     return block
@@ -83,18 +124,26 @@ def _scores(q_i, k_j, i, j, plan):
     """Scores `(B, H, Tq, block)` of query block `i`, key block `j`, and mask."""
     s = ops.matmul(q_i, ops.transpose(k_j, (0, 1, 3, 2)))
     q_start = None if plan.num_q_blocks == 1 else i * plan.q_block
+    if plan.slopes is not None:
+        s = s + alibi_bias(
+            plan.slopes, 0 if q_start is None else q_start, plan.q_block,
+            j * plan.block, plan.block,
+        )
     mask = _block_mask(
         plan.mask, q_start, plan.q_block, j * plan.block, plan.block,
-        plan.is_causal,
+        plan.is_causal, plan.window,
     )
     return s, mask
 
 
 def _forward_rows(q, k, v, i, plan):
-    """Output and log-sum-exp of query block `i` over all key blocks."""
+    """Output and log-sum-exp of query block `i` over the key blocks it
+    visits (`plan.span` of them from `_first_key_block`)."""
     q_i = _rows(q, i, plan)
+    first = _first_key_block(i, plan)
 
-    def step(j, carry):
+    def step(r, carry):
+        j = first + r
         acc, row_max, row_sum = carry
         s, m = _scores(q_i, _keys(k, j, plan), i, j, plan)
         if m is not None:
@@ -114,7 +163,7 @@ def _forward_rows(q, k, v, i, plan):
         row_zeros + MASK_VALUE,
         row_zeros,
     )
-    acc, row_max, row_sum = ops.fori_loop(0, plan.num_blocks, step, init)
+    acc, row_max, row_sum = ops.fori_loop(0, plan.span, step, init)
     if not plan.rows_may_be_empty:
         return acc / row_sum, row_max + ops.log(row_sum)
     has_keys = row_sum > 0.0
@@ -129,8 +178,12 @@ def _forward_rows(q, k, v, i, plan):
 def _backward_rows(q, k, v, d_out, delta, lse, i, d_k, d_v, plan):
     """`d_q` of query block `i`; adds its part to `d_k`, `d_v`."""
     q_i, do_i, delta_i, lse_i = (_rows(x, i, plan) for x in (q, d_out, delta, lse))
+    first = _first_key_block(i, plan)
+    # With several query blocks, a key block's gradient sums their parts.
+    accumulate = plan.num_q_blocks > 1
 
-    def step(j, carry):
+    def step(r, carry):
+        j = first + r
         d_q_i, d_k, d_v = carry
         k_j, v_j = _keys(k, j, plan), _keys(v, j, plan)
         s, m = _scores(q_i, k_j, i, j, plan)
@@ -142,14 +195,14 @@ def _backward_rows(q, k, v, d_out, delta, lse, i, d_k, d_v, plan):
         d_s = p * (d_p - delta_i)
         d_q_i = d_q_i + ops.matmul(d_s, k_j)
         d_k_j = ops.matmul(ops.transpose(d_s, (0, 1, 3, 2)), q_i)
-        if plan.num_q_blocks > 1:
+        if accumulate:
             d_k_j = d_k_j + _keys(d_k, j, plan)
             d_v_j = d_v_j + _keys(d_v, j, plan)
         d_k = ops.slice_update(d_k, [0, 0, j * plan.block, 0], d_k_j)
         d_v = ops.slice_update(d_v, [0, 0, j * plan.block, 0], d_v_j)
         return d_q_i, d_k, d_v
 
-    return ops.fori_loop(0, plan.num_blocks, step, (ops.zeros_like(q_i), d_k, d_v))
+    return ops.fori_loop(0, plan.span, step, (ops.zeros_like(q_i), d_k, d_v))
 
 
 def _forward(q, k, v, plan):
@@ -208,11 +261,15 @@ def _pad_keys(k, v, mask, s_len, padded):
 
 
 def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
-                  query_block_size):
+                  query_block_size, sliding_window=None, alibi_slopes=None):
     """The blocked path on inputs `dot_product_attention` has checked.
 
-    `mask` is rank 4 or `None`; `scale` a number. Returns `(B, T, H, Dv)` in
-    `value`'s dtype.
+    `mask` is rank 4 or `None`; `scale` a number. With `sliding_window`,
+    each query block visits only the key blocks its band meets (a static
+    count, `_window_span`), so the work is `O(T * window)`; the queries are
+    then padded to whole query blocks. `alibi_slopes` `(H,)` adds
+    `slope * (s - t)` to each block's scores. Returns `(B, T, H, Dv)` in `value`'s
+    dtype.
     """
     num_heads = query.shape[2]
     s_len, t_len = static_dim(key, 1), static_dim(query, 1)
@@ -237,10 +294,23 @@ def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
             f"query axis must be 1 or {t_len}. Received: "
             f"attention_mask.shape={tuple(mask.shape)}"
         )
-    q_block = _pick_query_block(t_len, query_block_size)
+    if sliding_window is None:
+        q_block = _pick_query_block(t_len, query_block_size)
+        padded_t = t_len
+    else:
+        # Query blocks are what lets a window skip keys: pad T to them.
+        q_block = max(1, min(int(query_block_size or t_len), t_len))
+        padded_t = -(-t_len // q_block) * q_block
+        q, mask = _pad_queries(q, mask, t_len, padded_t)
+    num_q_blocks = padded_t // q_block
     plan = _Plan(
-        block, num_blocks, q_block, t_len // q_block, mask, is_causal,
-        v.shape[-1], mask is not None,
+        block, num_blocks, q_block, num_q_blocks, mask, is_causal,
+        v.shape[-1],
+        # A band can leave a row without keys (and so can padded rows).
+        mask is not None or sliding_window is not None,
+        sliding_window,
+        _window_span(q_block, block, num_blocks, sliding_window, is_causal),
+        alibi_slopes,
     )
 
     @ops.custom_gradient
@@ -254,7 +324,22 @@ def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
         return out, grad
 
     out = attend(q, k, v)  # (B, H, T, Dv)
+    if padded_t != t_len:
+        out = out[:, :, :t_len]
     return ops.cast(ops.transpose(out, (0, 2, 1, 3)), value.dtype)
+
+
+def _pad_queries(q, mask, t_len, padded):
+    """Queries padded to whole query blocks (their rows are dropped after)."""
+    if padded == t_len:
+        return q, mask
+    q = ops.pad(q, [[0, 0], [0, 0], [0, padded - t_len], [0, 0]])
+    if mask is not None and mask.shape[2] != 1:
+        mask = ops.pad(
+            mask, [[0, 0], [0, 0], [0, padded - t_len], [0, 0]],
+            constant_values=False,
+        )
+    return q, mask
 
 
 def blocked_attention(
@@ -266,6 +351,8 @@ def blocked_attention(
     scale=None,
     block_size=DEFAULT_BLOCK_SIZE,
     query_block_size=DEFAULT_QUERY_BLOCK_SIZE,
+    sliding_window=None,
+    alibi_slopes=None,
 ):
     """Memory-efficient attention: key blocks with an online softmax.
 
@@ -277,10 +364,11 @@ def blocked_attention(
     Returns:
         `(B, T, H, Dv)` in `value`'s dtype.
     """
+    sliding_window = check_sliding_window(sliding_window)
     check_attention_inputs(query, key, value)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     return blocked_heads(
         query, key, value, expand_mask(attention_mask), is_causal, scale,
-        block_size, query_block_size,
+        block_size, query_block_size, sliding_window, alibi_slopes,
     )

@@ -18,8 +18,11 @@ from keras_attention.ops.blocked import DEFAULT_BLOCK_SIZE
 from keras_attention.ops.blocked import DEFAULT_QUERY_BLOCK_SIZE
 from keras_attention.ops.blocked import blocked_heads
 from keras_attention.ops.masks import causal_mask
+from keras_attention.ops.masks import check_sliding_window
 from keras_attention.ops.masks import expand_mask
 from keras_attention.ops.masks import masked_softmax
+from keras_attention.ops.masks import sliding_window_mask
+from keras_attention.ops.positions import alibi_bias
 from keras_attention.ops.random import hash_dropout
 from keras_attention.ops.shapes import check_attention_inputs
 from keras_attention.ops.shapes import repeat_heads
@@ -86,6 +89,8 @@ def dot_product_attention(
     implementation="auto",
     block_size=None,
     custom_gradient=None,
+    sliding_window=None,
+    alibi_slopes=None,
 ):
     """Scaled dot-product attention (Vaswani et al., 2017).
 
@@ -121,11 +126,23 @@ def dot_product_attention(
             bias, no dropout) uses its own backward pass
             (`_dense_attention`) instead of autodiff's; `None` takes
             `dense_custom_gradient()` (on by default).
+        sliding_window: if set, query `t` sees only keys `s` with
+            `|t - s| < sliding_window` (keras's meaning); with `is_causal`,
+            `0 <= t - s < sliding_window` (Mistral). The blocked path then
+            visits only the key blocks each query block's band meets
+            (`O(T * sliding_window)` work); the dense and fused paths add
+            the `(T, S)` band to the mask.
+        alibi_slopes: optional ALiBi slopes, one per query head `(H,)`
+            (`keras_attention.ops.positions.alibi_slopes`): adds
+            `slope * (s - t)` to the scaled scores, block by block on the
+            blocked path (never a `T x S` tensor there), as a bias on the
+            dense and fused paths.
 
     Returns:
         `output` `(B, T, H, Dv)` in `value`'s dtype, and the weights
         `(B, H, T, S)` if `return_weights`.
     """
+    sliding_window = check_sliding_window(sliding_window)
     check_attention_inputs(query, key, value)
     head_dim = query.shape[-1]
     if scale is None:
@@ -145,15 +162,11 @@ def dot_product_attention(
         f"return_weights={return_weights}, bias={bias is not None}, "
         f"dropout_rate={dropout_rate}, training={training}",
     )
-    if implementation == "fused" or (
+    if implementation == "blocked" or (
         implementation == "auto"
         and can_block
-        and same_dims
-        and _fused_kernel_available()
-    ):
-        return fused_attention(query, key, value, mask, is_causal, scale)
-    if implementation == "blocked" or (
-        implementation == "auto" and can_block and long_enough
+        and long_enough
+        and (sliding_window is not None or not _fused_kernel_available())
     ):
         return blocked_heads(
             query,
@@ -164,10 +177,32 @@ def dot_product_attention(
             scale,
             block_size or DEFAULT_BLOCK_SIZE,
             DEFAULT_QUERY_BLOCK_SIZE,
+            sliding_window,
+            alibi_slopes,
+        )
+    if sliding_window is not None:
+        band = sliding_window_mask(
+            ops.shape(query)[1], ops.shape(key)[1], sliding_window
+        )
+        mask = band if mask is None else ops.logical_and(mask, band)
+    if implementation == "fused" or (
+        implementation == "auto"
+        and can_block
+        and same_dims
+        and _fused_kernel_available()
+    ):
+        return fused_attention(
+            query, key, value, mask, is_causal, scale, alibi_slopes
         )
 
     if custom_gradient is None:
         custom_gradient = _CONFIG["dense_custom_gradient"]
+    if alibi_slopes is not None:
+        alibi = alibi_bias(
+            alibi_slopes, 0, ops.shape(query)[1], 0, ops.shape(key)[1]
+        )
+        bias = alibi if bias is None else ops.cast(bias, "float32") + alibi
+        custom_gradient = False  # its backward pass takes no bias
     return _dense_path(
         query, key, value, mask, bias, is_causal, scale, dropout_rate, seed,
         dropout_active, return_weights, custom_gradient and can_block,
@@ -286,21 +321,30 @@ def _fused_kernel_available():
     return _FUSED[backend]
 
 
-def fused_attention(query, key, value, mask=None, is_causal=False, scale=None):
+def fused_attention(query, key, value, mask=None, is_causal=False, scale=None,
+                    alibi_slopes=None):
     """`keras.ops.dot_product_attention` with this module's semantics.
 
     Same layout and arguments as `dot_product_attention` (boolean `mask`
     broadcastable to `(B, H, T, S)`); grouped key/value heads go to the
     backend as they are (each backend's kernel shares them), and a query
     whose keys are all masked outputs zeros (the fused kernels would average
-    the masked values).
+    the masked values). `alibi_slopes` `(H,)` go to the kernel as a
+    `(1, H, T, S)` bias.
     """
     num_heads = query.shape[2]
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     out_dtype = value.dtype
+    bias = None
+    if alibi_slopes is not None:
+        bias = alibi_bias(
+            alibi_slopes, 0, ops.shape(query)[1], 0, ops.shape(key)[1]
+        )
+        bias = ops.cast(bias, query.dtype)
     out = ops.dot_product_attention(
-        query, key, value, mask=mask, scale=scale, is_causal=is_causal
+        query, key, value, bias=bias, mask=mask, scale=scale,
+        is_causal=is_causal,
     )
     if mask is not None:
         # Does query t see any key at all? (B, 1|H, 1|T) from the mask.

@@ -1,5 +1,7 @@
 """Masks and softmaxes: float32 softmax where a fully masked row gives 0."""
 
+import numbers
+
 import keras
 from keras import ops
 
@@ -86,6 +88,41 @@ def causal_mask(query_length, key_length, offset=0):
     rows = ops.expand_dims(ops.arange(query_length) + offset, -1)
     cols = ops.expand_dims(ops.arange(key_length), 0)
     return ops.greater_equal(rows, cols)
+
+
+def sliding_window_mask(query_length, key_length, window, offset=0,
+                        is_causal=False):
+    """Boolean `(T, S)` band, `True` where `|t + offset - s| < window`.
+
+    keras's `sliding_window`: a symmetric band; with `is_causal` only its
+    lower half `0 <= t + offset - s < window` (Mistral's causal window).
+    Built from two aranges, never from a larger mask.
+    """
+    rows = ops.expand_dims(ops.arange(query_length) + offset, -1)
+    cols = ops.expand_dims(ops.arange(key_length), 0)
+    distance = rows - cols
+    if is_causal:
+        return ops.logical_and(
+            ops.greater_equal(distance, 0), ops.less(distance, window)
+        )
+    return ops.less(ops.abs(distance), window)
+
+
+def check_sliding_window(sliding_window):
+    """`sliding_window` if it is `None` or a positive int, else `ValueError`."""
+    if sliding_window is None:
+        return None
+    if (
+        isinstance(sliding_window, bool)
+        or not isinstance(sliding_window, numbers.Integral)
+        or sliding_window <= 0
+    ):
+        raise ValueError(
+            "Received an invalid value for argument `sliding_window`, "
+            "expected a positive integer or None. "
+            f"Received: sliding_window={sliding_window!r}"
+        )
+    return int(sliding_window)
 
 
 def expand_mask(mask):

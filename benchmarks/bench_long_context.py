@@ -1,0 +1,116 @@
+"""Long context: sliding-window attention that skips work, forward + backward.
+
+`keras_attention.layers.MultiHeadAttention(num_heads=8, key_dim=64,
+sliding_window=W, use_causal_mask=True)` (Mistral's causal window) on one
+sequence (batch 1), forward + backward (gradients of `mean(out ** 2)` with
+respect to the input and every weight), compiled with XLA. The blocked core
+visits only the key blocks each query block's band meets, so time grows
+with `T * W`; without a window (`--full-lengths`) it grows with `T ** 2`.
+Each case runs in its own subprocess, so its peak resident memory
+(`ru_maxrss`) is its own. Columns: the first call (compilation included),
+the median of `--repeats` more, the process's peak RSS.
+
+    python benchmarks/bench_long_context.py
+    python benchmarks/bench_long_context.py --lengths 16384 --full-lengths 16384
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def run_case(length, window, heads, head_dim, repeats, position_encoding):
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_attention.layers import MultiHeadAttention
+
+    dim = heads * head_dim
+    x = tf.constant(
+        np.random.default_rng(0).standard_normal((1, length, dim)).astype("float32")
+    )
+    layer = MultiHeadAttention(
+        num_heads=heads, key_dim=head_dim, sliding_window=window,
+        use_causal_mask=True, implementation="blocked",
+        position_encoding=position_encoding,
+    )
+    layer(tf.zeros((1, 8, dim)))  # build
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_mean(layer(x) ** 2)
+        return tape.gradient(loss, [x] + layer.trainable_weights)
+
+    start = time.perf_counter()
+    keras.ops.convert_to_numpy(step(x)[0])
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        keras.ops.convert_to_numpy(step(x)[0])
+        times.append(time.perf_counter() - start)
+    return {
+        "length": length,
+        "window": window,
+        "position_encoding": position_encoding,
+        "first_s": round(first, 2),
+        "median_s": round(sorted(times)[len(times) // 2], 2) if times else None,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768, 65536])
+    parser.add_argument("--full-lengths", type=int, nargs="*", default=[16384],
+                        help="lengths also run without a window")
+    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--position-encoding", default=None)
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:
+        length, window = json.loads(args.case)
+        print(json.dumps(run_case(
+            length, window, args.heads, args.head_dim, args.repeats,
+            args.position_encoding,
+        )))
+        return
+    cases = [(n, args.window) for n in args.lengths]
+    cases += [(n, None) for n in args.full_lengths]
+    print("| length | window | first call (s) | median (s) | peak RSS (MB) |")
+    print("|---:|---:|---:|---:|---:|")
+    for length, window in cases:
+        command = [sys.executable, __file__, "--case", json.dumps([length, window]),
+                   "--heads", str(args.heads), "--head-dim", str(args.head_dim),
+                   "--repeats", str(args.repeats)]
+        if args.position_encoding:
+            command += ["--position-encoding", args.position_encoding]
+        # The checkout's package, whichever one is installed.
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (root, env.get("PYTHONPATH")) if p
+        )
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+        if done.returncode:
+            print(f"| {length} | {window} | failed: {done.stderr.strip()[-200:]} |||")
+            continue
+        r = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"| {length:,} | {window or 'none'} | {r['first_s']} | "
+              f"{r['median_s']} | {r['peak_rss_mb']:,} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""MultiHeadAttention's public KV cache (keras-hub's convention): decoding
+step by step equals the full causal forward, a window's ring cache too."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attention.layers import MultiHeadAttention
+
+T, DIM = 11, 12
+
+
+def make(**kwargs):
+    layer = MultiHeadAttention(
+        num_heads=4, key_dim=8, num_key_value_heads=2, use_causal_mask=True,
+        **kwargs,
+    )
+    x = np.random.default_rng(0).normal(size=(2, T, DIM)).astype("float32")
+    return layer, x
+
+
+def decode(layer, x, cache_len, prefill=0, step=1, jit=False):
+    """Feeds `x` after a prefill of `prefill` tokens, `step` at a time."""
+    cache = np.zeros((x.shape[0], 2, cache_len, layer.kv_heads, 8), "float32")
+    call = layer
+    if jit:
+        call = tf.function(
+            lambda q, cache, index: layer(q, cache=cache, cache_update_index=index),
+            jit_compile=True,
+        )
+    outputs, start = [], 0
+    if prefill:
+        out, cache = layer(x[:, :prefill], cache=cache, cache_update_index=0)
+        outputs.append(out)
+        start = prefill
+    for i in range(start, x.shape[1], step):
+        q = x[:, i : i + step]
+        if jit:
+            out, cache = call(q, cache, tf.constant(i))
+        else:
+            out, cache = call(q, cache=cache, cache_update_index=i)
+        outputs.append(out)
+    return np.concatenate([np.asarray(o) for o in outputs], axis=1)
+
+
+@pytest.mark.parametrize("encoding", [None, "rope", "alibi"])
+@pytest.mark.parametrize("prefill, step", [(0, 1), (4, 1), (3, 2)])
+def test_cached_decoding_equals_the_full_causal_forward(encoding, prefill, step):
+    layer, x = make(position_encoding=encoding)
+    want = np.asarray(layer(x))
+    got = decode(layer, x, cache_len=16, prefill=prefill, step=step)
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+@pytest.mark.parametrize("encoding", [None, "rope", "alibi"])
+@pytest.mark.parametrize("prefill, step", [(0, 1), (5, 1), (2, 3), (7, 2)])
+def test_ring_cache_of_the_window_equals_the_windowed_forward(encoding, prefill, step):
+    layer, x = make(position_encoding=encoding, sliding_window=4)
+    want = np.asarray(layer(x))
+    got = decode(layer, x, cache_len=4, prefill=prefill, step=step)
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow", reason="tf.function"
+)
+def test_cached_decoding_under_jit_with_a_tensor_index():
+    layer, x = make(position_encoding="rope", sliding_window=3)
+    want = np.asarray(layer(x))
+    np.testing.assert_allclose(decode(layer, x, 3, jit=True), want, atol=2e-5)
+    np.testing.assert_allclose(decode(layer, x, 16, jit=True), want, atol=2e-5)
+
+
+def test_cache_errors_before_any_work():
+    layer, x = make()
+    layer(x)
+    good = np.zeros((2, 2, 16, 2, 8), "float32")
+    with pytest.raises(ValueError, match="cache.shape"):
+        layer(x, cache=good[:, :, :, :1], cache_update_index=0)
+    with pytest.raises(ValueError, match="cache.shape"):
+        layer(x, cache=good[:, 0], cache_update_index=0)
+    # (keras autocasts a floating cache to the compute dtype on `__call__`.)
+    with pytest.raises(ValueError, match="cache.dtype=int32"):
+        layer(x, cache=good.astype("int32"), cache_update_index=0)
+    with pytest.raises(ValueError, match="cache_update_index=6"):
+        layer(x, cache=good, cache_update_index=6)  # 6 + 11 > 16
+    with pytest.raises(ValueError, match="cache_update_index"):
+        layer(x, cache_update_index=0)
