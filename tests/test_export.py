@@ -100,3 +100,34 @@ def test_detr_inference_exports(tmp_path):
     model = keras.Model(images, [out["logits"], out["boxes"]])
     x = np.random.default_rng(0).random((2, 16, 16, 1)).astype("float32")
     assert_exports(model, x, tmp_path, "DETR")
+
+
+@pytest.mark.parametrize("kind", ["transformer", "rnn"])
+def test_translator_decoding_exports_as_one_saved_model(kind, tmp_path):
+    import tensorflow as tf
+
+    from keras_attention.applications import (
+        Seq2SeqTranslator,
+        TransformerTranslator,
+        TranslationPreprocessor,
+    )
+
+    keras.utils.set_random_seed(0)
+    preprocessor = TranslationPreprocessor(source_length=8, target_length=8)
+    if kind == "transformer":
+        model = TransformerTranslator(
+            preprocessor, num_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=32
+        )
+    else:
+        model = Seq2SeqTranslator(preprocessor, embedding_dim=8, hidden_dim=16)
+    source_ids = preprocessor.encode_sources(["abc", "de", "fgh"])
+    for beam_width in (1, 2):
+        path = str(tmp_path / f"{kind}_{beam_width}")
+        model.export_generator(path, beam_width=beam_width, verbose=False)
+        expected, _ = model.generate_ids(source_ids, beam_width=beam_width)
+        loaded = tf.saved_model.load(path)  # kept: its variables live with it
+        served = loaded.generate(tf.constant(source_ids, tf.int32))
+        np.testing.assert_array_equal(served.numpy(), expected)
+    with pytest.raises(ValueError, match="beam_width"):
+        model.export_generator(str(tmp_path / "bad"), beam_width=0)
+    assert not os.path.exists(tmp_path / "bad")

@@ -21,6 +21,8 @@ Every tensor of `encoded` and of the cache has the batch axis first, so beam
 search repeats and reorders them without knowing what they are.
 """
 
+import types
+
 import keras
 import numpy as np
 from keras import ops
@@ -122,7 +124,9 @@ class Translator(PresetMixin, CompileDefaults, keras.Model):
             )
         # A plain object, not a layer: its vocabularies travel in the config.
         self.preprocessor = preprocessor
-        self._generate_functions = {}
+        # A plain object: Keras and TensorFlow track dict attributes, and a
+        # SavedModel cannot hold a dict with tuple keys.
+        self._generate_functions = types.SimpleNamespace(cache={})
 
     # Hooks -----------------------------------------------------------------
 
@@ -378,7 +382,7 @@ class Translator(PresetMixin, CompileDefaults, keras.Model):
             search, beam_width, max_length, float(length_penalty),
             bool(use_cache), bool(jit_compile),
         )
-        function = self._generate_functions.get(key)
+        function = self._generate_functions.cache.get(key)
         if function is not None:
             return function
 
@@ -395,7 +399,7 @@ class Translator(PresetMixin, CompileDefaults, keras.Model):
 
             function = tf.function(generate, jit_compile=True)
         # Other backends run the same keras.ops loop eagerly.
-        self._generate_functions[key] = function
+        self._generate_functions.cache[key] = function
         return function
 
     def generate_ids(
@@ -428,6 +432,59 @@ class Translator(PresetMixin, CompileDefaults, keras.Model):
         )
         tokens, weights = function(ops.convert_to_tensor(source_ids, "int32"))
         return ops.convert_to_numpy(tokens), ops.convert_to_numpy(weights)
+
+    def export_generator(
+        self, path, beam_width=1, max_length=None, length_penalty=0.6, verbose=True
+    ):
+        """Writes the whole decoding as a TensorFlow SavedModel.
+
+        Its `generate` endpoint maps source ids `(B, S)` (int32, `S` the
+        preprocessor's `source_length`) to target ids `(B, L)`, the same
+        ids `generate_ids` returns: encoder, cached decoder steps and the
+        search loop in one graph, served without Python (TF Serving,
+        `tf.saved_model.load(path).generate(ids)`). Tokenisation stays
+        outside (`preprocessor.encode_sources`, `preprocessor.decode`).
+
+        Args:
+            path: the SavedModel folder to write.
+            beam_width, max_length, length_penalty: as for `generate_ids`
+                (greedy search for `beam_width=1`).
+            verbose: print what was written.
+
+        Raises:
+            ValueError: on a backend other than TensorFlow, or a bad
+                decoding argument (before anything is written).
+
+        Example:
+
+        ```python
+        translator.export_generator("dates_generator")
+        ids = tf.saved_model.load("dates_generator").generate(source_ids)
+        ```
+        """
+        if keras.backend.backend() != "tensorflow":
+            raise ValueError(
+                "export_generator writes a TensorFlow SavedModel and needs "
+                "the TensorFlow backend. Received: backend="
+                f"{keras.backend.backend()!r}"
+            )
+        beam_width, max_length = self._check_decoding(beam_width, max_length)
+        search = "greedy" if beam_width == 1 else "beam"
+        generate = self._generate_function(
+            search, beam_width, max_length, length_penalty, True, False
+        )
+        archive = keras.export.ExportArchive()
+        archive.track(self)
+        archive.add_endpoint(
+            "generate",
+            lambda source_ids: generate(source_ids)[0],
+            input_signature=[
+                keras.InputSpec(
+                    shape=(None, self.preprocessor.source_length), dtype="int32"
+                )
+            ],
+        )
+        archive.write_out(path, verbose=verbose)
 
     def _check_decoding(self, beam_width, max_length):
         beam_width = check_positive_int("beam_width", beam_width)
