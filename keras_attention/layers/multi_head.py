@@ -199,9 +199,9 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         use_causal_mask=False,
         implementation="auto",
         position_encoding=None,
-        rope_max_wavelength=10000,
+        rope_max_wavelength=10000.0,
         rope_scaling_factor=1.0,
-        alibi_bias_max=8,
+        alibi_bias_max=8.0,
         **kwargs,
     ):
         dropout = base.check_rate("dropout", dropout)
