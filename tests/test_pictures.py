@@ -7,9 +7,10 @@
   character of the ISO date, most of the attention lies on the source
   characters that determine it, on 200 held-out dates.
 
-- (large, `--run-large`) a ViT's attention rollout on the same canvases:
-  most of its mass lies inside the box, which covers about 11 % of the
-  canvas (50 % measured at seed 0 after 40 epochs).
+- A ViT's attention rollout on the same canvases: at least 35 % (and three
+  times the box's share of the canvas, about 11 %) of its mass inside the
+  digit's box (50 % measured at seed 0 after 40 epochs; 70 s on 2 idle
+  cores).
 
 `benchmarks/meaningful_pictures.py` draws the figures of these recipes for
 the README.
@@ -17,7 +18,6 @@ the README.
 
 import keras
 import numpy as np
-import pytest
 
 from keras_attention import layers as ka_layers
 from keras_attention import visualization as vis
@@ -154,7 +154,6 @@ def test_date_alignment_mass_lies_on_the_determining_characters():
     assert mass >= 0.8, mass
 
 
-@pytest.mark.large
 def test_vit_rollout_mass_lies_on_the_digit():
     from keras_attention.applications import VisionTransformer
 
