@@ -586,15 +586,7 @@ def _image_payload(context, inputs, index, layers, class_names, cam_methods):
     from keras_attention.visualization import cam as cam_lib
     from keras_attention.visualization import rollout as rollout_lib
 
-    images = np.asarray(inputs)
-    if images.ndim != 4:
-        raise ValueError(
-            "Received an invalid value for argument `inputs`, expected images "
-            "(B, height, width, channels). Received: "
-            f"inputs.shape={images.shape}"
-        )
-    index = _check_index(index, len(images))
-    image = images[index : index + 1].astype("float32")
+    image = _one_image(inputs, index)
     weights = context.maps(image, layers)
     size = image.shape[1:3]
     entries, spatial, self_attention = [], [], []
@@ -694,7 +686,8 @@ def _predictions(context, image, class_names):
 # Detection --------------------------------------------------------------------
 
 
-def _detection_payload(context, inputs, index, class_names, score_threshold):
+def _one_image(inputs, index):
+    """The `index`-th image of a `(B, H, W, C)` batch, as a batch of one."""
     images = np.asarray(inputs)
     if images.ndim != 4:
         raise ValueError(
@@ -703,7 +696,11 @@ def _detection_payload(context, inputs, index, class_names, score_threshold):
             f"inputs.shape={images.shape}"
         )
     index = _check_index(index, len(images))
-    image = images[index : index + 1].astype("float32")
+    return images[index : index + 1].astype("float32")
+
+
+def _detection_payload(context, inputs, index, class_names, score_threshold):
+    image = _one_image(inputs, index)
     model = context.model
     try:
         outputs = model(image, training=False, return_attention_scores=True)
