@@ -5,6 +5,8 @@ for a bad argument: "Received an invalid value for argument `x`, expected
 ... Received: x=...".
 """
 
+import numpy as np
+
 
 def invalid(argument, expected, value):
     """The ValueError keras raises for a bad argument, in keras's wording."""
@@ -58,3 +60,19 @@ def check_image_inputs(inputs, image_shape, argument="images"):
             f"a batch of images of shape {expected} (batch, height, width, "
             f"channels). Received: {argument}.shape={shape}"
         )
+
+
+def check_texts(texts):
+    """A list of strings (bytes decoded) from `texts`; a `ValueError` else."""
+    if isinstance(texts, str):
+        raise invalid("texts", "a list of strings, not one string", texts)
+    texts = list(texts.tolist() if isinstance(texts, np.ndarray) else texts)
+    for i, text in enumerate(texts):
+        if isinstance(text, bytes):
+            texts[i] = text.decode("utf-8")
+        elif not isinstance(text, str):
+            raise ValueError(
+                "Received an invalid value for argument `texts`, expected "
+                f"strings. Received: texts[{i}]={text!r}"
+            )
+    return texts

@@ -127,11 +127,12 @@ def build_parser():
     )
     convert = commands.add_parser(
         "convert",
-        help="a timm or Hugging Face ViT checkpoint to a .keras model",
-        description="Convert a pretrained ViT checkpoint you have locally: a "
-        "Hugging Face folder (config.json + model.safetensors or "
+        help="a timm or Hugging Face ViT/BERT checkpoint to a .keras model",
+        description="Convert a pretrained ViT or BERT checkpoint you have "
+        "locally: a Hugging Face folder (config.json + model.safetensors or "
         "pytorch_model.bin, e.g. a downloaded hub snapshot or what "
-        "save_pretrained writes), or a timm checkpoint file (.safetensors, "
+        "save_pretrained writes; a BERT folder's vocab.txt becomes the "
+        "model's preprocessor), or a timm checkpoint file (.safetensors, "
         ".pth, .bin) with --timm-model. Every tensor is checked before any "
         "is loaded.",
     )
@@ -158,6 +159,47 @@ def _import_triton_first():
         import triton  # noqa: F401
 
 
+def _model_type(folder):
+    """The `model_type` of a Hugging Face folder's config.json, if any."""
+    import json
+
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            return json.load(f).get("model_type")
+    except (OSError, ValueError):
+        return None
+
+
+def _convert_bert(args):
+    """A BERT folder: a `TextClassifier` (the checkpoint's head or a new
+    one), or the encoder alone (`TextClassifierBackbone`) when the
+    checkpoint has no classifier and no `--num-classes` is given."""
+    from keras_attention.applications import TextClassifier
+    from keras_attention.applications import TextClassifierBackbone
+
+    try:
+        model = TextClassifier.from_transformers(
+            args.source, num_classes=args.num_classes
+        )
+        backbone = model.backbone
+        what = f"TextClassifier (BERT), {model.num_classes} classes"
+    except ValueError as error:
+        if "num_classes" not in str(error):
+            raise
+        model = backbone = TextClassifierBackbone.from_transformers(args.source)
+        what = "TextClassifierBackbone (BERT encoder, no head)"
+    directory = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(directory, exist_ok=True)
+    model.save(args.out)
+    print(
+        f"{what}: {backbone.depth} blocks of width {backbone.hidden_dim}, "
+        f"{backbone.vocabulary_size} tokens, sequence length "
+        f"{backbone.sequence_length}, {model.count_params():,} parameters"
+    )
+    print(f"Saved: {os.path.abspath(args.out)}")
+    return EXIT_OK
+
+
 def command_convert(args):
     from keras_attention.applications import VisionTransformer
 
@@ -173,6 +215,8 @@ def command_convert(args):
                 "--timm-model is for a timm checkpoint file; SOURCE is a "
                 "folder (read as a Hugging Face model)"
             )
+        if _model_type(args.source) == "bert":
+            return _convert_bert(args)
         model = VisionTransformer.from_transformers(
             args.source, num_classes=args.num_classes
         )

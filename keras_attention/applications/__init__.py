@@ -14,6 +14,7 @@ from keras_attention.applications.cbam_resnet import CBAMResNetBackbone
 from keras_attention.applications.text_classifier import TextClassifier
 from keras_attention.applications.text_classifier import TextClassifierBackbone
 from keras_attention.applications.text_classifier import TextClassifierPreprocessor
+from keras_attention.applications.bert_preprocessor import BertPreprocessor
 from keras_attention.applications.node_classification import GATEarlyStopping
 from keras_attention.applications.node_classification import GATNodeClassifier
 from keras_attention.applications.node_classification import node_classification_data

@@ -20,25 +20,14 @@ from keras_attention.applications import base as app_base
 from keras_attention.applications import presets
 from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention import _validation as base
+from keras_attention._validation import check_texts as _check_texts
 from keras_attention import registry
-from keras_attention.layers.additive import AdditiveAttention
+from keras_attention.applications.text_layers import AttentionPooling
+from keras_attention.applications.text_layers import ClassTokenPooler
+from keras_attention.applications.text_layers import TokenAndPositionEmbedding
 
 PAD, UNK = "[PAD]", "[UNK]"
-
-
-def _check_texts(texts):
-    if isinstance(texts, str):
-        raise base.invalid("texts", "a list of strings, not one string", texts)
-    texts = list(texts.tolist() if isinstance(texts, np.ndarray) else texts)
-    for i, text in enumerate(texts):
-        if isinstance(text, bytes):
-            texts[i] = text.decode("utf-8")
-        elif not isinstance(text, str):
-            raise ValueError(
-                "Received an invalid value for argument `texts`, expected "
-                f"strings. Received: texts[{i}]={text!r}"
-            )
-    return texts
+POOLINGS = ("attention", "cls")
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
@@ -136,137 +125,11 @@ class TextClassifierPreprocessor:
         return cls(**config)
 
 
-@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class TokenAndPositionEmbedding(keras.layers.Layer):
-    """Token embedding plus a learned position embedding; id 0 is masked.
-
-    Args:
-        vocabulary_size: number of token ids.
-        sequence_length: the (maximum) length `T`.
-        hidden_dim: embedding size `C`.
-
-    Call arguments:
-        token_ids: int `(B, T)`.
-
-    Returns:
-        `(B, T, C)`, with the Keras mask `token_ids != 0`.
-    """
-
-    def __init__(self, vocabulary_size, sequence_length, hidden_dim, **kwargs):
-        super().__init__(**kwargs)
-        self.vocabulary_size = base.check_positive_int(
-            "vocabulary_size", vocabulary_size
-        )
-        self.sequence_length = base.check_positive_int(
-            "sequence_length", sequence_length
-        )
-        self.hidden_dim = base.check_positive_int("hidden_dim", hidden_dim)
-
-    def build(self, input_shape):
-        self.token_embedding = keras.layers.Embedding(
-            self.vocabulary_size,
-            self.hidden_dim,
-            embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02),
-            name="token_embedding",
-            dtype=self.dtype_policy,
-        )
-        self.token_embedding.build(input_shape)
-        self.position_embedding = self.add_weight(
-            name="position_embedding",
-            shape=(self.sequence_length, self.hidden_dim),
-            initializer=keras.initializers.RandomNormal(stddev=0.02),
-        )
-        self.built = True
-
-    def call(self, token_ids):
-        x = self.token_embedding(token_ids)
-        positions = ops.cast(self.position_embedding, x.dtype)
-        return x + positions[None, : ops.shape(token_ids)[1]]
-
-    def compute_mask(self, token_ids, mask=None):
-        return ops.not_equal(token_ids, 0)
-
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape) + (self.hidden_dim,)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "vocabulary_size": self.vocabulary_size,
-                "sequence_length": self.sequence_length,
-                "hidden_dim": self.hidden_dim,
-            }
-        )
-        return config
-
-
-@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class AttentionPooling(keras.layers.Layer):
-    """Pools tokens with a learned query and additive attention.
-
-    `c = sum_t a_t x_t`, `a = softmax_t(v^T tanh(W1 q + W2 x_t))` where the
-    query `q` is a learned vector (the "context vector" of Yang et al.,
-    2016) and the scores are those of `AdditiveAttention`; padded tokens get
-    weight 0.
-
-    Args:
-        units: hidden size of the additive scorer.
-
-    Call arguments:
-        tokens: `(B, T, C)`.
-        mask: optional boolean `(B, T)`, `True` for real tokens (Keras masks
-            are used).
-        return_attention_scores: also return the weights `(B, T)`.
-
-    Returns:
-        `(B, C)`, and the weights `(B, T)` if `return_attention_scores`.
-    """
-
-    def __init__(self, units=64, **kwargs):
-        super().__init__(**kwargs)
-        self.units = base.check_positive_int("units", units)
-        self.supports_masking = True
-
-    def build(self, input_shape):
-        channels = input_shape[-1]
-        self.query = self.add_weight(
-            name="query",
-            shape=(1, 1, channels),
-            initializer=keras.initializers.TruncatedNormal(stddev=0.02),
-        )
-        self.attention = AdditiveAttention(
-            self.units, name="additive_attention", dtype=self.dtype_policy
-        )
-        self.attention.build((None, 1, channels), tuple(input_shape))
-        self.built = True
-
-    def call(self, tokens, mask=None, return_attention_scores=False):
-        query = ops.broadcast_to(
-            ops.cast(self.query, tokens.dtype),
-            (ops.shape(tokens)[0], 1, tokens.shape[-1]),
-        )
-        pooled, weights = self.attention(
-            [query, tokens], value_mask=mask, return_attention_scores=True
-        )
-        pooled, weights = pooled[:, 0], weights[:, 0]
-        if return_attention_scores:
-            return pooled, weights
-        return pooled
-
-    def compute_output_spec(self, tokens, mask=None, return_attention_scores=False):
-        pooled = keras.KerasTensor((tokens.shape[0], tokens.shape[-1]), tokens.dtype)
-        if return_attention_scores:
-            return pooled, keras.KerasTensor(tokens.shape[:2], "float32")
-        return pooled
-
-    def compute_mask(self, inputs, mask=None):
-        return None
-
-    def get_config(self):
-        config = super().get_config()
-        config.update({"units": self.units})
-        return config
+def _batches(inputs, batch_size):
+    """Slices of `batch_size` rows of an array or a dict of arrays."""
+    rows = len(keras.tree.flatten(inputs)[0])
+    for i in range(0, rows, batch_size):
+        yield keras.tree.map_structure(lambda a: a[i : i + batch_size], inputs)
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
@@ -276,6 +139,10 @@ class TextClassifierBackbone(app_base.Backbone):
     `TokenAndPositionEmbedding` (id 0 is padding and masked),
     `depth` pre-norm `TransformerEncoderBlock`s, a final layer
     normalization and `AttentionPooling`: features `(B, hidden_dim)`.
+    BERT's layout (Devlin et al., 2019) is a choice of arguments:
+    `token_types=2, embedding_norm=True, norm_first=False,
+    final_norm=False, pooling="cls", layer_norm_epsilon=1e-12` (what
+    `from_transformers` builds).
 
     Args:
         vocabulary_size: number of token ids.
@@ -289,12 +156,23 @@ class TextClassifierBackbone(app_base.Backbone):
             `(B, T, C)` and a `mask`; default `"multi_head"`).
         attention_kwargs: extra constructor arguments of that layer.
         pooling_units: hidden size of the additive pooling scorer.
+        attention_dropout: dropout rate on the attention weights.
+        token_types: number of token types; with `token_types > 0` the
+            inputs are a dict `{"token_ids", "token_type_ids"}`.
+        max_positions: rows of the position table (`None`: `T`).
+        embedding_norm: a LayerNorm on the embeddings (BERT).
+        layer_norm_epsilon: epsilon of every LayerNorm.
+        norm_first: pre-norm blocks (`True`) or post-norm (BERT).
+        final_norm: a LayerNorm after the last block.
+        pooling: `"attention"` (additive attention with a learned query)
+            or `"cls"` (BERT's pooler, `tanh(Dense(x_0))`).
 
     Call arguments:
-        token_ids: int `(B, T)`, 0 for padding.
+        token_ids: int `(B, T)`, 0 for padding (or the dict above).
 
     Returns:
-        Features `(B, hidden_dim)`.
+        Features `(B, hidden_dim)`; `token_features(inputs)` gives the
+        tokens `(B, T, hidden_dim)` before pooling.
 
     Example:
 
@@ -310,12 +188,15 @@ class TextClassifierBackbone(app_base.Backbone):
           https://arxiv.org/abs/1706.03762
         - Yang et al., Hierarchical Attention Networks for Document
           Classification, 2016. https://aclanthology.org/N16-1174
+        - Devlin et al., BERT, 2019. https://arxiv.org/abs/1810.04805
     """
 
     config_keys = (
         "vocabulary_size", "sequence_length", "hidden_dim", "depth",
         "num_heads", "mlp_dim", "dropout", "attention", "attention_kwargs",
-        "pooling_units",
+        "pooling_units", "attention_dropout", "token_types", "max_positions",
+        "embedding_norm", "layer_norm_epsilon", "norm_first", "final_norm",
+        "pooling",
     )
 
     def __init__(
@@ -330,6 +211,14 @@ class TextClassifierBackbone(app_base.Backbone):
         attention="multi_head",
         attention_kwargs=None,
         pooling_units=64,
+        attention_dropout=0.0,
+        token_types=0,
+        max_positions=None,
+        embedding_norm=False,
+        layer_norm_epsilon=1e-6,
+        norm_first=True,
+        final_norm=True,
+        pooling="attention",
         **kwargs,
     ):
         base.check_positive_int("vocabulary_size", vocabulary_size)
@@ -338,11 +227,24 @@ class TextClassifierBackbone(app_base.Backbone):
         base.check_positive_int("depth", depth)
         base.check_rate("dropout", dropout)
         attention = registry.check_name(attention)
+        if pooling not in POOLINGS:
+            raise base.invalid("pooling", f"one of {POOLINGS}", pooling)
 
         inputs = keras.Input(shape=(sequence_length,), dtype="int32", name="token_ids")
-        x = TokenAndPositionEmbedding(
-            vocabulary_size, sequence_length, hidden_dim, name="embedding"
-        )(inputs)
+        embedding = TokenAndPositionEmbedding(
+            vocabulary_size, sequence_length, hidden_dim,
+            max_positions=max_positions, token_types=token_types,
+            normalize=embedding_norm, layer_norm_epsilon=layer_norm_epsilon,
+            name="embedding",
+        )
+        if token_types:
+            type_ids = keras.Input(
+                shape=(sequence_length,), dtype="int32", name="token_type_ids"
+            )
+            x = embedding(inputs, type_ids)
+            inputs = {"token_ids": inputs, "token_type_ids": type_ids}
+        else:
+            x = embedding(inputs)
         if dropout:
             x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
         for index in range(depth):
@@ -350,40 +252,93 @@ class TextClassifierBackbone(app_base.Backbone):
                 num_heads=num_heads,
                 mlp_dim=mlp_dim,
                 dropout=dropout,
+                attention_dropout=attention_dropout,
                 attention=attention,
                 attention_kwargs=attention_kwargs,
+                layer_norm_epsilon=layer_norm_epsilon,
+                norm_first=norm_first,
                 name=f"block_{index}",
             )(x)
-        x = keras.layers.LayerNormalization(epsilon=1e-6, name="final_norm")(x)
-        outputs, weights = AttentionPooling(pooling_units, name="pooling")(
-            x, return_attention_scores=True
-        )
+        if final_norm:
+            x = keras.layers.LayerNormalization(
+                epsilon=layer_norm_epsilon, name="final_norm"
+            )(x)
+        weights = None
+        if pooling == "cls":
+            outputs = ClassTokenPooler(name="pooler")(x)
+        else:
+            outputs, weights = AttentionPooling(pooling_units, name="pooling")(
+                x, return_attention_scores=True
+            )
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
         self._weights_output = weights
         self._weights_model = None
+        self._tokens_output = x
+        self._tokens_model = None
 
         self.keep_config(locals())
 
     def check_inputs(self, inputs):
-        shape = tuple(inputs.shape)
-        expected = (None, self.sequence_length)
-        if len(shape) != 2 or shape[1] not in (None, self.sequence_length):
-            raise ValueError(
-                "Received an invalid value for argument `token_ids`, expected "
-                f"integer ids of shape {expected}. Received: "
-                f"token_ids.shape={shape}"
+        if isinstance(inputs, dict) != bool(self.token_types):
+            expected = (
+                'a dict {"token_ids", "token_type_ids"}' if self.token_types
+                else "token ids"
             )
+            raise base.invalid("token_ids", expected, type(inputs).__name__)
+        items = inputs.items() if self.token_types else [("token_ids", inputs)]
+        expected = (None, self.sequence_length)
+        for name, value in items:
+            shape = tuple(value.shape)
+            if len(shape) != 2 or shape[1] not in (None, self.sequence_length):
+                raise ValueError(
+                    f"Received an invalid value for argument `{name}`, "
+                    f"expected integer ids of shape {expected}. Received: "
+                    f"{name}.shape={shape}"
+                )
+
+    @property
+    def tokens_model(self):
+        """A model sharing these layers: inputs -> tokens `(B, T, C)`."""
+        if self._tokens_model is None:
+            self._tokens_model = keras.Model(
+                self.input, self._tokens_output, name=f"{self.name}_tokens"
+            )
+        return self._tokens_model
+
+    def token_features(self, inputs):
+        """The encoded tokens `(B, T, hidden_dim)`, before pooling."""
+        inputs = keras.tree.map_structure(np.asarray, inputs)
+        self.check_inputs(inputs)
+        return ops.convert_to_numpy(self.tokens_model(inputs, training=False))
 
     def token_weights(self, token_ids):
         """The pooling weights `(B, T)`: how much each token decided.
 
         Rows sum to 1 over the real tokens; padding gets 0.
         """
-        token_ids = np.asarray(token_ids)
+        if self._weights_output is None:
+            raise ValueError(
+                "token_weights needs attention pooling. Received: "
+                f"pooling={self.pooling!r}"
+            )
+        token_ids = keras.tree.map_structure(np.asarray, token_ids)
         self.check_inputs(token_ids)
         if self._weights_model is None:
             self._weights_model = keras.Model(self.input, self._weights_output)
         return ops.convert_to_numpy(self._weights_model(token_ids, training=False))
+
+    @classmethod
+    def from_transformers(cls, source, sequence_length=None, **kwargs):
+        """The encoder of a Hugging Face BERT, with its weights.
+
+        See `TextClassifier.from_transformers`; the backbone leaves out the
+        checkpoint's classifier.
+        """
+        from keras_attention.applications.converters import bert
+
+        return bert.backbone_from_transformers(
+            cls, source, sequence_length=sequence_length, **kwargs
+        )
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
@@ -503,8 +458,8 @@ class TextClassifier(app_base.Classifier):
         # Eager batches: no compilation for the few texts this is meant for.
         outputs = np.concatenate(
             [
-                ops.convert_to_numpy(self(ids[i : i + batch_size], training=False))
-                for i in range(0, len(ids), batch_size)
+                ops.convert_to_numpy(self(batch, training=False))
+                for batch in _batches(ids, batch_size)
             ]
         )
         if self.activation is keras.activations.linear:
@@ -518,6 +473,52 @@ class TextClassifier(app_base.Classifier):
         weights = self.token_weights(ids)
         tokens = [[preprocessor.vocabulary[i] for i in row if i != 0] for row in ids]
         return tokens, [w[: len(t)] for w, t in zip(weights, tokens)]
+
+    @classmethod
+    def from_transformers(cls, source, num_classes=None, sequence_length=None, **kwargs):
+        """A Hugging Face BERT (`BertModel`, `BertForSequenceClassification`).
+
+        Builds the BERT layout of `TextClassifierBackbone` (learned
+        positions, token types, embedding LayerNorm, post-norm blocks with
+        exact GELU, the [CLS] pooler) and loads every tensor; the outputs
+        match Hugging Face's within float32 rounding. Every tensor is
+        checked first: another architecture, a missing, extra or misshapen
+        tensor, or a config that disagrees with the tensors is a
+        `ValueError` naming it, and no weight is assigned.
+
+        Args:
+            source: a `transformers` BERT model, or a local folder of
+                `save_pretrained` / a hub snapshot (`config.json` and
+                `model.safetensors`, read without torch, or
+                `pytorch_model.bin`). A `vocab.txt` there gives the model a
+                `BertPreprocessor` (keras-hub's WordPiece tokenizer).
+            num_classes: classes of the head; `None` keeps the checkpoint's
+                classifier (a checkpoint without one needs it: a new head).
+            sequence_length: the input length `T` (default: the config's
+                `max_position_embeddings`).
+            **kwargs: other `TextClassifierBackbone` arguments (e.g.
+                `attention="local_window"` keeps the projections).
+
+        Returns:
+            A `TextClassifier` taking `{"token_ids", "token_type_ids"}`.
+
+        Example:
+
+        ```python
+        from transformers import BertConfig, BertForSequenceClassification
+
+        reference = BertForSequenceClassification(BertConfig(
+            vocab_size=100, hidden_size=32, num_hidden_layers=2,
+            num_attention_heads=4, intermediate_size=64))
+        model = TextClassifier.from_transformers(reference, sequence_length=16)
+        ```
+        """
+        from keras_attention.applications.converters import bert
+
+        return bert.classifier_from_transformers(
+            cls, source, num_classes=num_classes,
+            sequence_length=sequence_length, **kwargs,
+        )
 
     def get_config(self):
         config = super().get_config()

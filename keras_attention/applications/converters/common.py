@@ -154,6 +154,41 @@ def read_hub_directory(directory):
     )
 
 
+def read_transformers_source(source, architectures):
+    """`(config, tensors, name)` of a Hugging Face model or local folder.
+
+    Args:
+        source: a `transformers` model (its class must be one of
+            `architectures`) or a folder of `save_pretrained` / a hub
+            snapshot whose config names only `architectures`.
+        architectures: the class names the caller converts.
+
+    Returns:
+        The config as a dict, the tensors by name, and how to name the
+        source in messages.
+    """
+    expected = f"Expected a Hugging Face {' or '.join(architectures)}."
+    if hasattr(source, "state_dict") and hasattr(source, "named_modules"):
+        kind = type(source).__name__
+        if kind not in architectures:
+            raise ValueError(
+                f"{expected} Received: {type(source).__module__}.{kind}"
+            )
+        config = {**source.config.to_dict(), "architectures": [kind]}
+        return config, state_dict_arrays(source), f"The Hugging Face model {kind}"
+    if not isinstance(source, (str, os.PathLike)) or not os.path.isdir(source):
+        raise ValueError(
+            "Received an invalid value for argument `source`, expected a "
+            "Hugging Face model or a folder with config.json and "
+            f"model.safetensors. Received: source={source!r}"
+        )
+    config, tensors = read_hub_directory(source)
+    found = config.get("architectures") or []
+    if any(a not in architectures for a in found):
+        raise ValueError(f"{expected} Received: architectures={found}")
+    return config, tensors, f"The folder {os.fspath(source)!r}"
+
+
 class TensorLoader:
     """Collects `checkpoint tensor -> Keras variable` assignments, then loads.
 

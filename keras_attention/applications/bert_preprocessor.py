@@ -1,0 +1,127 @@
+"""BERT's text preprocessing with keras-hub: WordPiece and segment packing.
+
+`BertPreprocessor` turns texts (and optional second texts) into the inputs
+of a BERT-layout `TextClassifierBackbone`:
+`[CLS] a [SEP] (b [SEP])` padded with `[PAD]` (id 0), and token types 0 for
+the first segment, 1 for the second, as Hugging Face's `BertTokenizer`
+gives them. The word pieces come from keras-hub's `WordPieceTokenizer`
+(lowercasing, accent stripping, punctuation and CJK splitting like BERT's
+basic tokenizer), the packing from keras-hub's `MultiSegmentPacker`.
+"""
+
+import os
+
+import keras
+from keras import ops
+
+from keras_attention import _validation as base
+from keras_attention.applications import base as app_base
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def read_vocabulary(path):
+    """The tokens of a `vocab.txt` (one per line), in id order."""
+    with open(os.fspath(path), encoding="utf-8") as f:
+        return [line.rstrip("\n").rstrip("\r") for line in f]
+
+
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class BertPreprocessor:
+    """Texts to BERT's `{"token_ids", "token_type_ids"}`, with keras-hub.
+
+    Args:
+        vocabulary: the WordPiece vocabulary (a list of strings, or the
+            path of a `vocab.txt`); it holds `[PAD]`, `[UNK]`, `[CLS]`,
+            `[SEP]` (and `[MASK]` for pretraining), `[PAD]` at id 0.
+        sequence_length: the length `T`; longer texts are truncated (pairs
+            round-robin, as keras-hub does).
+        lowercase: lowercase (the uncased models); accents are stripped
+            with it unless `strip_accents` says otherwise.
+        strip_accents: `None` follows `lowercase`, as Hugging Face does.
+
+    Call arguments:
+        texts: a list of strings.
+        pairs: optional second texts (sentence pairs), one per text.
+
+    Returns:
+        `{"token_ids": int32 (B, T), "token_type_ids": int32 (B, T)}`.
+
+    Example:
+
+    ```python
+    vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "good",
+                  "film", "##s"]
+    preprocessor = BertPreprocessor(vocabulary, sequence_length=8)
+    preprocessor(["A good films"])["token_ids"]  # [[2, 5, 6, 7, 8, 3, 0, 0]]
+    ```
+    """
+
+    def __init__(self, vocabulary, sequence_length=128, lowercase=True, strip_accents=None):
+        import keras_hub
+
+        if isinstance(vocabulary, (str, os.PathLike)):
+            vocabulary = read_vocabulary(vocabulary)
+        vocabulary = list(vocabulary)
+        missing = [t for t in SPECIAL_TOKENS[:4] if t not in vocabulary]
+        if missing or vocabulary[0] != "[PAD]":
+            raise base.invalid(
+                "vocabulary",
+                "a WordPiece vocabulary with [PAD] at id 0 and [UNK], [CLS], "
+                f"[SEP] (missing: {missing})",
+                vocabulary[:5],
+            )
+        self.vocabulary = vocabulary
+        self.sequence_length = base.check_positive_int(
+            "sequence_length", sequence_length
+        )
+        self.lowercase = bool(lowercase)
+        self.strip_accents = self.lowercase if strip_accents is None else bool(strip_accents)
+        self.tokenizer = keras_hub.tokenizers.WordPieceTokenizer(
+            vocabulary=vocabulary,
+            lowercase=self.lowercase,
+            strip_accents=self.strip_accents,
+            oov_token="[UNK]",
+            dtype="int32",
+        )
+        ids = {token: i for i, token in enumerate(vocabulary)}
+        self.cls_id, self.sep_id = ids["[CLS]"], ids["[SEP]"]
+        self.mask_id = ids.get("[MASK]")
+        self.packer = keras_hub.layers.MultiSegmentPacker(
+            sequence_length=sequence_length,
+            start_value=self.cls_id,
+            end_value=self.sep_id,
+            pad_value=0,
+        )
+
+    @property
+    def vocabulary_size(self):
+        return len(self.vocabulary)
+
+    def __call__(self, texts, pairs=None):
+        segments = [self.tokenizer(base.check_texts(texts))]
+        if pairs is not None:
+            pairs = base.check_texts(pairs)
+            if len(pairs) != len(segments[0]):
+                raise base.invalid(
+                    "pairs", f"{len(segments[0])} texts, one per text", len(pairs)
+                )
+            segments.append(self.tokenizer(pairs))
+        token_ids, token_type_ids = self.packer(tuple(segments))
+        return {
+            "token_ids": ops.convert_to_numpy(token_ids).astype("int32"),
+            "token_type_ids": ops.convert_to_numpy(token_type_ids).astype("int32"),
+        }
+
+    def get_config(self):
+        return {
+            "vocabulary": self.vocabulary,
+            "sequence_length": self.sequence_length,
+            "lowercase": self.lowercase,
+            "strip_accents": self.strip_accents,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+

@@ -1,0 +1,278 @@
+"""Hugging Face BERT checkpoints convert exactly, or not at all.
+
+The reference models are built locally from small random `BertConfig`s (no
+download); the bert-base layout runs under `--run-large`. Hidden states,
+pooled outputs and logits are compared on padded inputs with two token
+types, within 1e-4 in float32; padded positions (which Hugging Face still
+computes and this library zeroes) are left out of the comparison.
+"""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the converters' tests need torch")
+transformers = pytest.importorskip(
+    "transformers", reason="the converters' tests need transformers"
+)
+
+from keras_attention.applications import TextClassifier  # noqa: E402
+from keras_attention.applications import TextClassifierBackbone  # noqa: E402
+from keras_attention.applications.bert_preprocessor import BertPreprocessor  # noqa: E402
+
+ATOL = 1e-4
+LENGTH = 12
+VOCABULARY = [
+    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "film", "was",
+    "not", "good", "bad", "a", "great", "story", "##s", "##ly", "act",
+    "##ing", ",", ".", "!", "it", "is", "cafe", "movie", "very",
+] + [f"w{i}" for i in range(34)]
+
+
+def _config(**options):
+    defaults = dict(
+        vocab_size=len(VOCABULARY), hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=24, type_vocab_size=2,
+    )
+    return transformers.BertConfig(**{**defaults, **options})
+
+
+def _reference(kind="BertForSequenceClassification", seed=0, **options):
+    torch.manual_seed(seed)
+    return getattr(transformers, kind)(_config(**options)).eval()
+
+
+def _inputs(seed=0, length=LENGTH, vocabulary_size=len(VOCABULARY)):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, vocabulary_size, (3, length)).astype("int32")
+    ids[:, 0] = 2
+    ids[1, 8:] = 0
+    ids[2, 5:] = 0
+    types = np.zeros_like(ids)
+    types[:, 4:] = 1
+    types[ids == 0] = 0
+    return {"token_ids": ids, "token_type_ids": types}
+
+
+def _torch_outputs(reference, inputs):
+    ids = inputs["token_ids"]
+    with torch.no_grad():
+        return reference(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            attention_mask=torch.tensor(ids != 0, dtype=torch.long),
+            token_type_ids=torch.tensor(inputs["token_type_ids"], dtype=torch.long),
+            output_hidden_states=True,
+        )
+
+
+def _logit_difference(reference, model, inputs=None):
+    inputs = inputs or _inputs()
+    ours = keras.ops.convert_to_numpy(model(inputs, training=False))
+    return np.abs(ours - _torch_outputs(reference, inputs).logits.numpy()).max()
+
+
+def test_bert_for_sequence_classification_converts_exactly():
+    reference = _reference(num_labels=3)
+    model = TextClassifier.from_transformers(reference, sequence_length=LENGTH)
+    inputs = _inputs()
+    expected = _torch_outputs(reference, inputs)
+    assert _logit_difference(reference, model, inputs) < ATOL
+    tokens = model.backbone.token_features(inputs)
+    real = inputs["token_ids"] != 0
+    difference = np.abs(tokens - expected.hidden_states[-1].numpy())[real]
+    assert difference.max() < ATOL
+    assert model.num_classes == 3 and model.backbone.layer_norm_epsilon == 1e-12
+
+
+def test_bert_model_gives_the_encoder_and_pooler():
+    reference = _reference("BertModel", layer_norm_eps=1e-5)
+    backbone = TextClassifierBackbone.from_transformers(reference, sequence_length=10)
+    inputs = _inputs(length=10)
+    expected = _torch_outputs(reference, inputs)
+    pooled = keras.ops.convert_to_numpy(backbone(inputs))
+    assert np.abs(pooled - expected.pooler_output.numpy()).max() < ATOL
+    real = inputs["token_ids"] != 0
+    tokens = backbone.token_features(inputs)
+    assert np.abs(tokens - expected.last_hidden_state.numpy())[real].max() < ATOL
+    # The full position table is kept: the weight holds all 24 rows.
+    embedding = backbone.get_layer("embedding")
+    assert tuple(embedding.position_embedding.shape) == (24, 32)
+    with pytest.raises(ValueError, match="num_classes"):
+        TextClassifier.from_transformers(reference)
+    model = TextClassifier.from_transformers(reference, num_classes=4)
+    assert model.num_classes == 4 and model.backbone.sequence_length == 24
+
+
+def _save_folder(reference, path, vocabulary=True):
+    reference.save_pretrained(path)
+    if vocabulary:
+        with open(os.path.join(path, "vocab.txt"), "w") as f:
+            f.write("\n".join(VOCABULARY) + "\n")
+    return str(path)
+
+
+def test_folder_converts_and_tokenizes_like_hugging_face(tmp_path):
+    reference = _reference()
+    folder = _save_folder(reference, tmp_path / "bert")
+    model = TextClassifier.from_transformers(folder, sequence_length=16)
+    assert _logit_difference(reference, model, _inputs(length=16)) < ATOL
+
+    texts = ["The film was not good!", "A great story, very good.",
+             "It is the CAFÉ movie", "acting badly"]
+    pairs = ["the story is bad", "Films.", "it", "good acting"]
+    hf = transformers.BertTokenizer.from_pretrained(folder)
+    preprocessor = model.preprocessor
+    assert isinstance(preprocessor, BertPreprocessor)
+    ours = preprocessor(texts)
+    theirs = hf(texts, padding="max_length", max_length=16)
+    np.testing.assert_array_equal(ours["token_ids"], theirs["input_ids"])
+    ours = preprocessor(texts, pairs)
+    theirs = hf(texts, pairs, padding="max_length", max_length=16)
+    np.testing.assert_array_equal(ours["token_ids"], theirs["input_ids"])
+    np.testing.assert_array_equal(ours["token_type_ids"], theirs["token_type_ids"])
+    probabilities = model.predict_texts(texts)
+    assert probabilities.shape == (4, 2)
+    np.testing.assert_allclose(probabilities.sum(-1), 1.0, atol=1e-5)
+
+
+def test_other_architectures_and_options_are_refused(tmp_path):
+    vit = transformers.ViTModel(transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+        intermediate_size=64, image_size=16, patch_size=8,
+    ))
+    with pytest.raises(ValueError, match="ViTModel"):
+        TextClassifier.from_transformers(vit)
+    folder = _save_folder(vit, tmp_path / "vit", vocabulary=False)
+    with pytest.raises(ValueError, match="architectures"):
+        TextClassifier.from_transformers(folder)
+    with pytest.raises(ValueError, match="hidden_act"):
+        TextClassifier.from_transformers(_reference(hidden_act="relu"))
+    with pytest.raises(ValueError, match="position_embedding_type"):
+        TextClassifier.from_transformers(
+            _reference(position_embedding_type="relative_key")
+        )
+    with pytest.raises(ValueError, match="sequence_length"):
+        TextClassifier.from_transformers(_reference(), sequence_length=25)
+    with pytest.raises(ValueError, match="source"):
+        TextClassifier.from_transformers(str(tmp_path / "nothing"))
+
+
+def _edit_folder(folder, edit_tensors=None, edit_config=None):
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file
+
+    path = os.path.join(folder, "model.safetensors")
+    if edit_tensors:
+        tensors = load_file(path)
+        edit_tensors(tensors)
+        save_file(tensors, path)
+    if edit_config:
+        with open(os.path.join(folder, "config.json")) as f:
+            config = json.load(f)
+        edit_config(config)
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(config, f)
+    return folder
+
+
+def test_missing_extra_misshapen_and_disagreeing_are_named(tmp_path, monkeypatch):
+    def damage(tensors):
+        del tensors["bert.encoder.layer.1.output.dense.bias"]
+        tensors["bert.encoder.layer.0.extra"] = np.zeros(3, "float32")
+        tensors["classifier.bias"] = np.zeros(5, "float32")
+
+    folder = _edit_folder(
+        _save_folder(_reference(), tmp_path / "a"), edit_tensors=damage
+    )
+    writes = []
+    original = keras.Variable.assign
+
+    def assign(self, value):
+        writes.append(self.path)
+        return original(self, value)
+
+    monkeypatch.setattr(keras.Variable, "assign", assign)
+    with pytest.raises(ValueError) as info:
+        TextClassifier.from_transformers(folder)
+    message = str(info.value)
+    assert "missing tensor 'encoder.layer.1.output.dense.bias'" in message
+    assert "unexpected tensor 'encoder.layer.0.extra'" in message
+    assert "classifier.bias" in message and "no weight was assigned" in message
+    assert writes == []
+
+    def fewer_layers(config):
+        config["num_hidden_layers"] = 1
+
+    def wider(config):
+        config["intermediate_size"] = 128
+
+    for edit in (fewer_layers, wider):
+        folder = _edit_folder(
+            _save_folder(_reference(), tmp_path / edit.__name__), edit_config=edit
+        )
+        with pytest.raises(ValueError, match="config disagrees"):
+            TextClassifier.from_transformers(folder)
+    assert writes == []
+
+
+def test_converted_bert_saves_fine_tunes_and_takes_lora(tmp_path):
+    reference = _reference()
+    folder = _save_folder(reference, tmp_path / "bert")
+    model = TextClassifier.from_transformers(folder, sequence_length=LENGTH)
+    path = str(tmp_path / "bert.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert _logit_difference(reference, loaded) < ATOL
+    assert loaded.preprocessor.vocabulary == VOCABULARY
+
+    inputs, labels = _inputs(), np.array([0, 2, 1])
+    tuned = model.with_head(3, head_dropout=0.1)
+    tuned.compile(optimizer=keras.optimizers.Adam(1e-3))
+    before = keras.ops.convert_to_numpy(tuned.backbone.get_layer("pooler").dense.kernel)
+    tuned.fit(inputs, labels, epochs=1, verbose=0)
+    after = keras.ops.convert_to_numpy(tuned.backbone.get_layer("pooler").dense.kernel)
+    assert not np.array_equal(before, after)
+
+    lora = TextClassifier.from_transformers(reference, sequence_length=LENGTH)
+    before = keras.ops.convert_to_numpy(lora(inputs))
+    assert lora.backbone.enable_lora(rank=2)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(lora(inputs)), before, atol=1e-6)
+    trainable = {v.path for v in lora.trainable_variables}
+    assert any("lora" in p for p in trainable)
+    assert not any("token_embedding" in p for p in trainable)
+    lora.compile(optimizer="adam")
+    lora.fit(inputs, labels % 2, epochs=1, verbose=0)
+
+
+def test_convert_command_takes_a_bert_folder(tmp_path, capsys):
+    from keras_attention import cli
+
+    reference = _reference()
+    folder = _save_folder(reference, tmp_path / "bert")
+    out = str(tmp_path / "bert.keras")
+    assert cli.main(["convert", folder, "--out", out]) == 0
+    assert "TextClassifier (BERT)" in capsys.readouterr().out
+    loaded = keras.saving.load_model(out)
+    assert loaded.backbone.sequence_length == 24
+    assert _logit_difference(reference, loaded, _inputs(length=24)) < ATOL
+
+    encoder = _save_folder(_reference("BertModel"), tmp_path / "encoder")
+    assert cli.main(["convert", encoder, "--out", out]) == 0
+    assert "no head" in capsys.readouterr().out
+    assert isinstance(keras.saving.load_model(out), TextClassifierBackbone)
+
+
+@pytest.mark.large
+def test_full_size_bert_base():
+    reference = _reference(
+        vocab_size=30522, hidden_size=768, num_hidden_layers=12,
+        num_attention_heads=12, intermediate_size=3072,
+        max_position_embeddings=512,
+    )
+    model = TextClassifier.from_transformers(reference, sequence_length=64)
+    inputs = _inputs(length=64, vocabulary_size=30522)
+    assert _logit_difference(reference, model, inputs) < ATOL
