@@ -26,3 +26,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "large" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def assignments(monkeypatch):
+    """The paths of the Keras variables assigned during a test, in order
+    (a converter that refuses a checkpoint must leave this empty)."""
+    import keras
+
+    paths = []
+    original = keras.Variable.assign
+
+    def assign(self, value):
+        paths.append(self.path)
+        return original(self, value)
+
+    monkeypatch.setattr(keras.Variable, "assign", assign)
+    return paths

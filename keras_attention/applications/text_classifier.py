@@ -83,8 +83,15 @@ class TextClassifierPreprocessor:
         )
 
     @classmethod
-    def from_texts(cls, texts, vocabulary_size=1000, sequence_length=32, lowercase=True):
-        """A preprocessor whose vocabulary is learned from `texts`."""
+    def from_texts(
+        cls, texts, vocabulary_size=1000, sequence_length=32, lowercase=True,
+        special_tokens=(),
+    ):
+        """A preprocessor whose vocabulary is learned from `texts`.
+
+        `special_tokens` (e.g. `("[MASK]",)` for pretraining) follow
+        `[PAD]` and `[UNK]` at the start of the vocabulary.
+        """
         import keras_hub
         import tensorflow as tf
 
@@ -95,7 +102,7 @@ class TextClassifierPreprocessor:
             data,
             vocabulary_size,
             lowercase=lowercase,
-            reserved_tokens=[PAD, UNK],
+            reserved_tokens=[PAD, UNK, *special_tokens],
         )
         return cls(vocabulary, sequence_length=sequence_length, lowercase=lowercase)
 

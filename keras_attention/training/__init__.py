@@ -11,7 +11,9 @@ benchmarks call, so a user reproduces a recipe with the library alone:
   (`IMAGE_RECIPES`, `fit_image_classifier`, `random_shift`,
   `train_image_preset`);
 - `detection`: DETR's optimizer (`detr_optimizer`);
-- `translation`: `fit_translator` (a budgeted `fit`) and `bucketed_batches`.
+- `translation`: `fit_translator` (a budgeted `fit`) and `bucketed_batches`;
+- `pretraining`: BERT's masked-LM pretraining on a text folder
+  (`pretrain_masked_lm`, `read_text_folder`, `masked_lm_metrics`).
 """
 
 from keras_attention.training.budget import TimeBudget
@@ -28,3 +30,6 @@ from keras_attention.training.schedules import InverseSqrt
 from keras_attention.training.schedules import KeepBest
 from keras_attention.training.translation import bucketed_batches
 from keras_attention.training.translation import fit_translator
+from keras_attention.training.pretraining import masked_lm_metrics
+from keras_attention.training.pretraining import pretrain_masked_lm
+from keras_attention.training.pretraining import read_text_folder

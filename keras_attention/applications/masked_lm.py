@@ -1,0 +1,218 @@
+"""BERT's masked-language-model task on the text encoder.
+
+`MaskedLanguageModel` puts keras-hub's `MaskedLMHead` (Dense, GELU,
+LayerNorm, then the token embedding transposed as the output projection,
+plus a bias) on a `TextClassifierBackbone`'s tokens and predicts the word
+pieces at the masked positions. `masked_lm_dataset` masks ids with keras-hub's
+`MaskedLMMaskGenerator`: 15 % of the word pieces (never padding or the
+special tokens) are chosen; of those, 80 % become `[MASK]`, 10 % a random
+token, 10 % stay (Devlin et al., 2019), drawn anew every epoch.
+
+The loss and the accuracy count the chosen positions only: each example's
+`mask_weights` are the sample weights, the loss is divided by their sum
+(`reduction="mean_with_sample_weight"`) and the accuracy is a weighted
+metric (Keras 3 ignores sample weights in `metrics=`).
+"""
+
+import keras
+import numpy as np
+
+from keras_attention import _validation as base
+from keras_attention.applications import base as app_base
+from keras_attention.applications.blocks.transformer import gelu
+from keras_attention.applications.text_classifier import TextClassifier
+from keras_attention.applications.text_classifier import TextClassifierBackbone
+
+
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class MaskedLanguageModel(app_base.CompileDefaults, keras.Model):
+    """A text backbone and a masked-LM head (BERT's pretraining task).
+
+    Args:
+        backbone: a `TextClassifierBackbone`.
+        mask_length: how many positions `P` each example predicts (the
+            generator's `mask_selection_length`).
+        preprocessor: optional, kept in the `.keras` file and handed to
+            the classifier of `with_head`.
+
+    Call arguments:
+        inputs: the backbone's inputs (token ids, or the dict with
+            `"token_type_ids"`) as `"token_ids"` (and `"token_type_ids"`),
+            plus `"mask_positions"` int `(B, P)`.
+
+    Returns:
+        Logits `(B, P, vocabulary_size)` at the masked positions.
+
+    Example:
+
+    ```python
+    backbone = TextClassifierBackbone(vocabulary_size=100, sequence_length=16)
+    model = MaskedLanguageModel(backbone)
+    model.compile()
+    ids = np.random.randint(3, 100, (64, 16))
+    model.fit(masked_lm_dataset(ids, mask_token_id=2), epochs=2)
+    classifier = model.with_head(num_classes=2)  # then fine-tune
+    ```
+
+    References:
+        - Devlin et al., BERT: Pre-training of Deep Bidirectional
+          Transformers for Language Understanding, 2019.
+          https://arxiv.org/abs/1810.04805
+    """
+
+    def __init__(self, backbone, mask_length=None, preprocessor=None, **kwargs):
+        import keras_hub
+
+        if isinstance(preprocessor, dict):
+            preprocessor = keras.saving.deserialize_keras_object(preprocessor)
+        if not isinstance(backbone, TextClassifierBackbone):
+            raise base.invalid("backbone", "a TextClassifierBackbone", backbone)
+        length = backbone.sequence_length
+        self.mask_length = mask_length or default_mask_length(length)
+        base.check_positive_int("mask_length", self.mask_length)
+        token_inputs = backbone.input
+        positions = keras.Input((self.mask_length,), dtype="int32", name="mask_positions")
+        if isinstance(token_inputs, dict):
+            inputs = {**token_inputs, "mask_positions": positions}
+        else:
+            inputs = {"token_ids": token_inputs, "mask_positions": positions}
+        tokens = backbone.tokens_model(token_inputs)
+        embedding = backbone.get_layer("embedding").token_embedding
+        head = keras_hub.layers.MaskedLMHead(
+            vocabulary_size=backbone.vocabulary_size,
+            token_embedding=embedding,
+            intermediate_activation=gelu,
+            layer_norm_epsilon=backbone.layer_norm_epsilon,
+            name="mlm_head",
+        )
+        # The padding mask ends here (the head gathers the masked positions).
+        head.supports_masking = True
+        head.compute_mask = _no_mask
+        logits = head(tokens, mask_positions=positions)
+        super().__init__(inputs=inputs, outputs=logits, **kwargs)
+        self.backbone = backbone
+        self.preprocessor = preprocessor
+
+    @property
+    def trainable_weights(self):
+        """The backbone's and the head's, without the backbone's pooling
+        (kept and saved, but the masked LM does not train it)."""
+        pooling = self.backbone.layers[-1].weights
+        unused = {id(v) for v in pooling}
+        return [v for v in super().trainable_weights if id(v) not in unused]
+
+    @property
+    def trainable_variables(self):
+        return self.trainable_weights
+
+    def compile_defaults(self):
+        """AdamW (1e-3), the cross-entropy and accuracy of masked positions."""
+        return {
+            "optimizer": keras.optimizers.AdamW(1e-3, weight_decay=0.01),
+            "loss": keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, reduction="mean_with_sample_weight"
+            ),
+            "weighted_metrics": [
+                keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+            ],
+        }
+
+    def with_head(self, num_classes, **kwargs):
+        """A `TextClassifier` on this (pretrained) backbone, shared."""
+        kwargs.setdefault("preprocessor", self.preprocessor)
+        return TextClassifier(backbone=self.backbone, num_classes=num_classes, **kwargs)
+
+    def get_config(self):
+        return {
+            "backbone": keras.layers.serialize(self.backbone),
+            "mask_length": self.mask_length,
+            "preprocessor": None if self.preprocessor is None
+            else keras.saving.serialize_keras_object(self.preprocessor),
+            "name": self.name,
+            "trainable": self.trainable,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["backbone"] = keras.layers.deserialize(config["backbone"])
+        return cls(**config)
+
+
+def _no_mask(*args, **kwargs):
+    return None
+
+
+def default_mask_length(sequence_length, rate=0.15):
+    """Room for the chosen positions: `rate * T` and a margin, at most `T`."""
+    return min(sequence_length, int(np.ceil(rate * sequence_length)) + 2)
+
+
+def masked_lm_dataset(
+    token_ids,
+    mask_token_id,
+    vocabulary_size=None,
+    batch_size=32,
+    mask_rate=0.15,
+    mask_length=None,
+    unselectable_ids=(0,),
+    token_type_ids=None,
+    shuffle=True,
+    seed=None,
+):
+    """A `tf.data.Dataset` of masked batches for `MaskedLanguageModel.fit`.
+
+    Args:
+        token_ids: int `(N, T)`, 0 for padding.
+        mask_token_id: the id of `[MASK]`.
+        vocabulary_size: for the random replacements (default: one more
+            than the largest id seen).
+        batch_size: examples per batch.
+        mask_rate: the share of word pieces chosen (BERT: 0.15).
+        mask_length: positions per example (default:
+            `default_mask_length(T)`); extra choices beyond it are dropped.
+        unselectable_ids: ids never chosen (padding, `[CLS]`, `[SEP]`).
+        token_type_ids: optional int `(N, T)` for a backbone with token types.
+        shuffle: reshuffle every epoch.
+        seed: seed of the shuffle (the masks follow the global TF seed).
+
+    Returns:
+        Batches `(inputs, mask_ids, mask_weights)`: `inputs` holds the
+        masked `"token_ids"`, `"mask_positions"` (and `"token_type_ids"`).
+    """
+    import keras_hub
+    import tensorflow as tf
+
+    token_ids = np.asarray(token_ids, "int32")
+    if token_ids.ndim != 2:
+        raise base.invalid("token_ids", "int ids of shape (N, T)", token_ids.shape)
+    if not 0.0 < mask_rate < 1.0:
+        raise base.invalid("mask_rate", "a rate in (0, 1)", mask_rate)
+    if vocabulary_size is None:
+        vocabulary_size = int(max(token_ids.max(), mask_token_id)) + 1
+    mask_length = mask_length or default_mask_length(token_ids.shape[1], mask_rate)
+    generator = keras_hub.layers.MaskedLMMaskGenerator(
+        vocabulary_size=vocabulary_size,
+        mask_selection_rate=mask_rate,
+        mask_token_id=mask_token_id,
+        mask_selection_length=mask_length,
+        unselectable_token_ids=[int(i) for i in unselectable_ids],
+    )
+    data = {"token_ids": token_ids}
+    if token_type_ids is not None:
+        data["token_type_ids"] = np.asarray(token_type_ids, "int32")
+    dataset = tf.data.Dataset.from_tensor_slices(data)
+    if shuffle:
+        dataset = dataset.shuffle(len(token_ids), seed=seed, reshuffle_each_iteration=True)
+
+    def mask(batch):
+        masked = generator(batch["token_ids"])
+        inputs = {
+            "token_ids": masked["token_ids"],
+            "mask_positions": tf.cast(masked["mask_positions"], "int32"),
+        }
+        if "token_type_ids" in batch:
+            inputs["token_type_ids"] = batch["token_type_ids"]
+        return inputs, masked["mask_ids"], masked["mask_weights"]
+
+    return dataset.batch(batch_size).map(mask, num_parallel_calls=tf.data.AUTOTUNE)

@@ -1,0 +1,187 @@
+"""BERT's recipe on your own text: masked-LM pretraining, then fine-tuning.
+
+`pretrain_masked_lm(texts_or_folder)` learns a WordPiece vocabulary from
+unlabelled text (or takes a preprocessor, e.g. a converted BERT's), masks
+15 % of the word pieces (80 % `[MASK]`, 10 % random, 10 % kept; keras-hub's
+`MaskedLMMaskGenerator`) and trains a `MaskedLanguageModel` on them; its
+`with_head(num_classes)` is the classifier to fine-tune on the labelled few.
+"""
+
+import os
+
+import keras
+import numpy as np
+
+from keras_attention import _validation as base
+
+MASK = "[MASK]"
+
+
+def read_text_folder(path, suffixes=(".txt",)):
+    """Every non-empty line of every text file under `path`, in path order.
+
+    Args:
+        path: a folder (searched recursively) or one text file.
+        suffixes: the file endings read.
+
+    Returns:
+        A list of strings, one per line.
+
+    Raises:
+        ValueError: no such path, or no line of text in it.
+    """
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        files = [path]
+    elif os.path.isdir(path):
+        files = sorted(
+            os.path.join(root, name)
+            for root, _, names in os.walk(path)
+            for name in names
+            if name.endswith(tuple(suffixes))
+        )
+    else:
+        raise base.invalid("texts", "a list of strings, a folder or a file", path)
+    texts = []
+    for name in files:
+        with open(name, encoding="utf-8") as f:
+            texts.extend(line.strip() for line in f if line.strip())
+    if not texts:
+        raise ValueError(
+            f"Received an invalid value for argument `texts`, expected text "
+            f"files ({', '.join(suffixes)}) with lines of text. Received: "
+            f"texts={path!r}"
+        )
+    return texts
+
+
+def _ids(preprocessor, texts):
+    """`(token_ids, token_type_ids or None, unselectable ids, mask id)`."""
+    ids = preprocessor(texts)
+    if isinstance(ids, dict):  # a BertPreprocessor: never mask [CLS]/[SEP]
+        unselectable = (0, preprocessor.cls_id, preprocessor.sep_id)
+        return ids["token_ids"], ids["token_type_ids"], unselectable, preprocessor.mask_id
+    vocabulary = list(preprocessor.vocabulary)
+    mask_id = vocabulary.index(MASK) if MASK in vocabulary else None
+    return ids, None, (0,), mask_id
+
+
+def pretrain_masked_lm(
+    texts,
+    preprocessor=None,
+    backbone=None,
+    vocabulary_size=1000,
+    sequence_length=32,
+    epochs=10,
+    batch_size=32,
+    learning_rate=1e-3,
+    mask_rate=0.15,
+    validation_texts=None,
+    seed=0,
+    callbacks=None,
+    verbose="auto",
+    **backbone_kwargs,
+):
+    """Masked-LM pretraining of a text encoder on unlabelled text.
+
+    Args:
+        texts: a list of strings, or a folder (every line of its `.txt`
+            files is a text; see `read_text_folder`).
+        preprocessor: a `TextClassifierPreprocessor` whose vocabulary holds
+            `"[MASK]"`, or a `BertPreprocessor`; `None` learns one from
+            `texts` (`vocabulary_size`, `sequence_length`).
+        backbone: a `TextClassifierBackbone` to (continue to) pretrain;
+            `None` builds one from `backbone_kwargs`.
+        epochs, batch_size, learning_rate: of AdamW.
+        mask_rate: the share of word pieces predicted (BERT: 0.15).
+        validation_texts: texts whose masked-LM loss and accuracy are
+            reported each epoch (`val_loss`, `val_accuracy`).
+        seed: seeds the weights, the shuffles and the masks.
+        callbacks, verbose: as `fit`'s.
+        **backbone_kwargs: `TextClassifierBackbone` arguments.
+
+    Returns:
+        `(model, history)`: the `MaskedLanguageModel` (holding the
+        preprocessor; `model.with_head(num_classes)` is the classifier to
+        fine-tune) and `fit`'s history.
+
+    Example:
+
+    ```python
+    model, history = pretrain_masked_lm("my_texts/", epochs=5, hidden_dim=64)
+    classifier = model.with_head(num_classes=2)
+    classifier.compile(optimizer="adam")
+    classifier.fit(classifier.preprocessor(labelled_texts), labels)
+    ```
+    """
+    from keras_attention.applications.masked_lm import MaskedLanguageModel
+    from keras_attention.applications.masked_lm import masked_lm_dataset
+    from keras_attention.applications.text_classifier import TextClassifierBackbone
+    from keras_attention.applications.text_classifier import TextClassifierPreprocessor
+
+    if isinstance(texts, (str, os.PathLike)):
+        texts = read_text_folder(texts)
+    texts = base.check_texts(texts)
+    keras.utils.set_random_seed(seed)
+    if preprocessor is None:
+        preprocessor = TextClassifierPreprocessor.from_texts(
+            texts, vocabulary_size, sequence_length, special_tokens=(MASK,)
+        )
+    token_ids, token_types, unselectable, mask_id = _ids(preprocessor, texts)
+    if mask_id is None:
+        raise base.invalid(
+            "preprocessor", f"a vocabulary with {MASK!r}",
+            list(preprocessor.vocabulary)[:5],
+        )
+    if backbone is None:
+        backbone = TextClassifierBackbone(
+            vocabulary_size=preprocessor.vocabulary_size,
+            sequence_length=preprocessor.sequence_length,
+            **backbone_kwargs,
+        )
+    model = MaskedLanguageModel(backbone, preprocessor=preprocessor)
+
+    def dataset(ids, types, shuffle):
+        return masked_lm_dataset(
+            ids, mask_id, vocabulary_size=backbone.vocabulary_size,
+            batch_size=batch_size, mask_rate=mask_rate,
+            mask_length=model.mask_length, unselectable_ids=unselectable,
+            token_type_ids=types, shuffle=shuffle, seed=seed,
+        )
+
+    validation = None
+    if validation_texts is not None:
+        ids, types, _, _ = _ids(preprocessor, base.check_texts(validation_texts))
+        validation = dataset(ids, types, shuffle=False)
+    model.compile(
+        optimizer=keras.optimizers.AdamW(learning_rate, weight_decay=0.01)
+    )
+    history = model.fit(
+        dataset(token_ids, token_types, shuffle=True),
+        validation_data=validation,
+        epochs=epochs,
+        callbacks=callbacks,
+        verbose=verbose,
+        shuffle=False,  # the dataset reshuffles itself every epoch
+    )
+    return model, history
+
+
+def masked_lm_metrics(model, inputs, mask_ids, mask_weights):
+    """The masked-LM loss and accuracy computed by hand, NumPy only.
+
+    Counts the positions whose weight is 1 and nothing else: the check of
+    what `compile`'s loss and weighted metric report.
+
+    Returns:
+        `(loss, accuracy)`, the means over the weighted positions.
+    """
+    logits = np.asarray(keras.ops.convert_to_numpy(model(inputs, training=False)), "float64")
+    logits -= logits.max(-1, keepdims=True)
+    log_probabilities = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    labels = np.asarray(mask_ids)
+    weights = np.asarray(mask_weights, "float64")
+    picked = np.take_along_axis(log_probabilities, labels[..., None], -1)[..., 0]
+    loss = -(picked * weights).sum() / weights.sum()
+    correct = logits.argmax(-1) == labels
+    return float(loss), float((correct * weights).sum() / weights.sum())

@@ -1,0 +1,146 @@
+"""BERT's masked-LM pretraining on unlabelled text, then fine-tuning."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attention import datasets
+from keras_attention.applications import TextClassifier
+from keras_attention.applications import TextClassifierBackbone
+from keras_attention.applications import TextClassifierPreprocessor
+from keras_attention.applications.masked_lm import MaskedLanguageModel
+from keras_attention.applications.masked_lm import masked_lm_dataset
+from keras_attention.training import masked_lm_metrics
+from keras_attention.training import pretrain_masked_lm
+from keras_attention.training import read_text_folder
+
+TINY = dict(hidden_dim=32, depth=1, num_heads=2, mlp_dim=64, pooling_units=16)
+
+
+def _batch(dataset):
+    inputs, mask_ids, weights = next(iter(dataset))
+    inputs = {k: keras.ops.convert_to_numpy(v) for k, v in inputs.items()}
+    return inputs, keras.ops.convert_to_numpy(mask_ids), keras.ops.convert_to_numpy(weights)
+
+
+def test_masks_15_percent_with_80_10_10_replacement():
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(10, 500, (400, 64)).astype("int32")
+    ids[:, 50:] = 0  # padding is never chosen
+    dataset = masked_lm_dataset(
+        ids, mask_token_id=3, vocabulary_size=500, batch_size=400, shuffle=False
+    )
+    inputs, mask_ids, weights = _batch(dataset)
+    chosen = weights > 0
+    assert abs(chosen.sum() / (400 * 50) - 0.15) < 0.02
+    positions = inputs["mask_positions"]
+    rows = np.broadcast_to(np.arange(400)[:, None], positions.shape)
+    assert np.all(positions[chosen] < 50)
+    # The labels are the original ids at the chosen positions.
+    np.testing.assert_array_equal(mask_ids[chosen], ids[rows[chosen], positions[chosen]])
+    now = inputs["token_ids"][rows[chosen], positions[chosen]]
+    masked = np.mean(now == 3)
+    kept = np.mean(now == mask_ids[chosen])
+    assert abs(masked - 0.8) < 0.03 and abs(kept - 0.1) < 0.03
+    assert abs(1 - masked - kept - 0.1) < 0.03  # random replacements
+    # Nothing else changes.
+    untouched = np.ones_like(ids, bool)
+    untouched[rows[chosen], positions[chosen]] = False
+    np.testing.assert_array_equal(inputs["token_ids"][untouched], ids[untouched])
+
+
+def test_loss_and_accuracy_count_the_masked_positions_only():
+    keras.utils.set_random_seed(1)
+    backbone = TextClassifierBackbone(vocabulary_size=50, sequence_length=16, **TINY)
+    model = MaskedLanguageModel(backbone)
+    model.compile()
+    ids = np.random.default_rng(1).integers(3, 50, (32, 16)).astype("int32")
+    ids[:, 9:] = 0
+    inputs, mask_ids, weights = _batch(
+        masked_lm_dataset(ids, mask_token_id=2, batch_size=32, shuffle=False)
+    )
+    assert 0 < weights.sum() < weights.size  # some slots are empty
+    loss, accuracy = model.evaluate(
+        inputs, mask_ids, sample_weight=weights, batch_size=32, verbose=0
+    )
+    expected_loss, expected_accuracy = masked_lm_metrics(model, inputs, mask_ids, weights)
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+    assert accuracy == pytest.approx(expected_accuracy, abs=1e-6)
+    # The empty slots do not count: other labels there change nothing.
+    other = np.where(weights > 0, mask_ids, (mask_ids + 1) % 50)
+    again = model.evaluate(inputs, other, sample_weight=weights, batch_size=32, verbose=0)
+    assert again == pytest.approx([loss, accuracy], rel=1e-6)
+
+
+def test_pretraining_on_a_folder_then_fine_tuning(tmp_path):
+    texts, labels = datasets.make_sentiment_task(360, seed=0)
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text("\n".join(texts[:200]) + "\n")
+    (folder / "more").mkdir()
+    (folder / "more" / "b.txt").write_text("\n\n".join(texts[200:300]))
+    assert read_text_folder(folder) == texts[:300]
+
+    model, history = pretrain_masked_lm(
+        folder, vocabulary_size=120, sequence_length=24, epochs=4,
+        validation_texts=texts[300:], verbose=0, **TINY,
+    )
+    losses = history.history["loss"]
+    assert losses[-1] < losses[0]
+    assert "val_accuracy" in history.history
+    assert model.preprocessor.vocabulary[:3] == ["[PAD]", "[UNK]", "[MASK]"]
+
+    path = str(tmp_path / "mlm.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    inputs, _, _ = _batch(
+        masked_lm_dataset(model.preprocessor(texts[:8]), 2, batch_size=8, shuffle=False)
+    )
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(loaded(inputs)),
+        keras.ops.convert_to_numpy(model(inputs)), atol=1e-5,
+    )
+
+    classifier = loaded.with_head(num_classes=2)
+    assert isinstance(classifier, TextClassifier)
+    assert classifier.backbone is loaded.backbone
+    classifier.compile(optimizer="adam")
+    classifier.fit(classifier.preprocessor(texts[:64]), labels[:64], epochs=1, verbose=0)
+    assert classifier.predict_texts(texts[:2]).shape == (2, 2)
+
+
+def test_continued_pretraining_of_a_bert_layout_backbone():
+    from keras_attention.applications import BertPreprocessor
+
+    vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(
+        datasets.sentiment_vocabulary()
+    )
+    preprocessor = BertPreprocessor(vocabulary, sequence_length=24)
+    backbone = TextClassifierBackbone(
+        len(vocabulary), 24, token_types=2, embedding_norm=True,
+        norm_first=False, final_norm=False, pooling="cls",
+        layer_norm_epsilon=1e-12, **TINY,
+    )
+    texts, _ = datasets.make_sentiment_task(64, seed=3)
+    model, history = pretrain_masked_lm(
+        texts, preprocessor=preprocessor, backbone=backbone, epochs=1, verbose=0
+    )
+    assert np.isfinite(history.history["loss"][0])
+    assert model.with_head(2).backbone is backbone
+
+
+def test_bad_input_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="backbone"):
+        MaskedLanguageModel("not a backbone")
+    texts, _ = datasets.make_sentiment_task(20, seed=0)
+    no_mask = TextClassifierPreprocessor.from_texts(texts, 60, 16)
+    with pytest.raises(ValueError, match="MASK"):
+        pretrain_masked_lm(texts, preprocessor=no_mask, epochs=1)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="texts"):
+        read_text_folder(tmp_path / "empty")
+    with pytest.raises(ValueError, match="texts"):
+        read_text_folder(tmp_path / "missing")
+    with pytest.raises(ValueError, match="mask_rate"):
+        masked_lm_dataset(np.ones((2, 4), "int32"), 2, mask_rate=1.5)
