@@ -338,6 +338,55 @@ def run_node_classification(model_name, data, epochs, out, seed, quick=False):
     )
 
 
+# Masked-LM pretraining ---------------------------------------------------------
+
+
+def run_pretraining(model_name, data, epochs, out, seed, quick=False):
+    """BERT's recipe: masked-LM pretraining on unlabelled text (`--data`: a
+    folder of .txt files, a text per line; default: the embedded sentiment
+    sentences without their labels), then, on the embedded data, the
+    pretrained encoder fine-tuned on 100 labelled sentences."""
+    from keras_attention import datasets
+    from keras_attention.training import pretrain_masked_lm
+    from keras_attention.training import read_text_folder
+
+    start = time.time()
+    if data is None:
+        texts, _ = datasets.make_sentiment_task(300 if quick else 3000, seed=seed + 10)
+        data_name = "generated sentiment sentences, labels dropped (embedded)"
+    else:
+        texts, data_name = read_text_folder(data), data
+    if quick:
+        texts = texts[:300]
+    masked_lm, history = pretrain_masked_lm(
+        texts, vocabulary_size=256 if data is None else 8000,
+        sequence_length=32 if data is None else 64,
+        epochs=epochs or (1 if quick else 10), seed=seed, verbose=_verbose(),
+    )
+    metrics = {
+        "masked_accuracy": round(float(history.history["accuracy"][-1]), 4),
+        "masked_loss": round(float(history.history["loss"][-1]), 4),
+    }
+    files = [_save(masked_lm, out, f"pretraining_{model_name}")]
+    if data is None:
+        labelled, labels = datasets.make_sentiment_task(100, seed=seed)
+        test, test_labels = datasets.make_sentiment_task(1000, seed=1)
+        classifier = masked_lm.with_head(num_classes=2)
+        classifier.compile()
+        classifier.fit(
+            classifier.preprocessor(labelled), labels, batch_size=16,
+            epochs=2 if quick else 20, verbose=0,
+        )
+        _, accuracy = classifier.evaluate(
+            classifier.preprocessor(test), test_labels, verbose=0
+        )
+        metrics["fine_tuned_accuracy_100_labels"] = round(float(accuracy), 4)
+        files.append(_save(classifier, out, f"pretraining_{model_name}_classifier"))
+    return Result(
+        "pretraining", model_name, metrics, files, time.time() - start, data_name,
+    )
+
+
 def visualization_edges(edges, num_nodes):
     """The edge list the coefficients refer to (self loops appended)."""
     from keras_attention.layers.graph import with_self_loops
@@ -358,6 +407,9 @@ TASKS = {
     "node-classification": Recipe(
         "node-classification", ("gat", "gatv2"), run_node_classification,
         demo_epochs=200, quick_epochs=5,
+    ),
+    "pretraining": Recipe(
+        "pretraining", ("bert",), run_pretraining, demo_epochs=10
     ),
 }
 DEMO_ORDER = [t for t in ("classification", "translation", "detection", "node-classification") if t in TASKS]

@@ -144,3 +144,20 @@ def test_bad_input_is_refused(tmp_path):
         read_text_folder(tmp_path / "missing")
     with pytest.raises(ValueError, match="mask_rate"):
         masked_lm_dataset(np.ones((2, 4), "int32"), 2, mask_rate=1.5)
+
+
+def test_run_pretraining_recipe_on_a_folder(tmp_path, capsys):
+    from keras_attention import cli
+
+    texts, _ = datasets.make_sentiment_task(120, seed=5)
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "part.txt").write_text("\n".join(texts))
+    out = tmp_path / "out"
+    code = cli.main(
+        ["run", "pretraining", "--quick", "--data", str(tmp_path / "texts"),
+         "--out", str(out)]
+    )
+    assert code == 0
+    assert "masked_accuracy" in capsys.readouterr().out
+    loaded = keras.saving.load_model(out / "pretraining_bert.keras")
+    assert isinstance(loaded, MaskedLanguageModel)

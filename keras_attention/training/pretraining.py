@@ -80,6 +80,7 @@ def pretrain_masked_lm(
     seed=0,
     callbacks=None,
     verbose="auto",
+    jit_compile="auto",
     **backbone_kwargs,
 ):
     """Masked-LM pretraining of a text encoder on unlabelled text.
@@ -98,6 +99,7 @@ def pretrain_masked_lm(
             reported each epoch (`val_loss`, `val_accuracy`).
         seed: seeds the weights, the shuffles and the masks.
         callbacks, verbose: as `fit`'s.
+        jit_compile: as `compile`'s.
         **backbone_kwargs: `TextClassifierBackbone` arguments.
 
     Returns:
@@ -154,7 +156,8 @@ def pretrain_masked_lm(
         ids, types, _, _ = _ids(preprocessor, base.check_texts(validation_texts))
         validation = dataset(ids, types, shuffle=False)
     model.compile(
-        optimizer=keras.optimizers.AdamW(learning_rate, weight_decay=0.01)
+        optimizer=keras.optimizers.AdamW(learning_rate, weight_decay=0.01),
+        jit_compile=jit_compile,
     )
     history = model.fit(
         dataset(token_ids, token_types, shuffle=True),

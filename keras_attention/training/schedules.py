@@ -72,16 +72,25 @@ class InverseSqrt(keras.optimizers.schedules.LearningRateSchedule):
 
 
 class KeepBest(keras.callbacks.Callback):
-    """Restores the weights of the epoch with the lowest validation loss."""
+    """Restores the weights of the epoch with the best validation figure.
 
-    def __init__(self):
+    Args:
+        monitor: the logged figure, `"val_loss"` (the lowest is kept) or
+            another (`"val_accuracy"`: the highest; the first epoch wins a
+            tie).
+    """
+
+    def __init__(self, monitor="val_loss"):
         super().__init__()
+        self.monitor = monitor
+        self.sign = 1.0 if monitor.endswith("loss") else -1.0
         self.best, self.weights = np.inf, None
 
     def on_epoch_end(self, epoch, logs=None):
-        loss = (logs or {}).get("val_loss", np.inf)
-        if loss < self.best:
-            self.best, self.weights = loss, self.model.get_weights()
+        value = (logs or {}).get(self.monitor)
+        score = np.inf if value is None else self.sign * value
+        if score < self.best:
+            self.best, self.weights = score, self.model.get_weights()
 
     def on_train_end(self, logs=None):
         if self.weights is not None:
