@@ -161,3 +161,16 @@ def test_run_pretraining_recipe_on_a_folder(tmp_path, capsys):
     assert "masked_accuracy" in capsys.readouterr().out
     loaded = keras.saving.load_model(out / "pretraining_bert.keras")
     assert isinstance(loaded, MaskedLanguageModel)
+
+
+def test_keep_best_by_validation_accuracy():
+    from keras_attention.training import KeepBest
+
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    keep = KeepBest("val_accuracy")
+    keep.set_model(model)
+    for epoch, figure in enumerate([0.5, 0.7, 0.7, 0.6]):
+        model.layers[0].kernel.assign([[float(epoch)]])
+        keep.on_epoch_end(epoch, {"val_accuracy": figure, "val_loss": epoch})
+    keep.on_train_end()
+    assert float(keras.ops.convert_to_numpy(model.layers[0].kernel)[0, 0]) == 1.0
