@@ -124,7 +124,6 @@ def pretrain_masked_lm(
     if isinstance(texts, (str, os.PathLike)):
         texts = read_text_folder(texts)
     texts = base.check_texts(texts)
-    keras.utils.set_random_seed(seed)
     if preprocessor is None:
         preprocessor = TextClassifierPreprocessor.from_texts(
             texts, vocabulary_size, sequence_length, special_tokens=(MASK,)
@@ -135,6 +134,7 @@ def pretrain_masked_lm(
             "preprocessor", f"a vocabulary with {MASK!r}",
             list(preprocessor.vocabulary)[:5],
         )
+    keras.utils.set_random_seed(seed)
     if backbone is None:
         backbone = TextClassifierBackbone(
             vocabulary_size=preprocessor.vocabulary_size,
