@@ -14,6 +14,7 @@ import math
 import keras
 from keras import ops
 
+from keras_attention.ops import autotune
 from keras_attention.ops.blocked import DEFAULT_BLOCK_SIZE
 from keras_attention.ops.blocked import DEFAULT_QUERY_BLOCK_SIZE
 from keras_attention.ops.blocked import blocked_heads
@@ -117,10 +118,13 @@ def dot_product_attention(
             sees no key).
         implementation: `"auto"`, `"dense"`, `"blocked"` or `"fused"`.
             `"auto"`, when the weights are not requested and no bias or
-            dropout applies, takes the backend's fused kernel on a GPU
-            (`keras.ops.dot_product_attention`: cuDNN / PyTorch SDPA, on
-            the JAX and torch backends) and elsewhere the memory-efficient
-            blocked path once `T * S` is large; otherwise the dense path.
+            dropout applies, takes the backend's fused kernel where there
+            is one (`keras.ops.dot_product_attention`: PyTorch SDPA on
+            the torch backend, cuDNN on JAX with a GPU); elsewhere, once
+            `T * S` passes `DENSE_THRESHOLD`, the faster of the dense and
+            blocked paths for this machine and shape, measured at the
+            first call (`ops/autotune.py`; `dispatch_choices()` lists what
+            it picked and why); otherwise the dense path.
         block_size: key block length of the memory-efficient path.
         custom_gradient: whether the dense path (no weights returned, no
             bias, no dropout) uses its own backward pass
@@ -162,12 +166,23 @@ def dot_product_attention(
         f"return_weights={return_weights}, bias={bias is not None}, "
         f"dropout_rate={dropout_rate}, training={training}",
     )
-    if implementation == "blocked" or (
+    if (
         implementation == "auto"
         and can_block
         and long_enough
         and (sliding_window is not None or not _fused_kernel_available())
     ):
+        def run(path, q, k, v, m):
+            return dot_product_attention(
+                q, k, v, attention_mask=m, is_causal=is_causal, scale=scale,
+                implementation=path, block_size=block_size,
+                sliding_window=sliding_window, alibi_slopes=alibi_slopes,
+            )
+
+        implementation = autotune.choose(
+            run, query, key, value, mask, is_causal, sliding_window, training
+        )
+    if implementation == "blocked":
         return blocked_heads(
             query,
             key,
