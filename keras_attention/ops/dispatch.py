@@ -18,6 +18,7 @@ from keras_attention.ops import autotune
 from keras_attention.ops.blocked import DEFAULT_BLOCK_SIZE
 from keras_attention.ops.blocked import DEFAULT_QUERY_BLOCK_SIZE
 from keras_attention.ops.blocked import blocked_heads
+from keras_attention.ops.masks import MASK_VALUE
 from keras_attention.ops.masks import causal_mask
 from keras_attention.ops.masks import check_sliding_window
 from keras_attention.ops.masks import expand_mask
@@ -278,13 +279,23 @@ def _dense_attention(q, k, v, mask):
     `delta = rowsum(dO * O)` (a `(B, H, T)` reduction over the head size,
     where autodiff reduces `dP * P` over all `S` keys), `dQ = dS K`,
     `dK = dS^T Q`. Fewer passes over the `(B, H, T, S)` tensors than
-    autodiff through `masked_softmax`, the same values (tested).
+    autodiff through `masked_softmax`, the same values (tested). The
+    products are einsums, so no `(B, H, T, S)` tensor is ever transposed
+    in memory (the backends contract along either axis); bfloat16 heads
+    keep their scores, weights and `dS` in bfloat16 (the backend's fused
+    softmax, which accumulates in float32), where float32 copies would
+    cost as much as the bfloat16 products save; float16 heads go through
+    float32 (its range is too short for scores).
     """
+    low = keras.backend.standardize_dtype(q.dtype) == "bfloat16"
 
     @ops.custom_gradient
     def attend(q, k, v):
-        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))  # (B, H, T, S)
-        weights = ops.cast(masked_softmax(scores, mask), v.dtype)
+        scores = ops.einsum("bhtd,bhsd->bhts", q, k)
+        if low:
+            weights = _softmax_in_dtype(scores, mask)
+        else:
+            weights = ops.cast(masked_softmax(scores, mask), v.dtype)
         out = ops.matmul(weights, v)  # (B, H, T, Dv)
 
         def grad(*args, upstream=None):
@@ -295,17 +306,33 @@ def _dense_attention(q, k, v, mask):
                 axis=-1,
                 keepdims=True,
             )
-            d_v = ops.matmul(ops.transpose(weights, (0, 1, 3, 2)), d_out)
-            d_p = ops.matmul(d_out, ops.transpose(v, (0, 1, 3, 2)))
-            d_s = ops.cast(weights, "float32") * (ops.cast(d_p, "float32") - delta)
+            d_v = ops.einsum("bhts,bhtd->bhsd", weights, d_out)
+            d_p = ops.einsum("bhtd,bhsd->bhts", d_out, v)
+            if low:
+                d_s = weights * (d_p - ops.cast(delta, d_p.dtype))
+            else:
+                d_s = ops.cast(weights, "float32") * (
+                    ops.cast(d_p, "float32") - delta
+                )
             d_s = ops.cast(d_s, q.dtype)
             d_q = ops.matmul(d_s, k)
-            d_k = ops.matmul(ops.transpose(d_s, (0, 1, 3, 2)), q)
+            d_k = ops.einsum("bhts,bhtd->bhsd", d_s, q)
             return d_q, d_k, d_v
 
         return out, grad
 
     return attend(q, k, v)
+
+
+def _softmax_in_dtype(scores, mask):
+    """`masked_softmax` without the float32 copies (bfloat16 scores)."""
+    if mask is None:
+        return ops.softmax(scores, axis=-1)
+    weights = ops.softmax(
+        ops.where(mask, scores, ops.cast(MASK_VALUE, scores.dtype)), axis=-1
+    )
+    # A fully masked row would be uniform: zeros, as everywhere else.
+    return ops.where(mask, weights, ops.zeros_like(weights))
 
 
 _FUSED = {}
