@@ -140,3 +140,33 @@ def test_bad_options_raise_and_change_nothing(kwargs, match):
     with pytest.raises(ValueError, match=match):
         attention_ops.set_autotune(**kwargs)
     assert autotune._OPTIONS == before
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_half_precision_applications_compile_without_xla_on_a_cpu(dtype):
+    """XLA's CPU backend has no bfloat16 units: a bf16 model compiles in
+    graph mode by default there (even where an application's default is
+    XLA, as the translators'); float32 keeps the default; an explicit
+    `jit_compile` is always kept."""
+    from keras_attention.applications import VisionTransformer
+
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(dtype)
+    try:
+        model = VisionTransformer(
+            image_size=8, patch_size=4, num_classes=3, hidden_dim=8, depth=1,
+            num_heads=2, mlp_dim=8, num_channels=1,
+        )
+    finally:
+        keras.config.set_dtype_policy(previous)
+    model.compile()
+    on_cpu = not tf.config.list_logical_devices("GPU")
+    if on_cpu and dtype == "mixed_bfloat16":
+        assert model.jit_compile is False
+    else:  # Keras's "auto" (itself graph mode on a CPU-only machine)
+        assert model.jit_compile == model._resolve_auto_jit_compile()
+    model.compile(jit_compile=True)
+    assert model.jit_compile is True
+    x = np.zeros((2, 8, 8, 1), "float32")
+    model.compile()
+    model.train_on_batch(x, np.array([0, 1]))
