@@ -290,6 +290,32 @@ def test_predict_boxes_pictures_and_keras_file(tmp_path, converted, timm_referen
         assert logits < ATOL and boxes < ATOL
 
 
+@pytest.mark.parametrize(
+    "jit_compile", [False, pytest.param(True, marks=pytest.mark.large)]
+)
+def test_converted_detr_fine_tunes(timm_reference, jit_compile):
+    """A new class head, one training epoch on padded targets (compiled by
+    XLA under `--run-large`); the frozen batch norm's statistics stay the
+    checkpoint's."""
+    model = DETR.from_transformers(
+        timm_reference, num_classes=2, image_size=(HEIGHT, WIDTH)
+    )
+    norms = [n for _, _, n in model.backbone.named_units()]
+    before = [np.array(n.moving_variance) for n in norms]
+    model.compile(optimizer="adam", jit_compile=jit_compile)
+    targets = {
+        "boxes": np.array([[[0.3, 0.4, 0.2, 0.2], [0, 0, 0, 0]]] * 2, "float32"),
+        "labels": np.array([[1, -1], [0, -1]], "int32"),
+    }
+    history = model.fit(IMAGES, targets, epochs=1, batch_size=2, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    assert all(
+        np.array_equal(a, np.array(n.moving_variance))
+        for a, n in zip(before, norms)
+    )
+    assert len(model.predict_boxes(IMAGES, score_threshold=0.0)) == 2
+
+
 def test_convert_command(tmp_path, capsys, timm_reference):
     from keras_attention import cli
 
