@@ -117,6 +117,18 @@ def test_detr_converts_exactly(backbone, timm_reference):
     assert np.abs(plain - masked).max() > 1e-3
 
 
+def test_odd_image_sizes_pad_as_pytorch(converted, timm_reference):
+    """PyTorch pads its stride-2 convolutions and max pool on both sides
+    (Keras's "same" pads more at the end): odd sizes show a difference."""
+    images = np.random.RandomState(5).randn(1, 75, 101, 3).astype("float32")
+    logits, boxes = _differences(timm_reference, converted, images)
+    assert logits < ATOL and boxes < ATOL
+    backbone = converted.backbone
+    assert backbone(images).shape == backbone.compute_output_shape(images.shape)
+    clone = type(backbone).from_config(backbone.get_config())
+    assert clone.get_config() == backbone.get_config()
+
+
 def test_frozen_batch_norm_and_training_call(converted, timm_reference):
     """Batch norm uses the checkpoint's statistics in a training call too,
     and its scale and shift are not trainable, as in DETR."""
