@@ -26,7 +26,7 @@ def _pad(x, amount):
     return ops.pad(x, ((0, 0), (amount, amount), (amount, amount), (0, 0)))
 
 
-def check_resnet_depths(depths):
+def check_resnet_depths(depths, argument="resnet_depths"):
     """`depths` as a tuple of positive ints, or a `ValueError` naming it."""
     try:
         values = tuple(depths)
@@ -36,7 +36,7 @@ def check_resnet_depths(depths):
         isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in values
     ):
         raise base.invalid(
-            "resnet_depths", "a non-empty tuple of positive integers", depths
+            argument, "a non-empty tuple of positive integers", depths
         )
     return values
 
@@ -83,11 +83,11 @@ class ResNetBackbone(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.depths = check_resnet_depths(depths)
+        self.depths = check_resnet_depths(depths, "depths")
         if block not in BLOCK_KINDS:
-            raise base.invalid("resnet_block", f"one of {BLOCK_KINDS}", block)
+            raise base.invalid("block", f"one of {BLOCK_KINDS}", block)
         self.block = block
-        self.width = base.check_positive_int("resnet_width", width)
+        self.width = base.check_positive_int("width", width)
         if not isinstance(batch_norm_epsilon, (int, float)) or not (
             batch_norm_epsilon > 0
         ):

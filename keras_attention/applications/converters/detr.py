@@ -314,7 +314,10 @@ class DETRConverters:
         and `-101`) or Hugging Face's `ResNetBackbone`, with DETR's frozen
         batch norm. Every tensor is checked before any is assigned. Images
         are normalized as the checkpoint expects (ImageNet mean and std for
-        the published ones); this model does not normalize them.
+        the published ones); this model does not normalize them. Hugging
+        Face also keeps the stem and first ResNet stage fixed when it
+        fine-tunes; here that is `layer.trainable = False` on those
+        convolutions of `model.backbone.named_units()`.
 
         Args:
             source: a `transformers` DETR model, or a local folder with
