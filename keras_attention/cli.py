@@ -127,9 +127,10 @@ def build_parser():
     )
     convert = commands.add_parser(
         "convert",
-        help="a timm or Hugging Face ViT checkpoint to a .keras model",
-        description="Convert a pretrained ViT checkpoint you have locally: a "
-        "Hugging Face folder (config.json + model.safetensors or "
+        help="a timm or Hugging Face ViT/Swin/DETR checkpoint to a .keras model",
+        description="Convert a pretrained ViT, Swin or DETR checkpoint you "
+        "have locally: a Hugging Face ViT or DETR folder (config.json + "
+        "model.safetensors or "
         "pytorch_model.bin, e.g. a downloaded hub snapshot or what "
         "save_pretrained writes), or a timm checkpoint file (.safetensors, "
         ".pth, .bin) with --timm-model. Every tensor is checked before any "
@@ -158,7 +159,34 @@ def _import_triton_first():
         import triton  # noqa: F401
 
 
+def _hub_model_type(folder):
+    import json
+
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            return json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None  # the converter reports a missing or bad config
+
+
+def _describe(model):
+    if type(model).__name__ == "DETR":
+        return (
+            f"DETR: ResNet {model.resnet_block} {list(model.resnet_depths)}, "
+            f"{model.num_encoder_layers} + {model.num_decoder_layers} layers "
+            f"of width {model.hidden_dim}, {model.num_queries} queries, "
+            f"{model.num_classes} classes, {model.count_params():,} parameters"
+        )
+    backbone = model.backbone
+    return (
+        f"{type(model).__name__}: {backbone.depth} blocks of width "
+        f"{backbone.hidden_dim}, images {backbone.image_size + (backbone.num_channels,)}, "
+        f"{model.num_classes} classes, {model.count_params():,} parameters"
+    )
+
+
 def command_convert(args):
+    from keras_attention.applications import DETR
     from keras_attention.applications import VisionTransformer
 
     if not os.path.exists(args.source):
@@ -173,7 +201,10 @@ def command_convert(args):
                 "--timm-model is for a timm checkpoint file; SOURCE is a "
                 "folder (read as a Hugging Face model)"
             )
-        model = VisionTransformer.from_transformers(
+        family = (
+            DETR if _hub_model_type(args.source) == "detr" else VisionTransformer
+        )
+        model = family.from_transformers(
             args.source, num_classes=args.num_classes
         )
     else:
@@ -188,12 +219,7 @@ def command_convert(args):
     directory = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(directory, exist_ok=True)
     model.save(args.out)
-    backbone = model.backbone
-    print(
-        f"{type(model).__name__}: {backbone.depth} blocks of width "
-        f"{backbone.hidden_dim}, images {backbone.image_size + (backbone.num_channels,)}, "
-        f"{model.num_classes} classes, {model.count_params():,} parameters"
-    )
+    print(_describe(model))
     print(f"Saved: {os.path.abspath(args.out)}")
     return EXIT_OK
 

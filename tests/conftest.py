@@ -26,3 +26,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "large" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def assigned_variables(monkeypatch):
+    """The paths of the Keras variables assigned during the test (the
+    converters' tests check that a mismatch assigns none)."""
+    import keras
+
+    writes = []
+    original = keras.Variable.assign
+
+    def assign(self, value):
+        writes.append(self.path)
+        return original(self, value)
+
+    monkeypatch.setattr(keras.Variable, "assign", assign)
+    return writes

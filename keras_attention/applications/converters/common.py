@@ -154,6 +154,41 @@ def read_hub_directory(directory):
     )
 
 
+def read_transformers_source(source, architectures):
+    """`(config dict, {name: array}, how to name it)` of a Hugging Face model.
+
+    Args:
+        source: a `transformers` model (its class one of `architectures`)
+            or a local folder (`read_hub_directory`) whose `config.json`
+            lists no other architecture.
+        architectures: the accepted class names.
+    """
+    expected = f"Expected a Hugging Face {' or '.join(architectures)}."
+    if hasattr(source, "state_dict") and hasattr(source, "config"):
+        kind = type(source).__name__
+        if kind not in architectures:
+            raise ValueError(
+                f"{expected} Received: {type(source).__module__}.{kind}"
+            )
+        tensors = state_dict_arrays(source)
+        return source.config.to_dict(), tensors, f"The Hugging Face model {kind}"
+    if not isinstance(source, (str, os.PathLike)) or not os.path.isdir(source):
+        shown = (
+            repr(os.fspath(source)) if isinstance(source, (str, os.PathLike))
+            else type(source).__name__
+        )
+        raise ValueError(
+            "Received an invalid value for argument `source`, expected a "
+            "Hugging Face model or a folder with config.json and "
+            f"model.safetensors (or pytorch_model.bin). Received: source={shown}"
+        )
+    config, tensors = read_hub_directory(source)
+    listed = config.get("architectures") or []
+    if any(a not in architectures for a in listed):
+        raise ValueError(f"{expected} Received: architectures={listed}")
+    return config, tensors, f"The folder {os.fspath(source)!r}"
+
+
 class TensorLoader:
     """Collects `checkpoint tensor -> Keras variable` assignments, then loads.
 

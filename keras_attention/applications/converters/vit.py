@@ -404,38 +404,9 @@ def transformers_arguments(config):
 
 def from_transformers(cls, source, num_classes=None, **kwargs):
     """See `VisionTransformer.from_transformers`."""
-    if _is_torch_module(source):
-        kind = type(source).__name__
-        if kind not in HF_ARCHITECTURES:
-            raise ValueError(
-                f"Expected a Hugging Face {' or '.join(HF_ARCHITECTURES)}. "
-                f"Received: {type(source).__module__}.{kind}"
-            )
-        config = source.config.to_dict()
-        tensors = common.state_dict_arrays(source)
-        name = f"The Hugging Face model {kind}"
-    elif isinstance(source, (str, os.PathLike)):
-        if not os.path.isdir(source):
-            raise ValueError(
-                "Received an invalid value for argument `source`, expected a "
-                "Hugging Face model or a folder with config.json and "
-                f"model.safetensors. Received: source={os.fspath(source)!r}"
-            )
-        config, tensors = common.read_hub_directory(source)
-        name = f"The folder {os.fspath(source)!r}"
-        architectures = config.get("architectures") or []
-        unknown = [a for a in architectures if a not in HF_ARCHITECTURES]
-        if unknown:
-            raise ValueError(
-                f"Expected a Hugging Face {' or '.join(HF_ARCHITECTURES)}. "
-                f"Received: architectures={architectures}"
-            )
-    else:
-        raise ValueError(
-            "Received an invalid value for argument `source`, expected a "
-            "Hugging Face model or folder. Received: "
-            f"source={type(source).__name__}"
-        )
+    config, tensors, name = common.read_transformers_source(
+        source, HF_ARCHITECTURES
+    )
     arguments, qkv_bias = transformers_arguments(config)
     tensors = {_hub_name(n): t for n, t in tensors.items()}
     prefix = "vit." if any(n.startswith("vit.") for n in tensors) else ""
