@@ -36,6 +36,14 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+if "--pyg" in sys.argv:
+    # torch.compile loads Triton, whose CUDA build crashes the process when
+    # TensorFlow was imported first: load it before.
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is not None:
+        import triton  # noqa: F401
+
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
