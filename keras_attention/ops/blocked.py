@@ -14,7 +14,9 @@ layout and dtype: each block is sliced, cast to float32, scaled and
 transposed on its own, grouped-query heads are grouped per block (never
 repeated to `H`), and the pass saves only the output and the log-sum-exp
 `(B, H, T, 1)` for the backward. So a layer's projections reach the core
-and its gradients leave it without a length-sized transpose or copy.
+and its gradients leave it without a length-sized transpose or copy; the
+backward pass holds q, k, v, dO (whose rows become dq once read) and the
+dk, dv accumulators (float32, cast once at the end).
 A `_Plan` holds the static block layout and the rank-4 mask that every
 step reads.
 """
