@@ -375,7 +375,7 @@ class CausalLM(app_base.PresetMixin, app_base.CompileDefaults, keras.Model):
 
     def _generate_function(self, key, sampler):
         batch, max_length, start, use_cache, stop, jit_compile = key
-        function = self._generation.functions.get(key + (id(sampler),))
+        function = self._generation.functions.get(key + (sampler,))
         if function is not None:
             return function
 
@@ -409,7 +409,7 @@ class CausalLM(app_base.PresetMixin, app_base.CompileDefaults, keras.Model):
 
             function = tf.function(generate, jit_compile=True)
         # Other backends run the same keras.ops loop eagerly.
-        self._generation.functions[key + (id(sampler),)] = function
+        self._generation.functions[key + (sampler,)] = function
         return function
 
     def generate(
