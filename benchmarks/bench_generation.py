@@ -73,6 +73,7 @@ def growing_prefix(model, prompt, max_length, bucket=64):
     import numpy as np
     import tensorflow as tf
 
+    tf.get_logger().setLevel("ERROR")  # one trace per bucket is the plan
     forward = tf.function(lambda x: model(x, training=False), jit_compile=True)
     buffer = np.zeros((len(prompt), max_length), "int32")
     buffer[:, :PROMPT] = prompt

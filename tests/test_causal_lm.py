@@ -83,14 +83,17 @@ def test_cached_generation_gives_the_tokens_of_recomputing_the_prefix(window):
 def test_samplers_stop_tokens_and_one_prompt():
     model = tiny()
     prompt = ids(1, 4)[0]
+    # Eager loops: one XLA compilation per sampler is slow on a busy CPU.
     for sampler in ("top_k", "top_p", keras_hub.samplers.TopKSampler(k=3, seed=1)):
-        out = model.generate(prompt, max_length=10, sampler=sampler)
+        out = model.generate(prompt, max_length=10, sampler=sampler,
+                             jit_compile=False)
         assert out.shape == (10,)
         np.testing.assert_array_equal(out[:4], prompt)
         assert out.min() >= 0 and out.max() < V
     greedy = model.generate(prompt, max_length=10)
     stop = int(greedy[5])
-    stopped = model.generate(prompt, max_length=10, stop_token_ids=[stop])
+    stopped = model.generate(prompt, max_length=10, stop_token_ids=[stop],
+                             jit_compile=False)
     first = 4 + int(np.flatnonzero(greedy[4:] == stop)[0])
     np.testing.assert_array_equal(stopped[:first + 1], greedy[:first + 1])
     assert not stopped[first + 1:].any()
@@ -123,6 +126,7 @@ def test_attention_maps_are_causal_and_windowed():
     np.testing.assert_allclose(numpy(scores[1]), list(maps.values())[1], atol=1e-6)
 
 
+@pytest.mark.large  # an XLA train step; the README's example fits too
 def test_fit_lowers_the_loss_on_text():
     keras.utils.set_random_seed(0)
     model = CausalLM(preprocessor=CausalLMPreprocessor(), hidden_dim=16,
