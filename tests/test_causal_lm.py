@@ -206,3 +206,18 @@ def test_bad_generate_arguments():
         CausalLMBackbone(vocabulary_size=V, hidden_dim=8, num_heads=2)(
             np.ones((2, 3, 4), "int32")
         )
+
+
+@pytest.mark.large  # a minute or two: fine-tuning, 100 generations, pictures
+def test_run_recipe_quick(tmp_path):
+    from keras_attention import recipes
+
+    result = recipes.TASKS["causal-lm"].run(
+        model_name="rope", data=None, epochs=None, out=str(tmp_path), seed=0,
+        quick=True,
+    )
+    assert result.metrics["date_accuracy"] > 0.5
+    assert {os.path.basename(f) for f in result.files} >= {
+        "causal_lm_rope.keras", "causal_lm_attention_0.png",
+        "causal_lm_explorer.html",
+    }
