@@ -146,6 +146,10 @@ def test_preset_is_registered_and_loads_its_weights():
     assert model.backbone.sliding_window == 64
     out = model.generate_text(["14 july 1989 = ", "march 3rd, 2001 = "])
     assert out == ["14 july 1989 = 1989-07-14", "march 3rd, 2001 = 2001-03-03"]
+    backbone = CausalLMBackbone.from_preset("causal_lm_dates")
+    np.testing.assert_array_equal(
+        backbone.get_weights()[0], model.backbone.get_weights()[0]
+    )
 
 
 def test_preprocessor_and_text_folder(tmp_path):

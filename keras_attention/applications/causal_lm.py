@@ -510,6 +510,9 @@ class CausalLM(app_base.PresetMixin, app_base.CompileDefaults, keras.Model):
         )
 
 
+# `CausalLMBackbone.from_preset(name)`: the backbone of a CausalLM preset.
+CausalLMBackbone.classifier_class = CausalLM
+
 _DATES_CONFIG = dict(
     vocabulary_size=128, hidden_dim=64, depth=2, num_heads=4,
     num_key_value_heads=2, mlp_dim=192, sliding_window=64,
