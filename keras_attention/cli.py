@@ -2,7 +2,7 @@
 
 ```
 keras-attention list
-keras-attention run translation|classification|detection|node-classification
+keras-attention run translation|classification|detection|node-classification|causal-lm
     [--model NAME] [--data PATH] [--epochs N] [--out DIR] [--seed S]
 keras-attention demo [--out DIR] [--seed S]
 keras-attention explore MODEL.keras INPUT [--out PAGE.html] [--kind K]

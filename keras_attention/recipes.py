@@ -345,6 +345,70 @@ def visualization_edges(edges, num_nodes):
     return keras.ops.convert_to_numpy(with_self_loops(edges, num_nodes))
 
 
+# Causal language model -------------------------------------------------------
+
+
+def run_causal_lm(model_name, data, epochs, out, seed, quick=False):
+    from keras_attention import datasets, training, visualization
+    from keras_attention.applications import CausalLM
+
+    start = time.time()
+    keras.utils.set_random_seed(seed)
+    recipe = dict(training.CAUSAL_LM_RECIPES["causal_lm_dates"])
+    # "rope" on the date lines fine-tunes the shipped causal_lm_dates
+    # weights (trained by benchmarks/train_presets.py); the rest train
+    # from scratch.
+    pretrained = data is None and model_name == "rope"
+    if data is None:
+        lines = 2000 if quick else (4000 if pretrained else recipe["num_train"])
+        corpus = datasets.load_text_corpus(num_train=lines, seed=seed)
+        data_name = "date lines '<date> = <ISO date>' (embedded)"
+    else:
+        corpus, data_name = datasets.load_text_corpus(data), data
+    model = CausalLM.from_preset(
+        "causal_lm_dates", load_weights=pretrained,
+        position_encoding="alibi" if model_name == "alibi" else "rope",
+    )
+    recipe.update(
+        epochs=epochs or (1 if quick or pretrained else recipe["epochs"]),
+        learning_rate=3e-4 if pretrained else recipe["learning_rate"],
+    )
+    recipe.pop("num_train")
+    training.fit_causal_lm(
+        model, corpus["train"], validation_text=corpus["val"],
+        verbose=_verbose(), **recipe,
+    )
+    x_val, y_val = model.preprocessor.sequences(corpus["val"], 128)
+    loss = model.evaluate(x_val, y_val, verbose=0, return_dict=True)["loss"]
+    metrics = {"val_bits_per_char": round(float(loss / np.log(2)), 4)}
+    prompts = ["14 july 1989 = ", "march 3rd, 2001 = ", "the 2nd of may 1977 = "]
+    if data is None:
+        metrics["date_accuracy"] = round(
+            training.date_completion_accuracy(model, corpus["test"], 100), 4
+        )
+    else:
+        prompts = [corpus["val"][:40]]
+    files = [_save(model, out, f"causal_lm_{model_name}")]
+    texts = model.generate_text(prompts, max_length=80)
+    ids = model.preprocessor.encode(texts[0])[None]
+    maps = visualization.attention_maps(model, ids)
+    tokens = [repr(c)[1:-1] for c in texts[0]]
+    for i, (name, weights) in enumerate(maps.items()):
+        path = os.path.join(out, f"causal_lm_attention_{i}.png")
+        _close(visualization.plot_attention_heatmap(
+            weights[0], tokens, tokens, title=f"{name} (mean of heads)", path=path
+        ))
+        files.append(path)
+    files.append(_explore(model, ids, out, "causal_lm", tokens=tokens))
+    notes = [f"generated (greedy, cached): {t!r}" for t in texts]
+    if pretrained:
+        notes.insert(0, "fine-tuned from the shipped causal_lm_dates weights")
+    return Result(
+        "causal-lm", model_name, metrics, files, time.time() - start,
+        data_name, notes,
+    )
+
+
 TASKS = {
     "translation": Recipe(
         "translation", ("transformer", "rnn"), run_translation, demo_epochs=3
@@ -359,8 +423,18 @@ TASKS = {
         "node-classification", ("gat", "gatv2"), run_node_classification,
         demo_epochs=200, quick_epochs=5,
     ),
+    "causal-lm": Recipe(
+        "causal-lm", ("rope", "alibi"), run_causal_lm, demo_epochs=1
+    ),
 }
-DEMO_ORDER = [t for t in ("classification", "translation", "detection", "node-classification") if t in TASKS]
+DEMO_ORDER = [
+    t
+    for t in (
+        "classification", "translation", "detection", "node-classification",
+        "causal-lm",
+    )
+    if t in TASKS
+]
 
 
 def format_result(result):

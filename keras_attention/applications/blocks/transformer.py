@@ -211,9 +211,13 @@ class TransformerEncoderBlock(_TransformerBlock):
         return_attention_scores: also return the layer's scores (`None` for
             a layer that cannot return them).
         training: whether dropout is active.
+        cache, cache_update_index: decode against the attention layer's
+            key/value cache (`MultiHeadAttention`'s `cache=` convention,
+            `(B, 2, S_max, K, D)`; the causal language model's decoder).
 
     Returns:
-        `(B, N, C)`, and the scores if `return_attention_scores=True`.
+        `(B, N, C)`, and the scores if `return_attention_scores=True`;
+        `(output, cache)` for a cached call.
     """
 
     _attention_kinds = ("tokens", "grid")
@@ -308,7 +312,11 @@ class TransformerEncoderBlock(_TransformerBlock):
         position=None,
         return_attention_scores=False,
         training=None,
+        cache=None,
+        cache_update_index=None,
     ):
+        if cache is not None:
+            return self._call_cached(tokens, cache, cache_update_index, training)
         x, scores = self._residual(
             tokens,
             lambda y: self._attend(
@@ -321,6 +329,25 @@ class TransformerEncoderBlock(_TransformerBlock):
         if return_attention_scores:
             return x, scores
         return x
+
+    def _call_cached(self, tokens, cache, cache_update_index, training):
+        """Decoding against the attention layer's public key/value cache."""
+        if not registry.call_accepts(self.attention_layer, "cache"):
+            raise ValueError(
+                f"The attention layer {self.attention!r} takes no key/value "
+                "`cache`; use `multi_head`. Received: cache.shape="
+                f"{tuple(cache.shape)}"
+            )
+        x, cache = self._residual(
+            tokens,
+            lambda y: self.attention_layer(
+                y, cache=cache, cache_update_index=cache_update_index,
+                training=training,
+            ),
+            self.attention_norm,
+            training,
+        )
+        return self._mlp_residual(x, training), cache
 
     def get_config(self):
         config = super().get_config()
