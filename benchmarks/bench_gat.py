@@ -52,7 +52,7 @@ from keras_attention.datasets.graphs import load_planetoid  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import describe  # noqa: E402
 from keras_attention.layers.graph import GraphAttention  # noqa: E402
-from keras_attention.layers.graph import HashDropout  # noqa: E402
+from keras_attention.layers import HashDropout  # noqa: E402
 
 
 class KerasDropoutGraphAttention(GraphAttention):
