@@ -3,7 +3,7 @@ query and key heads (RoPE) and ALiBi's per-head distance penalty."""
 
 from keras import ops
 
-from keras_attention.layers import base
+from keras_attention._validation import invalid
 from keras_attention.ops import positions
 
 POSITION_ENCODINGS = (None, "rope", "alibi")
@@ -14,7 +14,7 @@ def check_position_arguments(
 ):
     """Raise keras's `ValueError` for a bad position-encoding argument."""
     if position_encoding not in POSITION_ENCODINGS:
-        raise base.invalid(
+        raise invalid(
             "position_encoding", f"one of {POSITION_ENCODINGS}",
             position_encoding,
         )
@@ -28,7 +28,7 @@ def check_position_arguments(
             or not isinstance(number, (int, float))
             or not number > 0
         ):
-            raise base.invalid(name, "a positive number", number)
+            raise invalid(name, "a positive number", number)
 
 
 class PositionEncodings:
@@ -42,7 +42,7 @@ class PositionEncodings:
                 f"query.shape={tuple(query_shape)}"
             )
         if self.position_encoding == "rope" and self._key_dim % 2:
-            raise base.invalid(
+            raise invalid(
                 "key_dim", "an even head size for rotary embeddings",
                 self._key_dim,
             )

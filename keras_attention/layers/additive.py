@@ -1,6 +1,8 @@
 import keras
 from keras import ops
 
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import check_rate
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.registry import register
@@ -69,6 +71,10 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
           https://arxiv.org/abs/1409.0473
     """
 
+    config_arguments = (
+        "units", "dropout", "use_bias", "kernel_initializer", "seed",
+    )
+
     def __init__(
         self,
         units,
@@ -79,14 +85,11 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.units = base.check_positive_int("units", units)
-        self.dropout = base.check_rate("dropout", dropout)
+        self.units = check_positive_int("units", units)
+        self.dropout = check_rate("dropout", dropout)
         self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.seed = seed
-        self.seed_generator = (
-            keras.random.SeedGenerator(seed) if self.dropout > 0 else None
-        )
+        base.keep_keras_objects(self, locals())
+        base.keep_seed(self, seed)
 
     def _initializer(self):
         return self.kernel_initializer.__class__.from_config(
@@ -236,18 +239,3 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
         return (
             self.query_dense.weights + self.key_dense.weights + [self.score_kernel]
         )
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "units": self.units,
-                "dropout": self.dropout,
-                "use_bias": self.use_bias,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "seed": self.seed,
-            }
-        )
-        return config

@@ -5,9 +5,7 @@ import keras
 from keras import ops
 
 from keras_attention import ops as attention_ops
-from keras_attention._validation import check_positive_int  # noqa: F401
-from keras_attention._validation import check_rate  # noqa: F401
-from keras_attention._validation import invalid  # noqa: F401
+from keras_attention._validation import invalid
 
 
 def is_shape(x):
@@ -238,8 +236,57 @@ def enable_lora(model, rank, lora_alpha=None, target_names=("query", "value")):
     return targets
 
 
+# The keras objects a layer takes by name or instance and serializes.
+_KERAS_OBJECTS = {
+    "activation": keras.activations,
+    "kernel_initializer": keras.initializers,
+    "bias_initializer": keras.initializers,
+    "kernel_regularizer": keras.regularizers,
+    "bias_regularizer": keras.regularizers,
+    "kernel_constraint": keras.constraints,
+    "bias_constraint": keras.constraints,
+}
+
+
+def keep_keras_objects(layer, arguments):
+    """Store each keras object among a constructor's `arguments` (its
+    `locals()`) on `layer` under its own name, as keras's `get` returns it
+    (`kernel_initializer`, `bias_regularizer`, `activation`, ...)."""
+    for name, module in _KERAS_OBJECTS.items():
+        if name in arguments:
+            setattr(layer, name, module.get(arguments[name]))
+
+
+def arguments_config(layer, names):
+    """`{name: value}` of `layer`'s constructor arguments `names`, each
+    stored under its own name; keras objects serialized."""
+    config = {}
+    for name in names:
+        value = getattr(layer, name)
+        if name in _KERAS_OBJECTS:
+            value = _KERAS_OBJECTS[name].serialize(value)
+        config[name] = value
+    return config
+
+
+def keep_seed(layer, seed):
+    """`layer.seed`, and the generator of its dropout (none without one)."""
+    layer.seed = seed
+    layer.seed_generator = (
+        keras.random.SeedGenerator(seed) if layer.dropout > 0 else None
+    )
+
+
 class ProjectionMixin:
-    """`enable_lora` for a layer whose kernels live in keras sublayers."""
+    """`enable_lora` for a layer whose kernels live in keras sublayers, and
+    its config.
+
+    `config_arguments` names the constructor arguments the class adds to
+    its parent's config; each is stored under its own name (keras objects
+    serialized), so `get_config` is written once for every layer.
+    """
+
+    config_arguments = ()
 
     def enable_lora(self, rank, lora_alpha=None, target_names=None):
         """LoRA on the layer's projections (Hu et al., 2021).
@@ -330,6 +377,7 @@ class ProjectionMixin:
 
     def get_config(self):
         config = super().get_config()
+        config.update(arguments_config(self, self.config_arguments))
         policy = quantized_policy_map(self)
         if policy is not None:
             config["dtype"] = keras.dtype_policies.serialize(policy)

@@ -10,6 +10,9 @@ without dropout, and some 80 times longer with `keras.random.dropout`
 import keras
 from keras import ops
 
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import check_rate
+from keras_attention._validation import invalid
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.layers._graph_inputs import check_graph_inputs
@@ -155,6 +158,13 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
           ICLR 2022. https://arxiv.org/abs/2105.14491
     """
 
+    config_arguments = (
+        "units", "num_heads", "concat_heads", "negative_slope", "dropout",
+        "add_self_loops", "version", "use_bias", "activation",
+        "kernel_initializer", "bias_initializer", "kernel_regularizer",
+        "bias_regularizer", "kernel_constraint", "bias_constraint", "seed",
+    )
+
     def __init__(
         self,
         units,
@@ -176,39 +186,30 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.units = base.check_positive_int("units", units)
-        self.num_heads = base.check_positive_int("num_heads", num_heads)
+        self.units = check_positive_int("units", units)
+        self.num_heads = check_positive_int("num_heads", num_heads)
         if not isinstance(concat_heads, bool):
-            raise base.invalid("concat_heads", "a boolean", concat_heads)
+            raise invalid("concat_heads", "a boolean", concat_heads)
         self.concat_heads = concat_heads
         if (
             isinstance(negative_slope, bool)
             or not isinstance(negative_slope, (int, float))
             or not negative_slope >= 0
         ):
-            raise base.invalid(
+            raise invalid(
                 "negative_slope", "a non-negative float", negative_slope
             )
         self.negative_slope = float(negative_slope)
-        self.dropout = base.check_rate("dropout", dropout)
+        self.dropout = check_rate("dropout", dropout)
         if not isinstance(add_self_loops, bool):
-            raise base.invalid("add_self_loops", "a boolean", add_self_loops)
+            raise invalid("add_self_loops", "a boolean", add_self_loops)
         self.add_self_loops = add_self_loops
         if version not in ("v1", "v2"):
-            raise base.invalid("version", "one of 'v1', 'v2'", version)
+            raise invalid("version", "one of 'v1', 'v2'", version)
         self.version = version
         self.use_bias = bool(use_bias)
-        self.activation = keras.activations.get(activation)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
-        self.kernel_constraint = keras.constraints.get(kernel_constraint)
-        self.bias_constraint = keras.constraints.get(bias_constraint)
-        self.seed = seed
-        self.seed_generator = (
-            keras.random.SeedGenerator(seed) if self.dropout > 0 else None
-        )
+        base.keep_keras_objects(self, locals())
+        base.keep_seed(self, seed)
 
     @property
     def output_dim(self):
@@ -534,39 +535,3 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         if self.bias is not None:
             variables.append(self.bias)
         return variables
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "units": self.units,
-                "num_heads": self.num_heads,
-                "concat_heads": self.concat_heads,
-                "negative_slope": self.negative_slope,
-                "dropout": self.dropout,
-                "add_self_loops": self.add_self_loops,
-                "version": self.version,
-                "use_bias": self.use_bias,
-                "activation": keras.activations.serialize(self.activation),
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "bias_initializer": keras.initializers.serialize(
-                    self.bias_initializer
-                ),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
-                "bias_regularizer": keras.regularizers.serialize(
-                    self.bias_regularizer
-                ),
-                "kernel_constraint": keras.constraints.serialize(
-                    self.kernel_constraint
-                ),
-                "bias_constraint": keras.constraints.serialize(
-                    self.bias_constraint
-                ),
-                "seed": self.seed,
-            }
-        )
-        return config

@@ -5,6 +5,9 @@ from keras import ops
 # No public API sets a tensor's Keras mask; keras's own layer uses this.
 from keras.src.backend import set_keras_mask
 
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import check_rate
+from keras_attention._validation import invalid
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.layers._multi_head_cache import KVCache
@@ -176,6 +179,12 @@ class MultiHeadAttention(
         - Hu et al., LoRA, 2021. https://arxiv.org/abs/2106.09685
     """
 
+    config_arguments = (
+        "flash_attention", "num_key_value_heads", "use_causal_mask",
+        "implementation", "position_encoding", "rope_max_wavelength",
+        "rope_scaling_factor", "alibi_bias_max",
+    )
+
     def __init__(
         self,
         num_heads,
@@ -205,7 +214,7 @@ class MultiHeadAttention(
         alibi_bias_max=8.0,
         **kwargs,
     ):
-        dropout = base.check_rate("dropout", dropout)
+        dropout = check_rate("dropout", dropout)
         check_position_arguments(
             position_encoding, rope_max_wavelength, rope_scaling_factor,
             alibi_bias_max,
@@ -225,7 +234,7 @@ class MultiHeadAttention(
                     "argument `output_shape`, expected a positive integer or "
                     f"a tuple of them. Received: output_shape={output_shape!r}"
                 )
-        num_key_value_heads = base.check_positive_int(
+        num_key_value_heads = check_positive_int(
             "num_key_value_heads", num_key_value_heads, allow_none=True
         )
         if (
@@ -233,13 +242,13 @@ class MultiHeadAttention(
             and isinstance(num_heads, int)
             and num_heads % num_key_value_heads
         ):
-            raise base.invalid(
+            raise invalid(
                 "num_key_value_heads",
                 f"a divisor of num_heads={num_heads}",
                 num_key_value_heads,
             )
         if implementation not in IMPLEMENTATIONS:
-            raise base.invalid(
+            raise invalid(
                 "implementation", f"one of {IMPLEMENTATIONS}", implementation
             )
         sliding_window = check_sliding_window(sliding_window)
@@ -574,19 +583,3 @@ class MultiHeadAttention(
             )
             for w in dense.weights
         ]
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "flash_attention": self.flash_attention,
-                "num_key_value_heads": self.num_key_value_heads,
-                "use_causal_mask": self.use_causal_mask,
-                "implementation": self.implementation,
-                "position_encoding": self.position_encoding,
-                "rope_max_wavelength": self.rope_max_wavelength,
-                "rope_scaling_factor": self.rope_scaling_factor,
-                "alibi_bias_max": self.alibi_bias_max,
-            }
-        )
-        return config
