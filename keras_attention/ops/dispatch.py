@@ -154,12 +154,6 @@ def dot_product_attention(
         scale = 1.0 / math.sqrt(head_dim)
     mask = expand_mask(attention_mask)
     dropout_active = bool(training) and dropout_rate > 0.0
-    t_len, s_len = static_dim(query, 1), static_dim(key, 1)
-    long_enough = (
-        t_len is not None
-        and s_len is not None
-        and t_len * s_len > DENSE_THRESHOLD
-    )
     can_block = not return_weights and bias is None and not dropout_active
     same_dims = value.shape[-1] == head_dim  # the fused kernels need it
     _check_implementation(
@@ -167,46 +161,24 @@ def dot_product_attention(
         f"return_weights={return_weights}, bias={bias is not None}, "
         f"dropout_rate={dropout_rate}, training={training}",
     )
-    if (
-        implementation == "auto"
-        and can_block
-        and long_enough
-        and (sliding_window is not None or not _fused_kernel_available())
-    ):
-        def run(path, q, k, v, m):
-            return dot_product_attention(
-                q, k, v, attention_mask=m, is_causal=is_causal, scale=scale,
-                implementation=path, block_size=block_size,
-                sliding_window=sliding_window, alibi_slopes=alibi_slopes,
-            )
-
-        implementation = autotune.choose(
-            run, query, key, value, mask, is_causal, sliding_window, training
+    path = _pick_path(implementation, can_block, same_dims, query, key, sliding_window)
+    if path == "measure":
+        path = _measured_path(
+            query, key, value, mask, is_causal, scale, block_size,
+            sliding_window, alibi_slopes, training,
         )
-    if implementation == "blocked":
+    if path == "blocked":
         return blocked_heads(
-            query,
-            key,
-            value,
-            mask,
-            is_causal,
-            scale,
-            block_size or DEFAULT_BLOCK_SIZE,
-            DEFAULT_QUERY_BLOCK_SIZE,
-            sliding_window,
-            alibi_slopes,
+            query, key, value, mask, is_causal, scale,
+            block_size or DEFAULT_BLOCK_SIZE, DEFAULT_QUERY_BLOCK_SIZE,
+            sliding_window, alibi_slopes,
         )
     if sliding_window is not None:
         band = sliding_window_mask(
             ops.shape(query)[1], ops.shape(key)[1], sliding_window
         )
         mask = band if mask is None else ops.logical_and(mask, band)
-    if implementation == "fused" or (
-        implementation == "auto"
-        and can_block
-        and same_dims
-        and _fused_kernel_available()
-    ):
+    if path == "fused":
         return fused_attention(
             query, key, value, mask, is_causal, scale, alibi_slopes
         )
@@ -214,15 +186,57 @@ def dot_product_attention(
     if custom_gradient is None:
         custom_gradient = _CONFIG["dense_custom_gradient"]
     if alibi_slopes is not None:
-        alibi = alibi_bias(
-            alibi_slopes, 0, ops.shape(query)[1], 0, ops.shape(key)[1]
-        )
-        bias = alibi if bias is None else ops.cast(bias, "float32") + alibi
+        bias = _with_alibi(bias, alibi_slopes, query, key)
         custom_gradient = False  # its backward pass takes no bias
     return _dense_path(
         query, key, value, mask, bias, is_causal, scale, dropout_rate, seed,
         dropout_active, return_weights, custom_gradient and can_block,
     )
+
+
+def _pick_path(implementation, can_block, same_dims, query, key, sliding_window):
+    """The path asked for, or `"auto"`'s: `"fused"`, `"dense"`, or
+    `"measure"` (long sequences without a fused kernel: `autotune` picks
+    dense or blocked)."""
+    if implementation != "auto":
+        return implementation
+    t_len, s_len = static_dim(query, 1), static_dim(key, 1)
+    long_enough = (
+        t_len is not None
+        and s_len is not None
+        and t_len * s_len > DENSE_THRESHOLD
+    )
+    if can_block and long_enough and (
+        sliding_window is not None or not _fused_kernel_available()
+    ):
+        return "measure"
+    if can_block and same_dims and _fused_kernel_available():
+        return "fused"
+    return "dense"
+
+
+def _measured_path(
+    query, key, value, mask, is_causal, scale, block_size, sliding_window,
+    alibi_slopes, training,
+):
+    """`"dense"` or `"blocked"`, the faster for this call (`autotune`)."""
+
+    def run(path, q, k, v, m):
+        return dot_product_attention(
+            q, k, v, attention_mask=m, is_causal=is_causal, scale=scale,
+            implementation=path, block_size=block_size,
+            sliding_window=sliding_window, alibi_slopes=alibi_slopes,
+        )
+
+    return autotune.choose(
+        run, query, key, value, mask, is_causal, sliding_window, training
+    )
+
+
+def _with_alibi(bias, alibi_slopes, query, key):
+    """`bias` plus ALiBi's `slope * (s - t)`, in float32."""
+    alibi = alibi_bias(alibi_slopes, 0, ops.shape(query)[1], 0, ops.shape(key)[1])
+    return alibi if bias is None else ops.cast(bias, "float32") + alibi
 
 
 def _dense_path(
