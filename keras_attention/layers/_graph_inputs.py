@@ -6,6 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention._validation import shape_fits
 from keras_attention.layers import base
 
 
@@ -140,10 +141,7 @@ def check_graph_inputs(features, edges, edge_features):
         )
     if edge_features is not None:
         expected = adjacency + (edge_features.shape[-1],)
-        if len(edge_features.shape) != len(expected) or any(
-            None not in (a, b) and a != b
-            for a, b in zip(edge_features.shape, expected)
-        ):
+        if not shape_fits(edge_features.shape, expected):
             raise ValueError(
                 "Received an invalid value for argument `edge_features`, "
                 f"expected the adjacency's shape plus features, "

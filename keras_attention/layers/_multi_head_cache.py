@@ -8,6 +8,7 @@ from keras import ops
 from keras.src.backend import set_keras_mask
 
 from keras_attention import ops as attention_ops
+from keras_attention._validation import shape_fits
 
 
 class KVCache:
@@ -22,10 +23,7 @@ class KVCache:
             )
         shape = tuple(cache.shape)
         expected = (query.shape[0], 2, None, self.kv_heads, self._key_dim)
-        if len(shape) != 5 or any(
-            e is not None and d is not None and d != e
-            for d, e in zip(shape, expected)
-        ):
+        if not shape_fits(shape, expected):
             raise ValueError(
                 "Received an invalid value for argument `cache`, expected a "
                 "tensor (B, 2, S_max, K, D) = "

@@ -3,6 +3,7 @@ from keras import ops
 
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import check_rate
+from keras_attention._validation import shape_fits
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.registry import register
@@ -92,9 +93,7 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
         base.keep_seed(self, seed)
 
     def _initializer(self):
-        return self.kernel_initializer.__class__.from_config(
-            self.kernel_initializer.get_config()
-        )
+        return base.clone_initializer(self.kernel_initializer)
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         query_shape, value_shape, key_shape = base.split_shapes(
@@ -180,23 +179,14 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
             one_step = True
             query = query[:, None, :]
         query, value, key, combined = self.unpack_inputs(
-            query,
-            value,
-            key,
-            query_mask=query_mask,
-            value_mask=value_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
+            query, value, key, query_mask, value_mask, key_mask, attention_mask
         )
         q = self.query_dense(query)  # (B, T, U)
         if projected_key is None:
             k = self.project_key(key)  # (B, S, U), bias included
         else:
             expected = tuple(key.shape[:-1]) + (self.units,)
-            if len(projected_key.shape) != 3 or any(
-                a is not None and b is not None and a != b
-                for a, b in zip(projected_key.shape, expected)
-            ):
+            if not shape_fits(projected_key.shape, expected):
                 raise ValueError(
                     "Received an invalid value for argument `projected_key`, "
                     f"expected project_key(key) of shape {expected}. "

@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_attention import ops as attention_ops
 from keras_attention._validation import invalid
+from keras_attention._validation import shape_fits
 
 
 def is_shape(x):
@@ -47,10 +48,7 @@ def check_mask_shape(argument, mask, expected):
     if mask is None:
         return
     shape = tuple(mask.shape)
-    if len(shape) != len(expected) or any(
-        e is not None and d is not None and e != d
-        for d, e in zip(shape, expected)
-    ):
+    if not shape_fits(shape, expected):
         raise ValueError(
             f"Received an invalid value for argument `{argument}`, expected "
             f"a boolean tensor of shape {expected}. Received: "
@@ -269,6 +267,29 @@ def arguments_config(layer, names):
     return config
 
 
+def clone_initializer(initializer):
+    """A fresh copy per weight, so seeded initializers are not shared."""
+    return initializer.__class__.from_config(initializer.get_config())
+
+
+def sublayer_kwargs(layer, name, kernel_initializer=None):
+    """Keyword arguments of a keras projection sublayer (`Dense`, `Conv`)
+    of `layer`: its `use_bias`, a copy of each initializer (of
+    `kernel_initializer` when given), its regularizers, dtype policy and
+    `name`."""
+    return dict(
+        use_bias=layer.use_bias,
+        kernel_initializer=clone_initializer(
+            kernel_initializer or layer.kernel_initializer
+        ),
+        bias_initializer=clone_initializer(layer.bias_initializer),
+        kernel_regularizer=layer.kernel_regularizer,
+        bias_regularizer=layer.bias_regularizer,
+        dtype=layer.dtype_policy,
+        name=name,
+    )
+
+
 def keep_seed(layer, seed):
     """`layer.seed`, and the generator of its dropout (none without one)."""
     layer.seed = seed
@@ -481,16 +502,8 @@ class SequenceAttention(keras.layers.Layer):
         return query, value, key, query_mask, value_mask, key_mask
 
     def unpack_inputs(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        mask=None,
+        self, query, value=None, key=None, query_mask=None, value_mask=None,
+        key_mask=None, attention_mask=None, use_causal_mask=False, mask=None,
     ):
         query, value, key, query_mask, value_mask, key_mask = self.flatten_inputs(
             query, value, key, query_mask, value_mask, key_mask, mask
@@ -526,24 +539,14 @@ class SequenceAttention(keras.layers.Layer):
             )
             check_mask_shape("attention_mask", attention_mask, expected)
         combined = self.combine_masks(
-            query,
-            value,
-            query_mask,
-            value_mask,
-            key_mask,
-            attention_mask,
+            query, value, query_mask, value_mask, key_mask, attention_mask,
             use_causal_mask,
         )
         return query, value, key, combined
 
     @staticmethod
     def combine_masks(
-        query,
-        value,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
+        query, value, query_mask, value_mask, key_mask, attention_mask,
         use_causal_mask,
     ):
         """All masks as one boolean mask broadcastable to `(B, T, S)`.

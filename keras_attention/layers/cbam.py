@@ -10,6 +10,7 @@ from keras import ops
 
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
+from keras_attention._validation import shape_fits
 from keras_attention.layers import base
 from keras_attention.registry import register
 
@@ -44,10 +45,7 @@ def check_position_mask(mask, inputs):
         return None
     expected = tuple(inputs.shape[:-1])
     shape = tuple(mask.shape)
-    if len(shape) != len(expected) or any(
-        e is not None and d is not None and e != d
-        for d, e in zip(shape, expected)
-    ):
+    if not shape_fits(shape, expected):
         raise ValueError(
             "Received an invalid value for argument `mask`, expected a "
             f"boolean tensor of shape {expected} (the positions of "
@@ -67,11 +65,6 @@ def _check_kernel_size(kernel_size):
             "kernel_size", "an odd positive integer", kernel_size
         )
     return kernel_size
-
-
-def _clone_initializer(initializer):
-    # A fresh instance per weight, so seeded initializers are not shared.
-    return initializer.__class__.from_config(initializer.get_config())
 
 
 _WEIGHT_ARGUMENTS = (
@@ -98,15 +91,7 @@ class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
         self.supports_masking = True
 
     def _sublayer_kwargs(self, name):
-        return dict(
-            use_bias=self.use_bias,
-            kernel_initializer=_clone_initializer(self.kernel_initializer),
-            bias_initializer=_clone_initializer(self.bias_initializer),
-            kernel_regularizer=self.kernel_regularizer,
-            bias_regularizer=self.bias_regularizer,
-            dtype=self.dtype_policy,
-            name=name,
-        )
+        return base.sublayer_kwargs(self, name)
 
     def _dense(self, name, units, input_dim):
         """A built `keras.layers.Dense` projection (LoRA, quantization)."""

@@ -131,15 +131,8 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
     ):
         causal = self.use_causal_mask if use_causal_mask is None else use_causal_mask
         query, value, key, combined = self.unpack_inputs(
-            query,
-            value,
-            key,
-            query_mask=query_mask,
-            value_mask=value_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=causal,
-            mask=mask,
+            query, value, key, query_mask, value_mask, key_mask, attention_mask,
+            use_causal_mask=causal, mask=mask,
         )
         if self.score_mode == "general":
             query = self.general_dense(query)  # (B, T, Dk)

@@ -252,21 +252,7 @@ class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
         return self.key_dim or self._channels // self.num_heads
 
     def _dense(self, name, units):
-        return keras.layers.Dense(
-            units,
-            use_bias=self.use_bias,
-            # Each sublayer gets its own initializer so seeded ones differ.
-            kernel_initializer=self.kernel_initializer.__class__.from_config(
-                self.kernel_initializer.get_config()
-            ),
-            bias_initializer=self.bias_initializer.__class__.from_config(
-                self.bias_initializer.get_config()
-            ),
-            kernel_regularizer=self.kernel_regularizer,
-            bias_regularizer=self.bias_regularizer,
-            dtype=self.dtype_policy,
-            name=name,
-        )
+        return keras.layers.Dense(units, **base.sublayer_kwargs(self, name))
 
     def build(self, input_shape):
         shape = self._check_shape(input_shape, need_spatial=False)

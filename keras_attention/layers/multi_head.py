@@ -515,21 +515,12 @@ class MultiHeadAttention(
         return tuple(query_shape)
 
     def compute_output_spec(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        return_attention_scores=False,
-        training=None,
-        use_causal_mask=None,
-        mask=None,
-        cache=None,
+        self, query, value=None, key=None, query_mask=None, value_mask=None,
+        key_mask=None, attention_mask=None, return_attention_scores=False,
+        training=None, use_causal_mask=None, mask=None, cache=None,
         cache_update_index=None,
     ):
+        # The arguments of `call`.
         query, value, key, query_mask, value_mask, key_mask = (
             base.SequenceAttention.flatten_inputs(
                 query, value, key, query_mask, value_mask, key_mask, mask

@@ -183,29 +183,15 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
         return self.add_weight(
             name=name,
             shape=shape,
-            initializer=initializer.__class__.from_config(
-                initializer.get_config()
-            ),
+            initializer=base.clone_initializer(initializer),
             regularizer=self.kernel_regularizer,
         )
 
     def _projection(self, name, units, input_dim, initializer=None):
         """A 1x1 convolution as a built `keras.layers.Dense` (on the last
         axis of `(B, ..., C)`): LoRA, quantization, keras weight files."""
-        initializer = initializer or self.kernel_initializer
         dense = keras.layers.Dense(
-            units,
-            use_bias=self.use_bias,
-            kernel_initializer=initializer.__class__.from_config(
-                initializer.get_config()
-            ),
-            bias_initializer=self.bias_initializer.__class__.from_config(
-                self.bias_initializer.get_config()
-            ),
-            kernel_regularizer=self.kernel_regularizer,
-            bias_regularizer=self.bias_regularizer,
-            dtype=self.dtype_policy,
-            name=name,
+            units, **base.sublayer_kwargs(self, name, initializer)
         )
         dense.build((None, input_dim))
         return dense
