@@ -112,10 +112,13 @@ class KVCache:
                     key_cache, value_cache, new_k, new_v, index
                 )
             else:
-                start = [0, index, 0, 0]
-                k = ops.slice_update(key_cache, start, new_k)
-                v = ops.slice_update(value_cache, start, new_v)
-                cache = ops.stack((k, v), axis=1)
+                # One in-place write of the new rows into the 5-D cache
+                # (writing the halves and stacking them again would copy
+                # the whole cache at every step).
+                cache = ops.slice_update(
+                    cache, [0, 0, index, 0, 0], ops.stack((new_k, new_v), axis=1)
+                )
+                k, v = cache[:, 0], cache[:, 1]
                 k_pos = ops.arange(s_max)
             filled = ops.logical_and(
                 k_pos >= 0, k_pos < ops.cast(index, "int32") + t_len
