@@ -8,10 +8,19 @@ visits only the key blocks each query block's band meets, so time grows
 with `T * W`; without a window (`--full-lengths`) it grows with `T ** 2`.
 Each case runs in its own subprocess, so its peak resident memory
 (`ru_maxrss`) is its own. Columns: the first call (compilation included),
-the median of `--repeats` more, the process's peak RSS.
+the median of `--repeats` more, the process's peak RSS. `--dtype` is the
+layer's dtype policy (`bfloat16`: the input, weights and gradients too;
+`mixed_bfloat16`: float32 input and weights, bfloat16 compute). `--core`
+measures `keras_attention.ops.dot_product_attention` alone on `q, k, v`
+`(1, T, H, D)` of that dtype (gradients for the three). The process's
+floor is the framework itself: importing TensorFlow takes about 0.8 GB
+of RSS, Keras on JAX about 0.3 GB (`KERAS_BACKEND=jax` runs the same cases
+with `jax.jit(jax.grad(...))`).
 
     python benchmarks/bench_long_context.py
     python benchmarks/bench_long_context.py --lengths 16384 --full-lengths 16384
+    python benchmarks/bench_long_context.py --lengths 131072 --full-lengths --dtype bfloat16
+    python benchmarks/bench_long_context.py --lengths 131072 --full-lengths --core
 """
 
 import argparse
@@ -25,43 +34,126 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def run_case(length, window, heads, head_dim, repeats, position_encoding):
+def _layer_case(length, window, heads, head_dim, position_encoding, dtype):
+    """The layer's input `(1, T, C)` and the layer."""
     import keras
     import numpy as np
-    import tensorflow as tf
 
     from keras_attention.layers import MultiHeadAttention
 
     dim = heads * head_dim
-    x = tf.constant(
-        np.random.default_rng(0).standard_normal((1, length, dim)).astype("float32")
+    input_dtype = "float32" if dtype.startswith("mixed") else dtype
+    x = keras.ops.convert_to_tensor(
+        np.random.default_rng(0).standard_normal((1, length, dim)).astype("float32"),
+        dtype=input_dtype,
     )
     layer = MultiHeadAttention(
         num_heads=heads, key_dim=head_dim, sliding_window=window,
         use_causal_mask=True, implementation="blocked",
-        position_encoding=position_encoding,
+        position_encoding=position_encoding, dtype=dtype,
     )
-    layer(tf.zeros((1, 8, dim)))  # build
+    layer(keras.ops.zeros((1, 8, dim), input_dtype))  # build
+    return [x], layer
 
-    @tf.function(jit_compile=True)
-    def step(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            loss = tf.reduce_mean(layer(x) ** 2)
-        return tape.gradient(loss, [x] + layer.trainable_weights)
+
+def _core_case(length, window, heads, head_dim, dtype):
+    """The core's inputs `q, k, v` `(1, T, H, D)` and the core."""
+    import keras
+    import numpy as np
+
+    from keras_attention import ops as attention_ops
+
+    rng = np.random.default_rng(0)
+    inputs = [
+        keras.ops.convert_to_tensor(
+            rng.standard_normal((1, length, heads, head_dim)).astype("float32"),
+            dtype=dtype,
+        )
+        for _ in range(3)
+    ]
+
+    def forward(q, k, v):
+        return attention_ops.dot_product_attention(
+            q, k, v, is_causal=True, sliding_window=window,
+            implementation="blocked",
+        )
+
+    return inputs, forward
+
+
+def _compiled_step(inputs, forward, layer):
+    """A call of the compiled forward + backward: gradients of
+    `mean(out ** 2)` for the inputs (and the layer's weights)."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        weights = layer.trainable_weights if layer is not None else []
+
+        @tf.function(jit_compile=True)
+        def step(*inputs):
+            with tf.GradientTape() as tape:
+                tape.watch(inputs)
+                loss = tf.reduce_mean(tf.cast(forward(*inputs), "float32") ** 2)
+            return tape.gradient(loss, list(inputs) + weights)
+
+        return lambda: step(*inputs)[0]
+    if backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        if layer is None:
+            def loss(inputs):
+                return jnp.mean(forward(*inputs).astype("float32") ** 2)
+
+            grad = jax.jit(jax.grad(loss))
+            return lambda: grad(inputs)[0]
+        trainable = [v.value for v in layer.trainable_variables]
+        fixed = [v.value for v in layer.non_trainable_variables]
+
+        def loss(x, trainable):
+            out, _ = layer.stateless_call(trainable, fixed, x)
+            return jnp.mean(out.astype("float32") ** 2)
+
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+        return lambda: grad(inputs[0], trainable)[0]
+    raise ValueError(
+        "The benchmark compiles with XLA on TensorFlow or JAX. Received: "
+        f"backend={backend!r}"
+    )
+
+
+def run_case(length, window, heads, head_dim, repeats, position_encoding,
+             dtype="float32", core=False):
+    import keras
+
+    if core:
+        inputs, forward = _core_case(length, window, heads, head_dim, dtype)
+        layer = None
+    else:
+        inputs, layer = _layer_case(
+            length, window, heads, head_dim, position_encoding, dtype
+        )
+        forward = layer
+    step = _compiled_step(inputs, forward, layer)
 
     start = time.perf_counter()
-    keras.ops.convert_to_numpy(step(x)[0])
+    keras.ops.convert_to_numpy(step())
     first = time.perf_counter() - start
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        keras.ops.convert_to_numpy(step(x)[0])
+        keras.ops.convert_to_numpy(step())
         times.append(time.perf_counter() - start)
     return {
         "length": length,
         "window": window,
         "position_encoding": position_encoding,
+        "dtype": dtype,
+        "core": core,
+        "backend": keras.backend.backend(),
         "first_s": round(first, 2),
         "median_s": round(sorted(times)[len(times) // 2], 2) if times else None,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
@@ -78,13 +170,20 @@ def main():
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--position-encoding", default=None)
+    parser.add_argument("--dtype", default="float32",
+                        help="the layer's dtype policy")
+    parser.add_argument("--core", action="store_true",
+                        help="the core alone: dot_product_attention on (1, T, H, D) "
+                        "q, k, v, gradients for the three")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.core and args.position_encoding:
+        parser.error("--core runs without --position-encoding")
     if args.case:
         length, window = json.loads(args.case)
         print(json.dumps(run_case(
             length, window, args.heads, args.head_dim, args.repeats,
-            args.position_encoding,
+            args.position_encoding, args.dtype, args.core,
         )))
         return
     cases = [(n, args.window) for n in args.lengths]
@@ -94,7 +193,9 @@ def main():
     for length, window in cases:
         command = [sys.executable, __file__, "--case", json.dumps([length, window]),
                    "--heads", str(args.heads), "--head-dim", str(args.head_dim),
-                   "--repeats", str(args.repeats)]
+                   "--repeats", str(args.repeats), "--dtype", args.dtype]
+        if args.core:
+            command.append("--core")
         if args.position_encoding:
             command += ["--position-encoding", args.position_encoding]
         # The checkout's package, whichever one is installed.

@@ -13,7 +13,12 @@ resident memory (`ru_maxrss`) is its own:
 - `keras`: `keras.layers.MultiHeadAttention` (`tf.function`; it holds the
   `(B, H, L, L)` scores, so by default only up to `--keras-max` = 8,192);
 - `torch-sdpa`: `torch.nn.functional.scaled_dot_product_attention` on
-  projected heads; `torch-mha`: `torch.nn.MultiheadAttention`.
+  projected heads (the bare core); `torch-mha`: `torch.nn.MultiheadAttention`;
+- `torch-layer` / `torch-layer-compiled`: the same whole layer as ours in
+  plain torch — query/key/value/output projections with biases, SDPA, the
+  gradients of the input and of every weight — eager and under
+  `torch.compile`. The like-for-like peer of `ours`: the ratio column
+  `x torch layer` divides the best of the two by our time.
 
 Columns: the first call (tracing and compilation included), the median of
 `--repeats` more calls (none at lengths above `--repeat-max`: the first
@@ -23,6 +28,8 @@ the first call (inputs, weights and the framework already loaded).
 
     python benchmarks/bench_long_sequence.py
     python benchmarks/bench_long_sequence.py --lengths 16384 --impls ours-xla torch-sdpa
+    python benchmarks/bench_long_sequence.py --lengths 16384 \
+        --impls ours ours-xla torch-layer torch-layer-compiled
 """
 
 import argparse
@@ -35,7 +42,8 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-IMPLS = ["ours", "ours-xla", "ours-core", "keras", "torch-sdpa", "torch-mha"]
+IMPLS = ["ours", "ours-xla", "ours-core", "keras", "torch-sdpa", "torch-mha",
+         "torch-layer", "torch-layer-compiled"]
 
 
 def rss_mb():
@@ -46,6 +54,38 @@ def rss_mb():
 
 def peak_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def torch_layer_step(torch, x_np, heads, head_dim, dev, compiled):
+    """Our layer's work in plain torch: four projections with biases and
+    SDPA; one step is forward + backward to the input and every weight."""
+    dim = heads * head_dim
+    length = x_np.shape[1]
+    projections = torch.nn.ModuleList(
+        torch.nn.Linear(dim, dim) for _ in range(4)
+    ).to(dev)
+    x = torch.tensor(x_np, device=dev, requires_grad=True)
+
+    def layer(x):
+        q, k, v = (
+            p(x).view(1, length, heads, head_dim).transpose(1, 2)
+            for p in projections[:3]
+        )
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return projections[3](out.transpose(1, 2).reshape(1, length, dim))
+
+    forward = torch.compile(layer) if compiled else layer
+
+    def step():
+        projections.zero_grad(set_to_none=True)
+        x.grad = None
+        loss = forward(x).square().mean()
+        loss.backward()
+        return float(loss)
+
+    if compiled:
+        step()  # compile before the timed first call
+    return step
 
 
 def run_case(impl, length, heads, head_dim, repeats, block_size):
@@ -77,6 +117,9 @@ def run_case(impl, length, heads, head_dim, repeats, block_size):
                 loss.backward()
                 return float(loss)
 
+        elif impl.startswith("torch-layer"):
+            step = torch_layer_step(torch, x_np, heads, head_dim, dev,
+                                    impl.endswith("compiled"))
         else:
             layer = torch.nn.MultiheadAttention(dim, heads, batch_first=True).to(dev)
             x = torch.tensor(x_np, device=dev, requires_grad=True)
@@ -188,10 +231,11 @@ def main():
         print("RESULT " + json.dumps(result), flush=True)
         return
 
-    import platform
+    from machine import describe
 
     print(f"# {' '.join(sys.argv)}")
-    print(f"# {platform.machine()}, {os.cpu_count()} cores; batch 1, "
+    print(f"# {describe()}")
+    print(f"# batch 1, "
           f"{args.heads} heads, head size {args.head_dim}, forward+backward; "
           f"load average {'%.2f %.2f %.2f' % os.getloadavg()}", flush=True)
     results = {}
@@ -221,9 +265,11 @@ def main():
 
     print(f"\n# load average at the end: {'%.2f %.2f %.2f' % os.getloadavg()}")
     print("# x torch: torch-sdpa's time / this time (> 1: faster than torch SDPA)")
+    print("# x torch layer: the best of torch-layer / torch-layer-compiled over "
+          "this time (the same whole layer)")
     print("| L | impl | first s | time s | cpu s | peak RSS MB | peak - before MB "
-          "| GPU peak MB | x torch-sdpa (wall) | x torch-sdpa (cpu) |")
-    print("|" + " --- |" * 10)
+          "| GPU peak MB | x torch-sdpa (wall) | x torch-sdpa (cpu) | x torch layer |")
+    print("|" + " --- |" * 11)
     for (impl, length), r in results.items():
         if "error" in r:
             print(f"| {length} | {impl} | failed: {r['error']} |" + " |" * 7)
@@ -232,9 +278,15 @@ def main():
         xw = f"{ref['time'] / r['time']:.2f}" if "time" in ref else "-"
         xc = f"{ref['cpu'] / r['cpu']:.2f}" if "cpu" in ref else "-"
         gpu = f"{r['gpu_peak_mb']:.0f}" if r.get("gpu_peak_mb") is not None else "-"
+        layer_times = [
+            results[(name, length)]["time"]
+            for name in ("torch-layer", "torch-layer-compiled")
+            if "time" in results.get((name, length), {})
+        ]
+        xl = f"{min(layer_times) / r['time']:.2f}" if layer_times else "-"
         print(f"| {length} | {impl} | {r['first']:.1f} | {r['time']:.1f} | "
               f"{r['cpu']:.1f} | {r['peak_mb']:.0f} | "
-              f"{r['peak_mb'] - r['base_mb']:.0f} | {gpu} | {xw} | {xc} |")
+              f"{r['peak_mb'] - r['base_mb']:.0f} | {gpu} | {xw} | {xc} | {xl} |")
 
 
 if __name__ == "__main__":

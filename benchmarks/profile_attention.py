@@ -18,6 +18,8 @@ score tensors that torch's fused CPU kernel never writes to memory.
 
     python benchmarks/profile_attention.py --length 512
     python benchmarks/profile_attention.py --length 512 --what core layer keras
+    python benchmarks/profile_attention.py --length 2048 --mode graph \
+        --what core keras-core layer keras
 """
 
 import argparse
@@ -36,6 +38,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
 
 from keras_attention import ops as attention_ops  # noqa: E402
 from keras_attention.layers import MultiHeadAttention  # noqa: E402
@@ -97,11 +102,34 @@ def leaf_ops(totals):
     }
 
 
-def report(title, wall, totals, counts, calls, top):
-    ops_ = leaf_ops(totals)
+def graph_leaf_ops(totals):
+    """The kernels of a `tf.function` graph: events `name:OpType`
+    (`_Mkl...` for oneDNN's)."""
+    return {
+        n: t for n, t in totals.items()
+        if re.fullmatch(r"[^\s:]+:_?[A-Z][A-Za-z0-9]+", n)
+        and not n.split(":")[1].startswith(("Const", "Identity", "NoOp",
+                                            "PartitionedCall", "_Arg", "_Retval"))
+    }
+
+
+def graph_kind(name):
+    op = name.split(":")[1].lower()
+    if "matmul" in op or "einsum" in op:
+        return "matmul"
+    if "transpose" in op:
+        return "copy/transpose"
+    if "softmax" in op:
+        return "softmax (fused)"
+    return "elementwise/reduce"
+
+
+def report(title, wall, totals, counts, calls, top, graph=False):
+    ops_ = graph_leaf_ops(totals) if graph else leaf_ops(totals)
+    kind_of_ = graph_kind if graph else kind_of
     by_kind = collections.Counter()
     for name, t in ops_.items():
-        by_kind[kind_of(name)] += t / calls
+        by_kind[kind_of_(name)] += t / calls
     busy = sum(by_kind.values())
     print(f"\n## {title}: {wall * 1000:.1f} ms per call (wall), "
           f"{busy:.1f} ms of compiled operations per call (summed over threads)")
@@ -110,7 +138,7 @@ def report(title, wall, totals, counts, calls, top):
         print(f"| {kind} | {t:.1f} | {t / max(busy, 1e-9):.0%} |")
     print(f"\nTop {top} operations:\n| operation | kind | ms per call | calls |\n| --- | --- | --- | --- |")
     for name, t in sorted(ops_.items(), key=lambda kv: -kv[1])[:top]:
-        print(f"| `{name[:60]}` | {kind_of(name)} | {t / calls:.1f} | "
+        print(f"| `{name[:60]}` | {kind_of_(name)} | {t / calls:.1f} | "
               f"{counts[name] / calls:g} |")
     if not ops_:
         print("(no compiled-operation events in the trace; the 20 longest events:)")
@@ -126,19 +154,24 @@ def main(argv=None):
     parser.add_argument("--head-size", type=int, default=64)
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--mode", choices=["xla", "graph"], default="xla",
+                        help="compile with XLA (default) or run the tf.function "
+                             "graph (oneDNN kernels)")
     parser.add_argument("--what", nargs="*", default=["core", "keras-core", "torch"],
                         choices=["core", "keras-core", "layer", "keras", "torch"])
     args = parser.parse_args(argv)
     b, l, h, d = args.batch, args.length, args.heads, args.head_size
-    print(f"batch {b}, length {l}, {h} heads of {d}; load average "
-          f"{'%.2f %.2f %.2f' % os.getloadavg()}; TF {tf.__version__}")
+    jit = args.mode == "xla"
+    mode = "XLA" if jit else "tf.function"
+    print(f"# {describe()}")
+    print(f"batch {b}, length {l}, {h} heads of {d}, {mode}")
     rng = np.random.default_rng(0)
     q, k, v = (tf.constant(rng.normal(size=(b, l, h, d)).astype("float32"))
                for _ in range(3))
     x = tf.constant(rng.normal(size=(b, l, h * d)).astype("float32"))
 
     def core(attend):
-        @tf.function(jit_compile=True)
+        @tf.function(jit_compile=jit)
         def step(q, k, v):
             with tf.GradientTape() as tape:
                 tape.watch([q, k, v])
@@ -154,7 +187,7 @@ def main(argv=None):
             layer_, keras.layers.MultiHeadAttention) else layer_
         call(x)
 
-        @tf.function(jit_compile=True)
+        @tf.function(jit_compile=jit)
         def step(x):
             with tf.GradientTape() as tape:
                 tape.watch(x)
@@ -165,13 +198,13 @@ def main(argv=None):
         return lambda: float(step(x))
 
     cases = {
-        "core": ("ours: keras_attention.ops.dot_product_attention, XLA",
+        "core": (f"ours: keras_attention.ops.dot_product_attention, {mode}",
                  lambda: core(attention_ops.dot_product_attention)),
-        "keras-core": ("keras.ops.dot_product_attention, XLA",
+        "keras-core": (f"keras.ops.dot_product_attention, {mode}",
                        lambda: core(keras.ops.dot_product_attention)),
-        "layer": ("ours: MultiHeadAttention layer, XLA",
+        "layer": (f"ours: MultiHeadAttention layer, {mode}",
                   lambda: layer(lambda: MultiHeadAttention(h, d))),
-        "keras": ("keras.layers.MultiHeadAttention, XLA",
+        "keras": (f"keras.layers.MultiHeadAttention, {mode}",
                   lambda: layer(lambda: keras.layers.MultiHeadAttention(h, d))),
     }
     flops = 3 * 2 * 2 * b * h * l * l * d
@@ -181,7 +214,7 @@ def main(argv=None):
         title, make = cases[what]
         with tempfile.TemporaryDirectory() as logdir:
             wall, totals, counts = profile_tf(make(), args.calls, logdir)
-        report(title, wall, totals, counts, args.calls, args.top)
+        report(title, wall, totals, counts, args.calls, args.top, graph=not jit)
         if what in ("core", "keras-core"):
             print(f"\nnominal core matmul work {flops / 1e9:.1f} GFLOP per call")
     if "torch" in args.what:

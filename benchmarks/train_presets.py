@@ -30,7 +30,7 @@ import keras_attention  # noqa: E402
 from keras_attention import training  # noqa: E402
 from keras_attention.applications import presets  # noqa: E402
 
-SHIPPED = ("cbam_resnet_digits", "vit_digits")
+SHIPPED = ("cbam_resnet_digits", "vit_digits", "causal_lm_dates")
 
 
 def save_model_weights(model, spec):
@@ -44,37 +44,65 @@ def save_model_weights(model, spec):
     clean.save_weights(spec.weights_path)
 
 
+def train_causal_lm_preset(name, seed=0):
+    """The language model on the date lines (`training.CAUSAL_LM_RECIPES`)."""
+    spec = presets.get_preset(name)
+    model, metrics, figures = training.train_causal_lm_preset(
+        name, seed=seed, verbose=2
+    )
+    save_model_weights(model, spec)
+    recipe = training.CAUSAL_LM_RECIPES[name]
+    write_metadata(spec, seed, figures, {
+        "data": "date lines '<date> = <ISO date>' of keras_attention.datasets."
+        f"load_text_corpus(num_train={recipe['num_train']}, seed={seed}); "
+        "date_accuracy: greedy completions of the first 200 test lines",
+        "recipe": recipe,
+        "date_accuracy": round(metrics["date_accuracy"], 4),
+        "val_loss": round(metrics["val_loss"], 4),
+    })
+    print(f"{name}: {metrics}, fit {figures['wall']:.0f} s wall / "
+          f"{figures['cpu']:.0f} s CPU", flush=True)
+
+
+def write_metadata(spec, seed, figures, fields):
+    """`<name>.json` beside the weights: config, recipe, figures, versions."""
+    metadata = {
+        "name": spec.name,
+        "class_name": spec.class_name,
+        "config": spec.config,
+        "weights": spec.weights,
+        **fields,
+        "seed": seed,
+        "train_seconds": round(figures["wall"], 1),
+        "train_cpu_seconds": round(figures["cpu"], 1),
+        "load_average": [round(v, 1) for v in figures["load"]],
+        "keras_version": keras.__version__,
+        "keras_attention_version": keras_attention.__version__,
+        "date": datetime.date.today().isoformat(),
+        "command": "python benchmarks/train_presets.py " + spec.name,
+    }
+    with open(spec.metadata_path, "w", encoding="utf-8") as f:
+        json.dump(metadata, f, indent=2)
+        f.write("\n")
+
+
 def train_preset(name, seed=0):
+    if name in training.CAUSAL_LM_RECIPES:
+        return train_causal_lm_preset(name, seed)
     spec = presets.get_preset(name)
     (x_train, y_train), (x_test, y_test) = training.digits_for_preset(name)
     model, acc, figures = training.train_image_preset(
         name, x_train, y_train, x_test, y_test, seed=seed, verbose=True
     )
     wall, cpu = figures["wall"], figures["cpu"]
-    os.makedirs(presets.PRESET_DIR, exist_ok=True)
     save_model_weights(model, spec)
-    metadata = {
-        "name": name,
-        "class_name": spec.class_name,
-        "config": spec.config,
-        "weights": spec.weights,
+    write_metadata(spec, seed, figures, {
         "data": "sklearn.datasets.load_digits via "
         "keras_attention.datasets.load_digits_images(seed=0, test_fraction=0.2, "
         f"image_size={spec.config['image_size']})",
         "recipe": training.IMAGE_RECIPES[name],
-        "seed": seed,
         "test_accuracy": round(acc, 4),
-        "train_seconds": round(wall, 1),
-        "train_cpu_seconds": round(cpu, 1),
-        "load_average": [round(v, 1) for v in figures["load"]],
-        "keras_version": keras.__version__,
-        "keras_attention_version": keras_attention.__version__,
-        "date": datetime.date.today().isoformat(),
-        "command": "python benchmarks/train_presets.py " + name,
-    }
-    with open(spec.metadata_path, "w", encoding="utf-8") as f:
-        json.dump(metadata, f, indent=2)
-        f.write("\n")
+    })
     size = os.path.getsize(spec.weights_path) / 1e6
     print(
         f"{name}: test accuracy {acc:.4f}, fit {wall:.0f} s wall / {cpu:.0f} s "

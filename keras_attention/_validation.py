@@ -44,6 +44,15 @@ def check_pair(argument, value):
     return values
 
 
+def shape_fits(shape, expected):
+    """Whether a static `shape` can be `expected`: the same rank, and equal
+    wherever both dimensions are known (`None` is unknown)."""
+    shape, expected = tuple(shape), tuple(expected)
+    return len(shape) == len(expected) and all(
+        d is None or e is None or d == e for d, e in zip(shape, expected)
+    )
+
+
 def check_image_inputs(inputs, image_shape, argument="images"):
     """Raise a ValueError if `inputs` is not `(B, *image_shape)`.
 
@@ -51,10 +60,7 @@ def check_image_inputs(inputs, image_shape, argument="images"):
     """
     shape = tuple(inputs.shape)
     expected = (None,) + tuple(image_shape)
-    if len(shape) != len(expected) or any(
-        e is not None and d is not None and d != e
-        for d, e in zip(shape, expected)
-    ):
+    if not shape_fits(shape, expected):
         raise ValueError(
             f"Received an invalid value for argument `{argument}`, expected "
             f"a batch of images of shape {expected} (batch, height, width, "

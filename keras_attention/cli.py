@@ -2,7 +2,7 @@
 
 ```
 keras-attention list
-keras-attention run translation|classification|detection|node-classification|pretraining
+keras-attention run translation|classification|detection|node-classification|causal-lm|pretraining
     [--model NAME] [--data PATH] [--epochs N] [--out DIR] [--seed S]
 keras-attention demo [--out DIR] [--seed S]
 keras-attention explore MODEL.keras INPUT [--out PAGE.html] [--kind K]
@@ -127,9 +127,10 @@ def build_parser():
     )
     convert = commands.add_parser(
         "convert",
-        help="a timm or Hugging Face ViT/BERT checkpoint to a .keras model",
-        description="Convert a pretrained ViT or BERT checkpoint you have "
-        "locally: a Hugging Face folder (config.json + model.safetensors or "
+        help="a timm or Hugging Face ViT/Swin/DETR/BERT checkpoint to a .keras model",
+        description="Convert a pretrained ViT, Swin, DETR or BERT checkpoint "
+        "you have locally: a Hugging Face ViT, DETR or BERT folder (config.json + "
+        "model.safetensors or "
         "pytorch_model.bin, e.g. a downloaded hub snapshot or what "
         "save_pretrained writes; a BERT folder's vocab.txt becomes the "
         "model's preprocessor), or a timm checkpoint file (.safetensors, "
@@ -159,21 +160,36 @@ def _import_triton_first():
         import triton  # noqa: F401
 
 
-def _model_type(folder):
-    """The `model_type` of a Hugging Face folder's config.json, if any."""
+def _hub_model_type(folder):
     import json
 
     try:
         with open(os.path.join(folder, "config.json")) as f:
             return json.load(f).get("model_type")
-    except (OSError, ValueError):
-        return None
+    except (OSError, ValueError, AttributeError):
+        return None  # the converter reports a missing or bad config
 
 
-def _convert_bert(args):
-    """A BERT folder: a `TextClassifier` (the checkpoint's head or a new
-    one), or the encoder alone (`TextClassifierBackbone`) when the
-    checkpoint has no classifier and no `--num-classes` is given."""
+def _describe(model):
+    if type(model).__name__ == "DETR":
+        return (
+            f"DETR: ResNet {model.resnet_block} {list(model.resnet_depths)}, "
+            f"{model.num_encoder_layers} + {model.num_decoder_layers} layers "
+            f"of width {model.hidden_dim}, {model.num_queries} queries, "
+            f"{model.num_classes} classes, {model.count_params():,} parameters"
+        )
+    backbone = model.backbone
+    return (
+        f"{type(model).__name__}: {backbone.depth} blocks of width "
+        f"{backbone.hidden_dim}, images {backbone.image_size + (backbone.num_channels,)}, "
+        f"{model.num_classes} classes, {model.count_params():,} parameters"
+    )
+
+
+def _bert_model(args):
+    """A BERT folder's `TextClassifier` (the checkpoint's head or a new one),
+    or its encoder alone (`TextClassifierBackbone`) when the checkpoint has
+    no classifier and no `--num-classes` is given; and its description."""
     from keras_attention.applications import TextClassifier
     from keras_attention.applications import TextClassifierBackbone
 
@@ -188,19 +204,15 @@ def _convert_bert(args):
             raise
         model = backbone = TextClassifierBackbone.from_transformers(args.source)
         what = "TextClassifierBackbone (BERT encoder, no head)"
-    directory = os.path.dirname(os.path.abspath(args.out))
-    os.makedirs(directory, exist_ok=True)
-    model.save(args.out)
-    print(
+    return model, (
         f"{what}: {backbone.depth} blocks of width {backbone.hidden_dim}, "
         f"{backbone.vocabulary_size} tokens, sequence length "
         f"{backbone.sequence_length}, {model.count_params():,} parameters"
     )
-    print(f"Saved: {os.path.abspath(args.out)}")
-    return EXIT_OK
 
 
 def command_convert(args):
+    from keras_attention.applications import DETR
     from keras_attention.applications import VisionTransformer
 
     if not os.path.exists(args.source):
@@ -209,17 +221,21 @@ def command_convert(args):
         raise UsageError(
             f"--out: expected a path ending in .keras. Received: --out={args.out}"
         )
+    model_type = None
     if os.path.isdir(args.source):
         if args.timm_model:
             raise UsageError(
                 "--timm-model is for a timm checkpoint file; SOURCE is a "
                 "folder (read as a Hugging Face model)"
             )
-        if _model_type(args.source) == "bert":
-            return _convert_bert(args)
-        model = VisionTransformer.from_transformers(
-            args.source, num_classes=args.num_classes
-        )
+        model_type = _hub_model_type(args.source)
+        if model_type == "bert":
+            model, description = _bert_model(args)
+        else:
+            family = DETR if model_type == "detr" else VisionTransformer
+            model = family.from_transformers(
+                args.source, num_classes=args.num_classes
+            )
     else:
         if not args.timm_model:
             raise UsageError(
@@ -232,12 +248,7 @@ def command_convert(args):
     directory = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(directory, exist_ok=True)
     model.save(args.out)
-    backbone = model.backbone
-    print(
-        f"{type(model).__name__}: {backbone.depth} blocks of width "
-        f"{backbone.hidden_dim}, images {backbone.image_size + (backbone.num_channels,)}, "
-        f"{model.num_classes} classes, {model.count_params():,} parameters"
-    )
+    print(description if model_type == "bert" else _describe(model))
     print(f"Saved: {os.path.abspath(args.out)}")
     return EXIT_OK
 

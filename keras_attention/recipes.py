@@ -342,46 +342,14 @@ def run_node_classification(model_name, data, epochs, out, seed, quick=False):
 
 
 def run_pretraining(model_name, data, epochs, out, seed, quick=False):
-    """BERT's recipe: masked-LM pretraining on unlabelled text (`--data`: a
-    folder of .txt files, a text per line; default: the embedded sentiment
-    sentences without their labels), then, on the embedded data, the
-    pretrained encoder fine-tuned on 100 labelled sentences."""
-    from keras_attention import datasets
-    from keras_attention.training import pretrain_masked_lm
-    from keras_attention.training import read_text_folder
+    """BERT's recipe (`training.pretraining.run_recipe`)."""
+    from keras_attention.training import pretraining
 
     start = time.time()
-    if data is None:
-        texts, _ = datasets.make_sentiment_task(300 if quick else 3000, seed=seed + 10)
-        data_name = "generated sentiment sentences, labels dropped (embedded)"
-    else:
-        texts, data_name = read_text_folder(data), data
-    if quick:
-        texts = texts[:300]
-    masked_lm, history = pretrain_masked_lm(
-        texts, vocabulary_size=256 if data is None else 8000,
-        sequence_length=32 if data is None else 64,
-        epochs=epochs or (1 if quick else 10), seed=seed, verbose=_verbose(),
+    metrics, files, data_name = pretraining.run_recipe(
+        data, epochs, out, seed, quick=quick, verbose=_verbose(),
+        name=f"pretraining_{model_name}",
     )
-    metrics = {
-        "masked_accuracy": round(float(history.history["accuracy"][-1]), 4),
-        "masked_loss": round(float(history.history["loss"][-1]), 4),
-    }
-    files = [_save(masked_lm, out, f"pretraining_{model_name}")]
-    if data is None:
-        labelled, labels = datasets.make_sentiment_task(100, seed=seed)
-        test, test_labels = datasets.make_sentiment_task(1000, seed=1)
-        classifier = masked_lm.with_head(num_classes=2)
-        classifier.compile()
-        classifier.fit(
-            classifier.preprocessor(labelled), labels, batch_size=16,
-            epochs=2 if quick else 20, verbose=0,
-        )
-        _, accuracy = classifier.evaluate(
-            classifier.preprocessor(test), test_labels, verbose=0
-        )
-        metrics["fine_tuned_accuracy_100_labels"] = round(float(accuracy), 4)
-        files.append(_save(classifier, out, f"pretraining_{model_name}_classifier"))
     return Result(
         "pretraining", model_name, metrics, files, time.time() - start, data_name,
     )
@@ -392,6 +360,70 @@ def visualization_edges(edges, num_nodes):
     from keras_attention.layers.graph import with_self_loops
 
     return keras.ops.convert_to_numpy(with_self_loops(edges, num_nodes))
+
+
+# Causal language model -------------------------------------------------------
+
+
+def run_causal_lm(model_name, data, epochs, out, seed, quick=False):
+    from keras_attention import datasets, training, visualization
+    from keras_attention.applications import CausalLM
+
+    start = time.time()
+    keras.utils.set_random_seed(seed)
+    recipe = dict(training.CAUSAL_LM_RECIPES["causal_lm_dates"])
+    # "rope" on the date lines fine-tunes the shipped causal_lm_dates
+    # weights (trained by benchmarks/train_presets.py); the rest train
+    # from scratch.
+    pretrained = data is None and model_name == "rope"
+    if data is None:
+        lines = 2000 if quick else (4000 if pretrained else recipe["num_train"])
+        corpus = datasets.load_text_corpus(num_train=lines, seed=seed)
+        data_name = "date lines '<date> = <ISO date>' (embedded)"
+    else:
+        corpus, data_name = datasets.load_text_corpus(data), data
+    model = CausalLM.from_preset(
+        "causal_lm_dates", load_weights=pretrained,
+        position_encoding="alibi" if model_name == "alibi" else "rope",
+    )
+    recipe.update(
+        epochs=epochs or (1 if quick or pretrained else recipe["epochs"]),
+        learning_rate=3e-4 if pretrained else recipe["learning_rate"],
+    )
+    recipe.pop("num_train")
+    training.fit_causal_lm(
+        model, corpus["train"], validation_text=corpus["val"],
+        verbose=_verbose(), **recipe,
+    )
+    x_val, y_val = model.preprocessor.sequences(corpus["val"], 128)
+    loss = model.evaluate(x_val, y_val, verbose=0, return_dict=True)["loss"]
+    metrics = {"val_bits_per_char": round(float(loss / np.log(2)), 4)}
+    prompts = ["14 july 1989 = ", "march 3rd, 2001 = ", "the 2nd of may 1977 = "]
+    if data is None:
+        metrics["date_accuracy"] = round(
+            training.date_completion_accuracy(model, corpus["test"], 100), 4
+        )
+    else:
+        prompts = [corpus["val"][:40]]
+    files = [_save(model, out, f"causal_lm_{model_name}")]
+    texts = model.generate_text(prompts, max_length=80)
+    ids = model.preprocessor.encode(texts[0])[None]
+    maps = visualization.attention_maps(model, ids)
+    tokens = [repr(c)[1:-1] for c in texts[0]]
+    for i, (name, weights) in enumerate(maps.items()):
+        path = os.path.join(out, f"causal_lm_attention_{i}.png")
+        _close(visualization.plot_attention_heatmap(
+            weights[0], tokens, tokens, title=f"{name} (mean of heads)", path=path
+        ))
+        files.append(path)
+    files.append(_explore(model, ids, out, "causal_lm", tokens=tokens))
+    notes = [f"generated (greedy, cached): {t!r}" for t in texts]
+    if pretrained:
+        notes.insert(0, "fine-tuned from the shipped causal_lm_dates weights")
+    return Result(
+        "causal-lm", model_name, metrics, files, time.time() - start,
+        data_name, notes,
+    )
 
 
 TASKS = {
@@ -408,11 +440,21 @@ TASKS = {
         "node-classification", ("gat", "gatv2"), run_node_classification,
         demo_epochs=200, quick_epochs=5,
     ),
+    "causal-lm": Recipe(
+        "causal-lm", ("rope", "alibi"), run_causal_lm, demo_epochs=1
+    ),
     "pretraining": Recipe(
         "pretraining", ("bert",), run_pretraining, demo_epochs=10
     ),
 }
-DEMO_ORDER = [t for t in ("classification", "translation", "detection", "node-classification") if t in TASKS]
+DEMO_ORDER = [
+    t
+    for t in (
+        "classification", "translation", "detection", "node-classification",
+        "causal-lm",
+    )
+    if t in TASKS
+]
 
 
 def format_result(result):

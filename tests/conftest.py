@@ -29,17 +29,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def assignments(monkeypatch):
-    """The paths of the Keras variables assigned during a test, in order
-    (a converter that refuses a checkpoint must leave this empty)."""
+def assigned_variables(monkeypatch):
+    """The paths of the Keras variables assigned during the test (the
+    converters' tests check that a mismatch assigns none)."""
     import keras
 
-    paths = []
+    writes = []
     original = keras.Variable.assign
 
     def assign(self, value):
-        paths.append(self.path)
+        writes.append(self.path)
         return original(self, value)
 
     monkeypatch.setattr(keras.Variable, "assign", assign)
-    return paths
+    return writes

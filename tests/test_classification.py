@@ -18,7 +18,7 @@ from keras_attention.applications import presets
 from keras_attention.applications.cbam_resnet import CBAMResNet
 from keras_attention.applications.text_classifier import TextClassifier
 from keras_attention.applications.text_classifier import TextClassifierPreprocessor
-from keras_attention.applications.vision_transformer import PatchEmbedding
+from keras_attention.applications.patches import PatchEmbedding
 from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention.applications.vision_transformer import VisionTransformer
 

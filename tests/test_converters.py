@@ -305,7 +305,7 @@ def test_missing_extra_and_misshapen_tensors_name_them(tmp_path):
         )
 
 
-def test_a_mismatch_assigns_no_weight(tmp_path, assignments):
+def test_a_mismatch_assigns_no_weight(tmp_path, assigned_variables):
     """Every tensor is checked before any is assigned: with one misshapen
     tensor (the last one, the head's bias), no variable is written."""
     state = _timm_vit().state_dict()
@@ -313,7 +313,7 @@ def test_a_mismatch_assigns_no_weight(tmp_path, assignments):
     path = _timm_file(tmp_path, state)
     with pytest.raises(ValueError, match="head.bias"):
         VisionTransformer.from_timm(path, config=CONFIG)
-    assert assignments == []
+    assert assigned_variables == []
 
 
 # ------------------------------------------------- a converted model works

@@ -179,7 +179,7 @@ def _edit_folder(folder, edit_tensors=None, edit_config=None):
     return folder
 
 
-def test_missing_extra_misshapen_and_disagreeing_are_named(tmp_path, assignments):
+def test_missing_extra_misshapen_and_disagreeing_are_named(tmp_path, assigned_variables):
     def damage(tensors):
         del tensors["bert.encoder.layer.1.output.dense.bias"]
         tensors["bert.encoder.layer.0.extra"] = np.zeros(3, "float32")
@@ -194,7 +194,7 @@ def test_missing_extra_misshapen_and_disagreeing_are_named(tmp_path, assignments
     assert "missing tensor 'encoder.layer.1.output.dense.bias'" in message
     assert "unexpected tensor 'encoder.layer.0.extra'" in message
     assert "classifier.bias" in message and "no weight was assigned" in message
-    assert assignments == []
+    assert assigned_variables == []
 
     def fewer_layers(config):
         config["num_hidden_layers"] = 1
@@ -208,7 +208,7 @@ def test_missing_extra_misshapen_and_disagreeing_are_named(tmp_path, assignments
         )
         with pytest.raises(ValueError, match="config disagrees"):
             TextClassifier.from_transformers(folder)
-    assert assignments == []
+    assert assigned_variables == []
 
 
 def test_converted_bert_saves_fine_tunes_and_takes_lora(tmp_path):

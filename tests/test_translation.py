@@ -259,11 +259,13 @@ def test_transformer_cache_holds_past_keys(transformer):
     source = ops.convert_to_tensor(model.preprocessor.encode_sources(["abc"]))
     encoded = model.prepare_decoding(model.encode(source))
     cache = model.initial_cache(encoded, 8)
-    assert tuple(cache[0][0].shape) == (1, 8, 2, 16)  # (B, L, K, D)
+    # The self-attention's own cache: (B, 2, L, K, D), keys then values.
+    assert tuple(cache[0].shape) == (1, 2, 8, 2, 16)
     token = ops.convert_to_tensor([model.preprocessor.start_id])
     _, cache, _ = model.decode_step(token, 0, cache, encoded)
-    keys = ops.convert_to_numpy(cache[0][0])
-    assert np.abs(keys[0, 0]).sum() > 0 and np.abs(keys[0, 1:]).sum() == 0
+    entries = ops.convert_to_numpy(cache[0])
+    assert np.abs(entries[0, :, 0]).sum() > 0
+    assert np.abs(entries[0, :, 1:]).sum() == 0
 
 
 def test_xla_decoding_equals_eager(rnn, transformer):

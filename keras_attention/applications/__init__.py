@@ -29,3 +29,6 @@ from keras_attention.applications.detection_metrics import evaluate_detections
 from keras_attention.applications.node_sampling import layerwise_predict
 from keras_attention.applications.node_sampling import masked_accuracy
 from keras_attention.applications.node_sampling import sampled_node_dataset
+from keras_attention.applications.causal_lm import CausalLM
+from keras_attention.applications.causal_lm import CausalLMBackbone
+from keras_attention.applications.causal_lm_preprocessing import CausalLMPreprocessor

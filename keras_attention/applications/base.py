@@ -70,12 +70,33 @@ class PresetMixin:
         return model
 
 
+def _xla_slower_here(model):
+    """Whether XLA would train this model slower than graph mode here.
+
+    On a CPU, TensorFlow's XLA backend computes bfloat16 and float16
+    products without the CPU's half-precision units (oneDNN in graph mode
+    uses them): a `mixed_bfloat16` attention layer ran 0.43x of its float32
+    speed under XLA and 1.96x in graph mode on an AVX512-BF16 machine
+    (BENCHMARKS.md, "Speed per machine"). So a half-precision model on a
+    CPU compiles without XLA unless `jit_compile` is given.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return False
+    compute = keras.backend.standardize_dtype(model.dtype_policy.compute_dtype)
+    if compute not in ("bfloat16", "float16"):
+        return False
+    import tensorflow as tf
+
+    return not tf.config.list_logical_devices("GPU")
+
+
 class CompileDefaults:
     """`compile` with each application's defaults, and `compile_from_config`.
 
     `optimizer`, `loss` and `weighted_metrics` given as `"auto"`, and
     `jit_compile=None`, take the values of `compile_defaults()`, which
-    subclasses implement. Metrics default to `weighted_metrics`, so that a
+    subclasses implement (except that a bfloat16/float16 model on a CPU
+    compiles without XLA, which is slower there: `_xla_slower_here`). Metrics default to `weighted_metrics`, so that a
     `sample_weight` (a split's mask) weighs them too; Keras 3 updates
     `metrics=` without it. Keras leaves `compile_from_config` to a class that
     overrides `compile`; ours takes the same arguments, so a loaded model is
@@ -105,6 +126,8 @@ class CompileDefaults:
             weighted_metrics = defaults["weighted_metrics"]
         if jit_compile is None:
             jit_compile = defaults.get("jit_compile", "auto")
+            if jit_compile and _xla_slower_here(self):
+                jit_compile = False
         super().compile(
             optimizer=optimizer,
             loss=loss,

@@ -30,8 +30,10 @@ from keras_attention.applications.base import PresetMixin
 from keras_attention.applications.blocks import TransformerDecoderBlock
 from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention.applications.detection_loss import validate_targets
-from keras_attention.applications.detection_layers import DETRBackbone
-from keras_attention.applications.detection_layers import sine_position_encoding
+from keras_attention.applications.converters.detr import DETRConverters
+from keras_attention.applications.detection_layers import feature_positions
+from keras_attention.applications.detection_resnet import check_backbone_options
+from keras_attention.applications.detection_resnet import make_backbone
 from keras_attention.applications.detection_metrics import decode_detections
 
 PACKAGE = "keras_attention"
@@ -54,6 +56,16 @@ def _check_widths(hidden_dim, num_heads, num_encoder_layers):
         )
 
 
+def _check_target_dict(y):
+    if not isinstance(y, dict) or not {"boxes", "labels"} <= set(y):
+        raise ValueError(
+            "Received an invalid value for argument `y`, expected a dict "
+            "with keys 'boxes' (B, M, 4) and 'labels' (B, M). "
+            f"Received: y={type(y).__name__}"
+            + (f" with keys {sorted(y)}" if isinstance(y, dict) else "")
+        )
+
+
 # The arguments of `detection_loss.set_prediction_loss` the model holds.
 _LOSS_SETTINGS = (
     "num_classes", "eos_coef", "class_loss_weight", "bbox_loss_weight",
@@ -63,7 +75,8 @@ _LOSS_SETTINGS = (
 _CONFIG = (
     "num_classes", "num_queries", "hidden_dim", "num_heads",
     "num_encoder_layers", "num_decoder_layers", "feedforward_dim", "dropout",
-    "norm_first", "backbone_filters", "blocks_per_stage", "stem_strides",
+    "norm_first", "backbone_type", "resnet_depths", "resnet_block",
+    "backbone_filters", "blocks_per_stage", "stem_strides",
     "attention_module", "attention_kwargs", "transformer_attention",
     "transformer_attention_kwargs", "aux_loss", "eos_coef",
     "class_loss_weight", "bbox_loss_weight", "giou_loss_weight",
@@ -72,7 +85,7 @@ _CONFIG = (
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class DETR(PresetMixin, keras.Model):
+class DETR(PresetMixin, DETRConverters, keras.Model):
     """DETR: end-to-end object detection with transformers (Carion, 2020).
 
     `backbone -> 1x1 projection to D -> encoder (self-attention with 2-D
@@ -111,6 +124,11 @@ class DETR(PresetMixin, keras.Model):
         feedforward_dim: width of the transformer FFNs.
         dropout: dropout in the transformer.
         norm_first: pre-norm transformer layers (`False`: DETR's post-norm).
+        backbone_type: `"small"` (a small residual CNN, the arguments
+            below) or `"resnet"` (`ResNetBackbone`, the published DETRs'
+            ResNet with frozen batch norm; grid: image size / 32).
+        resnet_depths: blocks per ResNet stage (`(3, 4, 6, 3)`: ResNet-50).
+        resnet_block: `"bottleneck"` (ResNet-50 and deeper) or `"basic"`.
         backbone_filters: filters of the backbone's stride-2 stages; the
             feature grid is the image size over
             `stem_strides * 2 ** len(backbone_filters)`.
@@ -130,6 +148,9 @@ class DETR(PresetMixin, keras.Model):
 
     Call arguments:
         images: `(B, height, width, C)`.
+        pixel_mask: optional `(B, height, width)`, 1 on the image and 0 on
+            padding (Hugging Face's `pixel_mask`): padded feature cells are
+            masked as keys and positions count the valid cells only.
         training: whether batch norm and dropout train.
         return_attention_scores: also return the last decoder layer's
             cross-attention.
@@ -172,6 +193,9 @@ class DETR(PresetMixin, keras.Model):
         feedforward_dim=128,
         dropout=0.0,
         norm_first=False,
+        backbone_type="small",
+        resnet_depths=(3, 4, 6, 3),
+        resnet_block="bottleneck",
         backbone_filters=(32, 64, 96),
         blocks_per_stage=1,
         stem_strides=1,
@@ -204,6 +228,9 @@ class DETR(PresetMixin, keras.Model):
         )
         self.dropout = base.check_rate("dropout", dropout)
         self.norm_first = bool(norm_first)
+        self.backbone_type, self.resnet_depths, self.resnet_block = (
+            check_backbone_options(backbone_type, resnet_depths, resnet_block)
+        )
         self.backbone_filters = tuple(backbone_filters)
         self.blocks_per_stage = blocks_per_stage
         self.stem_strides = stem_strides
@@ -228,15 +255,7 @@ class DETR(PresetMixin, keras.Model):
         self._make_layers()
 
     def _make_layers(self):
-        self.backbone = DETRBackbone(
-            self.backbone_filters,
-            blocks_per_stage=self.blocks_per_stage,
-            stem_strides=self.stem_strides,
-            attention_module=self.attention_module,
-            attention_kwargs=self.attention_kwargs,
-            name="backbone",
-            dtype=self.dtype_policy,
-        )
+        self.backbone = make_backbone(self)
         self.input_projection = keras.layers.Conv2D(
             self.hidden_dim, 1, name="input_projection", dtype=self.dtype_policy
         )
@@ -320,18 +339,21 @@ class DETR(PresetMixin, keras.Model):
         self.feature_size = (feature_shape[1], feature_shape[2])
         self.built = True
 
-    def call(self, images, training=None, return_attention_scores=False):
+    def call(self, images, training=None, return_attention_scores=False,
+             pixel_mask=None):
         features = self.input_projection(
             self.backbone(images, training=training)
         )  # B, h, w, D
         height, width = features.shape[1], features.shape[2]
         memory = ops.reshape(features, (-1, height * width, self.hidden_dim))
-        position = ops.cast(
-            sine_position_encoding(height, width, self.hidden_dim)[None],
-            memory.dtype,
+        mask, position = feature_positions(
+            pixel_mask, images, height, width, self.hidden_dim
         )
+        position = ops.cast(position, memory.dtype)
         for layer in self.encoder_layers:
-            memory = layer(memory, position=position, training=training)
+            memory = layer(
+                memory, mask=mask, position=position, training=training
+            )
         if self.encoder_norm is not None:
             memory = self.encoder_norm(memory)
 
@@ -348,6 +370,7 @@ class DETR(PresetMixin, keras.Model):
             x = layer(
                 x,
                 memory,
+                memory_mask=mask,
                 position=query_position,
                 memory_position=position,
                 training=training,
@@ -377,13 +400,7 @@ class DETR(PresetMixin, keras.Model):
 
     def _loss_terms(self, y, y_pred):
         """The loss summed over decoder layers, and the last layer's terms."""
-        if not isinstance(y, dict) or not {"boxes", "labels"} <= set(y):
-            raise ValueError(
-                "Received an invalid value for argument `y`, expected a dict "
-                "with keys 'boxes' (B, M, 4) and 'labels' (B, M). "
-                f"Received: y={type(y).__name__}"
-                + (f" with keys {sorted(y)}" if isinstance(y, dict) else "")
-            )
+        _check_target_dict(y)
         boxes, labels = y["boxes"], y["labels"]
         if boxes.shape[1] is not None and boxes.shape[1] > self.num_queries:
             raise ValueError(
@@ -451,13 +468,7 @@ class DETR(PresetMixin, keras.Model):
         Returns:
             The dict with checked (clipped, possibly trimmed) NumPy arrays.
         """
-        if not isinstance(y, dict) or not {"boxes", "labels"} <= set(y):
-            raise ValueError(
-                "Received an invalid value for argument `y`, expected a dict "
-                "with keys 'boxes' (B, M, 4) and 'labels' (B, M). "
-                f"Received: y={type(y).__name__}"
-                + (f" with keys {sorted(y)}" if isinstance(y, dict) else "")
-            )
+        _check_target_dict(y)
         boxes, labels = validate_targets(
             y["boxes"],
             y["labels"],

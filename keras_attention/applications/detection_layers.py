@@ -54,6 +54,89 @@ def sine_position_encoding(height, width, dim, temperature=10000.0):
     return np.concatenate([pos_y, pos_x], axis=1).astype("float32")
 
 
+def _sine_channels(positions, dim, temperature):
+    # positions (..., P) scaled to (0, 2 pi] -> (..., P, dim / 2): sin on
+    # even channels, cos on odd ones, channel pairs sharing a frequency.
+    half = dim // 2
+    freq = temperature ** (2 * (np.arange(half) // 2) / half)
+    angles = positions[..., None] / ops.cast(freq, positions.dtype)
+    even = np.arange(half) % 2 == 0
+    return ops.where(even, ops.sin(angles), ops.cos(angles))
+
+
+def masked_sine_position_encoding(mask, dim, temperature=10000.0):
+    """DETR's sine encoding of padded images: positions count valid cells.
+
+    As Hugging Face's `DetrSinePositionEmbedding(normalize=True)`: the row
+    (column) position of a cell is the number of valid cells above (left
+    of) it, inclusive, over the valid cells of its column (row) plus 1e-6,
+    times 2 pi; the channels are those of `sine_position_encoding`.
+
+    Args:
+        mask: `(B, h, w)`, true (or 1) on the image, false on padding.
+        dim: `D`, a multiple of 4.
+        temperature: `t`.
+
+    Returns:
+        float32 `(B, h * w, dim)`.
+    """
+    if dim % 4:
+        raise base.invalid("hidden_dim", "a multiple of 4", dim)
+    mask = ops.cast(mask, "float32")
+    rows = ops.cumsum(mask, axis=1)
+    cols = ops.cumsum(mask, axis=2)
+    rows = rows / (rows[:, -1:, :] + 1e-6) * (2 * math.pi)
+    cols = cols / (cols[:, :, -1:] + 1e-6) * (2 * math.pi)
+    encoded = ops.concatenate(
+        [_sine_channels(rows, dim, temperature),
+         _sine_channels(cols, dim, temperature)],
+        axis=-1,
+    )  # B, h, w, D
+    height, width = mask.shape[1], mask.shape[2]
+    return ops.reshape(encoded, (-1, height * width, dim))
+
+
+def resize_mask(pixel_mask, size):
+    """`(B, H, W)` pixel mask -> boolean `(B, h, w)`, nearest pixel.
+
+    PyTorch's `interpolate(mode="nearest")`: cell `i` reads pixel
+    `floor(i * H / h)`.
+    """
+    indices = []
+    for length, out in zip(pixel_mask.shape[1:3], size):
+        if length is None:
+            raise ValueError(
+                "Received an invalid value for argument `pixel_mask`, "
+                "expected a known height and width. Received: "
+                f"pixel_mask.shape={tuple(pixel_mask.shape)}"
+            )
+        scale = np.float32(length / out)
+        step = np.floor(np.arange(out, dtype="float32") * scale)
+        indices.append(np.minimum(step, length - 1).astype("int32"))
+    mask = ops.take(pixel_mask, indices[0], axis=1)
+    return ops.cast(ops.take(mask, indices[1], axis=2), "bool")
+
+
+def feature_positions(pixel_mask, images, height, width, dim):
+    """`(mask (B, h * w) or None, positions (B or 1, h * w, D))` of DETR.
+
+    Without a `pixel_mask` every cell is valid (the positions are
+    constants); with one, `(B, H, W)` true on the image, they count the
+    valid cells only and padded cells are masked as keys.
+    """
+    if pixel_mask is None:
+        return None, sine_position_encoding(height, width, dim)[None]
+    if tuple(pixel_mask.shape[1:]) != tuple(images.shape[1:3]):
+        raise ValueError(
+            "Received an invalid value for argument `pixel_mask`, expected "
+            f"shape (B, {images.shape[1]}, {images.shape[2]}) like the "
+            f"images. Received: pixel_mask.shape={tuple(pixel_mask.shape)}"
+        )
+    mask = resize_mask(pixel_mask, (height, width))
+    positions = masked_sine_position_encoding(mask, dim)
+    return ops.reshape(mask, (-1, height * width)), positions
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class DETRBackbone(keras.layers.Layer):
     """A small residual CNN: a stem, then one stride-2 stage per filter count.

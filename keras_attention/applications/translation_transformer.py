@@ -33,10 +33,12 @@ class TransformerTranslator(Translator):
     2020; Nguyen & Salazar, 2019). Post-norm (the original) puts a
     LayerNorm on that path and needs a warm-up to train at all.
 
-    Decoding keeps a key/value cache per decoder layer `(B, L, K, D)`:
-    generating token `t` projects only that token and attends to the cached
-    keys and values of tokens `0..t`, and the cross-attention keys and
-    values of the source are computed once per sentence.
+    Decoding keeps a key/value cache per decoder layer, the
+    self-attention's own `(B, 2, L, K, D)` (`MultiHeadAttention(...,
+    cache=, cache_update_index=)`, keras-hub's convention): generating token
+    `t` projects only that token and attends to the cached keys and values
+    of tokens `0..t`, and the cross-attention keys and values of the source
+    are computed once per sentence.
 
     Args:
         preprocessor: a `TranslationPreprocessor`; the date task's by
@@ -50,8 +52,8 @@ class TransformerTranslator(Translator):
         attention: registry name of the attention layer of every block (a
             `"tokens"` layer taking `query`, `value`, `query_mask`,
             `value_mask`, `use_causal_mask`); it is offered `num_heads`,
-            `key_dim` and `dropout`. Layers without the key/value-cache
-            hooks of `MultiHeadAttention` decode without the cache.
+            `key_dim` and `dropout`. Layers without `MultiHeadAttention`'s
+            `cache=` argument and hooks decode without the cache.
         attention_kwargs: extra constructor arguments of that layer.
 
     Call arguments:
@@ -242,16 +244,15 @@ class TransformerTranslator(Translator):
         x = x + self.target_positions(x, start_index=index)
         new_cache = []
         for i, block in enumerate(self.decoder_blocks):
-            x, key_cache, value_cache, weights = block.step(
+            x, block_cache, weights = block.step(
                 x,
                 index,
-                cache[i][0],
-                cache[i][1],
+                cache[i],
                 encoded["cross_keys"][i],
                 encoded["cross_values"][i],
                 encoded["source_mask"],
             )
-            new_cache.append([key_cache, value_cache])
+            new_cache.append(block_cache)
         logits = self.output_projection(self.decoder_norm(x))[:, 0]
         return logits, new_cache, ops.mean(weights, axis=1)[:, 0]
 

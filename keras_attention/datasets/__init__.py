@@ -4,7 +4,8 @@ Embedded defaults need no download: generated tasks (dates, sentiment,
 detection) and data shipped by dependencies (scikit-learn's digits,
 networkx's karate club). Larger real sets are read from a path: Planetoid
 citation graphs, graphs saved as NumPy/CSV arrays (OGB layout included),
-MNIST IDX files and line-aligned parallel corpora. `make_graph` generates
+MNIST IDX files, line-aligned parallel corpora and plain text for
+language models (`load_text_corpus`). `make_graph` generates
 graphs of any size; `NeighborSampler` samples sub-graphs around seed nodes.
 All of this is NumPy and the standard library; nothing here imports
 TensorFlow or Keras.
@@ -40,6 +41,8 @@ from keras_attention.datasets.images import split_first_last
 from keras_attention.datasets.images import stratified_split
 from keras_attention.datasets.text import make_sentiment_task
 from keras_attention.datasets.text import sentiment_vocabulary
+from keras_attention.datasets.text_corpus import date_lines
+from keras_attention.datasets.text_corpus import load_text_corpus
 from keras_attention.datasets.translation import load_parallel_corpus
 from keras_attention.datasets.translation import make_date_corpus
 from keras_attention.datasets.graph_files import load_graph_files

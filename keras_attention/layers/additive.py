@@ -1,6 +1,9 @@
 import keras
 from keras import ops
 
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import check_rate
+from keras_attention._validation import shape_fits
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.registry import register
@@ -69,6 +72,10 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
           https://arxiv.org/abs/1409.0473
     """
 
+    config_arguments = (
+        "units", "dropout", "use_bias", "kernel_initializer", "seed",
+    )
+
     def __init__(
         self,
         units,
@@ -79,19 +86,14 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.units = base.check_positive_int("units", units)
-        self.dropout = base.check_rate("dropout", dropout)
+        self.units = check_positive_int("units", units)
+        self.dropout = check_rate("dropout", dropout)
         self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.seed = seed
-        self.seed_generator = (
-            keras.random.SeedGenerator(seed) if self.dropout > 0 else None
-        )
+        base.keep_keras_objects(self, locals())
+        base.keep_seed(self, seed)
 
     def _initializer(self):
-        return self.kernel_initializer.__class__.from_config(
-            self.kernel_initializer.get_config()
-        )
+        return base.clone_initializer(self.kernel_initializer)
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         query_shape, value_shape, key_shape = base.split_shapes(
@@ -177,23 +179,14 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
             one_step = True
             query = query[:, None, :]
         query, value, key, combined = self.unpack_inputs(
-            query,
-            value,
-            key,
-            query_mask=query_mask,
-            value_mask=value_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
+            query, value, key, query_mask, value_mask, key_mask, attention_mask
         )
         q = self.query_dense(query)  # (B, T, U)
         if projected_key is None:
             k = self.project_key(key)  # (B, S, U), bias included
         else:
             expected = tuple(key.shape[:-1]) + (self.units,)
-            if len(projected_key.shape) != 3 or any(
-                a is not None and b is not None and a != b
-                for a, b in zip(projected_key.shape, expected)
-            ):
+            if not shape_fits(projected_key.shape, expected):
                 raise ValueError(
                     "Received an invalid value for argument `projected_key`, "
                     f"expected project_key(key) of shape {expected}. "
@@ -236,18 +229,3 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
         return (
             self.query_dense.weights + self.key_dense.weights + [self.score_kernel]
         )
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "units": self.units,
-                "dropout": self.dropout,
-                "use_bias": self.use_bias,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "seed": self.seed,
-            }
-        )
-        return config

@@ -5,9 +5,8 @@ import keras
 from keras import ops
 
 from keras_attention import ops as attention_ops
-from keras_attention._validation import check_positive_int  # noqa: F401
-from keras_attention._validation import check_rate  # noqa: F401
-from keras_attention._validation import invalid  # noqa: F401
+from keras_attention._validation import invalid
+from keras_attention._validation import shape_fits
 
 
 def is_shape(x):
@@ -49,10 +48,7 @@ def check_mask_shape(argument, mask, expected):
     if mask is None:
         return
     shape = tuple(mask.shape)
-    if len(shape) != len(expected) or any(
-        e is not None and d is not None and e != d
-        for d, e in zip(shape, expected)
-    ):
+    if not shape_fits(shape, expected):
         raise ValueError(
             f"Received an invalid value for argument `{argument}`, expected "
             f"a boolean tensor of shape {expected}. Received: "
@@ -238,8 +234,80 @@ def enable_lora(model, rank, lora_alpha=None, target_names=("query", "value")):
     return targets
 
 
+# The keras objects a layer takes by name or instance and serializes.
+_KERAS_OBJECTS = {
+    "activation": keras.activations,
+    "kernel_initializer": keras.initializers,
+    "bias_initializer": keras.initializers,
+    "kernel_regularizer": keras.regularizers,
+    "bias_regularizer": keras.regularizers,
+    "kernel_constraint": keras.constraints,
+    "bias_constraint": keras.constraints,
+}
+
+
+def keep_keras_objects(layer, arguments):
+    """Store each keras object among a constructor's `arguments` (its
+    `locals()`) on `layer` under its own name, as keras's `get` returns it
+    (`kernel_initializer`, `bias_regularizer`, `activation`, ...)."""
+    for name, module in _KERAS_OBJECTS.items():
+        if name in arguments:
+            setattr(layer, name, module.get(arguments[name]))
+
+
+def arguments_config(layer, names):
+    """`{name: value}` of `layer`'s constructor arguments `names`, each
+    stored under its own name; keras objects serialized."""
+    config = {}
+    for name in names:
+        value = getattr(layer, name)
+        if name in _KERAS_OBJECTS:
+            value = _KERAS_OBJECTS[name].serialize(value)
+        config[name] = value
+    return config
+
+
+def clone_initializer(initializer):
+    """A fresh copy per weight, so seeded initializers are not shared."""
+    return initializer.__class__.from_config(initializer.get_config())
+
+
+def sublayer_kwargs(layer, name, kernel_initializer=None):
+    """Keyword arguments of a keras projection sublayer (`Dense`, `Conv`)
+    of `layer`: its `use_bias`, a copy of each initializer (of
+    `kernel_initializer` when given), its regularizers, dtype policy and
+    `name`."""
+    return dict(
+        use_bias=layer.use_bias,
+        kernel_initializer=clone_initializer(
+            kernel_initializer or layer.kernel_initializer
+        ),
+        bias_initializer=clone_initializer(layer.bias_initializer),
+        kernel_regularizer=layer.kernel_regularizer,
+        bias_regularizer=layer.bias_regularizer,
+        dtype=layer.dtype_policy,
+        name=name,
+    )
+
+
+def keep_seed(layer, seed):
+    """`layer.seed`, and the generator of its dropout (none without one)."""
+    layer.seed = seed
+    layer.seed_generator = (
+        keras.random.SeedGenerator(seed) if layer.dropout > 0 else None
+    )
+
+
 class ProjectionMixin:
-    """`enable_lora` for a layer whose kernels live in keras sublayers."""
+    """`enable_lora` for a layer whose kernels live in keras sublayers, and
+    its config.
+
+    `config_arguments` names the constructor arguments the class adds to
+    its parent's config; each is stored under its own name (keras objects
+    serialized), so `get_config` is written once for every layer.
+    """
+
+    config_arguments = ()
 
     def enable_lora(self, rank, lora_alpha=None, target_names=None):
         """LoRA on the layer's projections (Hu et al., 2021).
@@ -330,6 +398,7 @@ class ProjectionMixin:
 
     def get_config(self):
         config = super().get_config()
+        config.update(arguments_config(self, self.config_arguments))
         policy = quantized_policy_map(self)
         if policy is not None:
             config["dtype"] = keras.dtype_policies.serialize(policy)
@@ -433,16 +502,8 @@ class SequenceAttention(keras.layers.Layer):
         return query, value, key, query_mask, value_mask, key_mask
 
     def unpack_inputs(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        mask=None,
+        self, query, value=None, key=None, query_mask=None, value_mask=None,
+        key_mask=None, attention_mask=None, use_causal_mask=False, mask=None,
     ):
         query, value, key, query_mask, value_mask, key_mask = self.flatten_inputs(
             query, value, key, query_mask, value_mask, key_mask, mask
@@ -478,24 +539,14 @@ class SequenceAttention(keras.layers.Layer):
             )
             check_mask_shape("attention_mask", attention_mask, expected)
         combined = self.combine_masks(
-            query,
-            value,
-            query_mask,
-            value_mask,
-            key_mask,
-            attention_mask,
+            query, value, query_mask, value_mask, key_mask, attention_mask,
             use_causal_mask,
         )
         return query, value, key, combined
 
     @staticmethod
     def combine_masks(
-        query,
-        value,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
+        query, value, query_mask, value_mask, key_mask, attention_mask,
         use_causal_mask,
     ):
         """All masks as one boolean mask broadcastable to `(B, T, S)`.

@@ -8,6 +8,9 @@ or 3D `(B, D, H, W, C)`.
 import keras
 from keras import ops
 
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import invalid
+from keras_attention._validation import shape_fits
 from keras_attention.layers import base
 from keras_attention.registry import register
 
@@ -42,10 +45,7 @@ def check_position_mask(mask, inputs):
         return None
     expected = tuple(inputs.shape[:-1])
     shape = tuple(mask.shape)
-    if len(shape) != len(expected) or any(
-        e is not None and d is not None and e != d
-        for d, e in zip(shape, expected)
-    ):
+    if not shape_fits(shape, expected):
         raise ValueError(
             "Received an invalid value for argument `mask`, expected a "
             f"boolean tensor of shape {expected} (the positions of "
@@ -61,15 +61,16 @@ def _check_kernel_size(kernel_size):
         or kernel_size <= 0
         or kernel_size % 2 == 0
     ):
-        raise base.invalid(
+        raise invalid(
             "kernel_size", "an odd positive integer", kernel_size
         )
     return kernel_size
 
 
-def _clone_initializer(initializer):
-    # A fresh instance per weight, so seeded initializers are not shared.
-    return initializer.__class__.from_config(initializer.get_config())
+_WEIGHT_ARGUMENTS = (
+    "use_bias", "kernel_initializer", "bias_initializer", "kernel_regularizer",
+    "bias_regularizer",
+)
 
 
 class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
@@ -86,22 +87,11 @@ class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        base.keep_keras_objects(self, locals())
         self.supports_masking = True
 
     def _sublayer_kwargs(self, name):
-        return dict(
-            use_bias=self.use_bias,
-            kernel_initializer=_clone_initializer(self.kernel_initializer),
-            bias_initializer=_clone_initializer(self.bias_initializer),
-            kernel_regularizer=self.kernel_regularizer,
-            bias_regularizer=self.bias_regularizer,
-            dtype=self.dtype_policy,
-            name=name,
-        )
+        return base.sublayer_kwargs(self, name)
 
     def _dense(self, name, units, input_dim):
         """A built `keras.layers.Dense` projection (LoRA, quantization)."""
@@ -138,21 +128,7 @@ class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
         return mask
 
     def _weights_config(self):
-        return {
-            "use_bias": self.use_bias,
-            "kernel_initializer": keras.initializers.serialize(
-                self.kernel_initializer
-            ),
-            "bias_initializer": keras.initializers.serialize(
-                self.bias_initializer
-            ),
-            "kernel_regularizer": keras.regularizers.serialize(
-                self.kernel_regularizer
-            ),
-            "bias_regularizer": keras.regularizers.serialize(
-                self.bias_regularizer
-            ),
-        }
+        return base.arguments_config(self, _WEIGHT_ARGUMENTS)
 
 
 @register("channel", input_kind="grid")
@@ -203,15 +179,17 @@ class ChannelAttention(_ImageAttention):
           https://arxiv.org/abs/1807.06521
     """
 
+    config_arguments = ("reduction",) + _WEIGHT_ARGUMENTS
+
     def __init__(self, reduction=16, **kwargs):
         super().__init__(**kwargs)
-        self.reduction = base.check_positive_int("reduction", reduction)
+        self.reduction = check_positive_int("reduction", reduction)
 
     def build(self, input_shape):
         check_feature_map(input_shape)
         channels = input_shape[-1]
         if channels % self.reduction:
-            raise base.invalid(
+            raise invalid(
                 "reduction",
                 f"a divisor of the number of input channels ({channels})",
                 self.reduction,
@@ -267,11 +245,6 @@ class ChannelAttention(_ImageAttention):
     def legacy_variables(self):
         return self.hidden_dense.weights + self.output_dense.weights
 
-    def get_config(self):
-        config = super().get_config()
-        config.update({"reduction": self.reduction, **self._weights_config()})
-        return config
-
 
 @register("spatial", input_kind="grid")
 class SpatialAttention(_ImageAttention):
@@ -322,6 +295,8 @@ class SpatialAttention(_ImageAttention):
           https://arxiv.org/abs/1807.06521
     """
 
+    config_arguments = ("kernel_size",) + _WEIGHT_ARGUMENTS
+
     def __init__(self, kernel_size=7, **kwargs):
         super().__init__(**kwargs)
         self.kernel_size = _check_kernel_size(kernel_size)
@@ -356,13 +331,6 @@ class SpatialAttention(_ImageAttention):
 
     def legacy_variables(self):
         return self.conv.weights
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {"kernel_size": self.kernel_size, **self._weights_config()}
-        )
-        return config
 
 
 @register("cbam", input_kind="grid")
@@ -413,9 +381,11 @@ class CBAM(_ImageAttention):
           https://arxiv.org/abs/1807.06521
     """
 
+    config_arguments = ("reduction", "kernel_size") + _WEIGHT_ARGUMENTS
+
     def __init__(self, reduction=16, kernel_size=7, **kwargs):
         super().__init__(**kwargs)
-        self.reduction = base.check_positive_int("reduction", reduction)
+        self.reduction = check_positive_int("reduction", reduction)
         self.kernel_size = _check_kernel_size(kernel_size)
 
     def build(self, input_shape):
@@ -451,14 +421,3 @@ class CBAM(_ImageAttention):
     def compute_output_shape(self, input_shape):
         check_feature_map(input_shape, max_rank=5)
         return tuple(input_shape)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "reduction": self.reduction,
-                "kernel_size": self.kernel_size,
-                **self._weights_config(),
-            }
-        )
-        return config

@@ -2,6 +2,8 @@ import math
 
 import keras
 
+from keras_attention._validation import check_rate
+from keras_attention._validation import invalid
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.registry import register
@@ -59,6 +61,11 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
           Neural Machine Translation, 2015. https://arxiv.org/abs/1508.04025
     """
 
+    config_arguments = (
+        "score_mode", "dropout", "use_causal_mask", "kernel_initializer",
+        "seed",
+    )
+
     def __init__(
         self,
         score_mode="scaled_dot",
@@ -70,15 +77,12 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
     ):
         super().__init__(**kwargs)
         if score_mode not in SCORE_MODES:
-            raise base.invalid("score_mode", f"one of {SCORE_MODES}", score_mode)
+            raise invalid("score_mode", f"one of {SCORE_MODES}", score_mode)
         self.score_mode = score_mode
-        self.dropout = base.check_rate("dropout", dropout)
+        self.dropout = check_rate("dropout", dropout)
         self.use_causal_mask = bool(use_causal_mask)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.seed = seed
-        self.seed_generator = (
-            keras.random.SeedGenerator(seed) if self.dropout > 0 else None
-        )
+        base.keep_keras_objects(self, locals())
+        base.keep_seed(self, seed)
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         query_shape, value_shape, key_shape = base.split_shapes(
@@ -127,15 +131,8 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
     ):
         causal = self.use_causal_mask if use_causal_mask is None else use_causal_mask
         query, value, key, combined = self.unpack_inputs(
-            query,
-            value,
-            key,
-            query_mask=query_mask,
-            value_mask=value_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=causal,
-            mask=mask,
+            query, value, key, query_mask, value_mask, key_mask, attention_mask,
+            use_causal_mask=causal, mask=mask,
         )
         if self.score_mode == "general":
             query = self.general_dense(query)  # (B, T, Dk)
@@ -169,18 +166,3 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
 
     def legacy_variables(self):
         return None if self.general_dense is None else self.general_dense.weights
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "score_mode": self.score_mode,
-                "dropout": self.dropout,
-                "use_causal_mask": self.use_causal_mask,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "seed": self.seed,
-            }
-        )
-        return config

@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_attention.layers import base
+from keras_attention._validation import check_rate
 from keras_attention.ops import hash_dropout
 
 
@@ -35,7 +35,7 @@ class HashDropout(keras.layers.Layer):
 
     def __init__(self, rate, seed=None, **kwargs):
         super().__init__(**kwargs)
-        self.rate = base.check_rate("rate", rate)
+        self.rate = check_rate("rate", rate)
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
         self.supports_masking = True

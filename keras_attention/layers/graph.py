@@ -1,20 +1,23 @@
 """GraphAttention: GAT and GATv2 on an edge list or a dense adjacency.
 
 Dropout on the coefficients is the counter-based `keras_attention.ops.
-hash_dropout` (re-exported here with `HashDropout`, for the inputs): under
+hash_dropout` (`keras_attention.layers.HashDropout` for the inputs): under
 TensorFlow's XLA on CPU, a GAT epoch on Cora with it takes about as long as
 without dropout, and some 80 times longer with `keras.random.dropout`
 (`benchmarks/bench_gat.py`).
 """
 
 import keras
-import numpy as np
 from keras import ops
 
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import check_rate
+from keras_attention._validation import invalid
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
-from keras_attention.layers.dropout import HashDropout  # noqa: F401
-from keras_attention.ops import hash_bits  # noqa: F401
+from keras_attention.layers._graph_inputs import check_graph_inputs
+from keras_attention.layers._graph_inputs import shape_or_none
+from keras_attention.layers._graph_inputs import split_graph_shapes
 from keras_attention.ops import hash_dropout
 from keras_attention.registry import register
 
@@ -31,25 +34,6 @@ def with_self_loops(edges, num_nodes):
     """
     loops = ops.arange(num_nodes, dtype=edges.dtype)
     return ops.concatenate([edges, ops.stack([loops, loops])], axis=1)
-
-
-def _is_integer(x):
-    dtype = keras.backend.standardize_dtype(x.dtype)
-    return "int" in dtype
-
-
-def _known_values(x):
-    """`x` as a NumPy array when its values are known (eager), else None."""
-    if isinstance(x, np.ndarray):
-        return x
-    try:
-        return ops.convert_to_numpy(x)
-    except Exception:  # a symbolic or traced tensor has no values yet
-        return None
-
-
-def _shape_or_none(x):
-    return None if x is None else tuple(x.shape)
 
 
 def _kernel_of(sublayer):
@@ -174,6 +158,13 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
           ICLR 2022. https://arxiv.org/abs/2105.14491
     """
 
+    config_arguments = (
+        "units", "num_heads", "concat_heads", "negative_slope", "dropout",
+        "add_self_loops", "version", "use_bias", "activation",
+        "kernel_initializer", "bias_initializer", "kernel_regularizer",
+        "bias_regularizer", "kernel_constraint", "bias_constraint", "seed",
+    )
+
     def __init__(
         self,
         units,
@@ -195,39 +186,30 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.units = base.check_positive_int("units", units)
-        self.num_heads = base.check_positive_int("num_heads", num_heads)
+        self.units = check_positive_int("units", units)
+        self.num_heads = check_positive_int("num_heads", num_heads)
         if not isinstance(concat_heads, bool):
-            raise base.invalid("concat_heads", "a boolean", concat_heads)
+            raise invalid("concat_heads", "a boolean", concat_heads)
         self.concat_heads = concat_heads
         if (
             isinstance(negative_slope, bool)
             or not isinstance(negative_slope, (int, float))
             or not negative_slope >= 0
         ):
-            raise base.invalid(
+            raise invalid(
                 "negative_slope", "a non-negative float", negative_slope
             )
         self.negative_slope = float(negative_slope)
-        self.dropout = base.check_rate("dropout", dropout)
+        self.dropout = check_rate("dropout", dropout)
         if not isinstance(add_self_loops, bool):
-            raise base.invalid("add_self_loops", "a boolean", add_self_loops)
+            raise invalid("add_self_loops", "a boolean", add_self_loops)
         self.add_self_loops = add_self_loops
         if version not in ("v1", "v2"):
-            raise base.invalid("version", "one of 'v1', 'v2'", version)
+            raise invalid("version", "one of 'v1', 'v2'", version)
         self.version = version
         self.use_bias = bool(use_bias)
-        self.activation = keras.activations.get(activation)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
-        self.kernel_constraint = keras.constraints.get(kernel_constraint)
-        self.bias_constraint = keras.constraints.get(bias_constraint)
-        self.seed = seed
-        self.seed_generator = (
-            keras.random.SeedGenerator(seed) if self.dropout > 0 else None
-        )
+        base.keep_keras_objects(self, locals())
+        base.keep_seed(self, seed)
 
     @property
     def output_dim(self):
@@ -235,50 +217,8 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
 
     # -------------------------------------------------------------- shapes
 
-    def _split_shapes(self, input_shape):
-        shapes = list(input_shape) if isinstance(input_shape, (list, tuple)) else []
-        if base.is_shape(input_shape) or not 2 <= len(shapes) <= 3:
-            raise ValueError(
-                "Expected the inputs to be a list [node_features, edges] or "
-                "[node_features, edges, edge_features]. Received: "
-                f"input_shape={input_shape}"
-            )
-        features, edges = tuple(shapes[0]), tuple(shapes[1])
-        edge_features = tuple(shapes[2]) if len(shapes) == 3 else None
-        if len(features) not in (2, 3):
-            raise ValueError(
-                "Received an invalid value for argument `node_features`, "
-                "expected a tensor of rank 2 (N, F) or 3 (B, N, F). "
-                f"Received: node_features.shape={features}"
-            )
-        if features[-1] is None:
-            raise ValueError(
-                "The last dimension of `node_features` must be known. "
-                f"Received: node_features.shape={features}"
-            )
-        if len(edges) not in (2, 3) or (len(edges) == 3 and len(features) == 2):
-            expected = (
-                "an edge list (2, E) or an adjacency (N, N)"
-                if len(features) == 2
-                else "an adjacency (B, N, N) or (N, N)"
-            )
-            raise ValueError(
-                "Received an invalid value for argument `edges`, expected "
-                f"{expected} for node_features.shape={features}. "
-                f"Received: edges.shape={edges}"
-            )
-        if edge_features is not None and (
-            len(edge_features) < 2 or edge_features[-1] is None
-        ):
-            raise ValueError(
-                "Received an invalid value for argument `edge_features`, "
-                "expected a tensor (E, F_e) or (..., N, N, F_e) with a known "
-                f"last dimension. Received: edge_features.shape={edge_features}"
-            )
-        return features, edges, edge_features
-
     def compute_output_shape(self, input_shape):
-        features, _, _ = self._split_shapes(input_shape)
+        features, _, _ = split_graph_shapes(input_shape)
         return tuple(features[:-1]) + (self.output_dim,)
 
     def compute_output_spec(
@@ -287,7 +227,7 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         shapes = [tuple(x.shape) for x in inputs] if isinstance(
             inputs, (list, tuple)
         ) else inputs
-        features, edges, _ = self._split_shapes(shapes)
+        features, edges, _ = split_graph_shapes(shapes)
         if keras.backend.backend() != "tensorflow" and None in features[:-1]:
             # JAX and torch cannot trace a segment sum over an unknown
             # number of nodes (a functional model over graphs of any size):
@@ -347,7 +287,7 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         return dense
 
     def build(self, input_shape):
-        features, _, edge_features = self._split_shapes(input_shape)
+        features, _, edge_features = split_graph_shapes(input_shape)
         heads, units = self.num_heads, self.units
         width = heads * units
         self._initializers_made = 0
@@ -392,87 +332,6 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
     source_kernel = property(lambda self: _kernel_of(self.source))
     target_kernel = property(lambda self: _kernel_of(self.target))
     edge_kernel = property(lambda self: _kernel_of(self.edge_projection))
-
-    # -------------------------------------------------------------- checks
-
-    def _check_inputs(self, features, edges, edge_features):
-        """Validate the call's tensors; returns `"edge_list"` or `"dense"`."""
-        self._split_shapes(
-            [features.shape, edges.shape]
-            + ([] if edge_features is None else [edge_features.shape])
-        )
-        n = features.shape[-2]
-        dtype = keras.backend.standardize_dtype(edges.dtype)
-        if _is_integer(edges):
-            if len(features.shape) != 2 or len(edges.shape) != 2 or (
-                edges.shape[0] not in (None, 2)
-            ):
-                raise ValueError(
-                    "Received an invalid value for argument `edges`: an "
-                    "integer tensor is an edge list, expected shape (2, E) "
-                    "with node_features (N, F) (pass a dense adjacency as "
-                    "bool or float). Received: edges.shape="
-                    f"{tuple(edges.shape)}, edges.dtype={dtype}, "
-                    f"node_features.shape={tuple(features.shape)}"
-                )
-            rows = None if edge_features is None else edge_features.shape[0]
-            if edge_features is not None and (
-                len(edge_features.shape) != 2
-                or (None not in (edges.shape[1], rows) and edges.shape[1] != rows)
-            ):
-                raise ValueError(
-                    "Received an invalid value for argument `edge_features`, "
-                    "expected one row per edge, (E, F_e) with "
-                    f"E={edges.shape[1]}. Received: "
-                    f"edge_features.shape={tuple(edge_features.shape)}"
-                )
-            values = _known_values(edges)
-            if values is not None and values.size and n is not None:
-                low, high = int(values.min()), int(values.max())
-                if low < 0 or high >= n:
-                    raise ValueError(
-                        "Received an invalid value for argument `edges`, "
-                        f"expected node indices in [0, {n}) for N={n} nodes. "
-                        f"Received: edges with values in [{low}, {high}]"
-                    )
-            return "edge_list"
-        if dtype != "bool" and "float" not in dtype:
-            raise ValueError(
-                "Received an invalid value for argument `edges`, expected an "
-                "integer edge list (2, E) or a bool or float adjacency. "
-                f"Received: edges.dtype={dtype}"
-            )
-        adjacency = tuple(edges.shape)
-        square = adjacency[-1] is None or adjacency[-2] is None or (
-            adjacency[-1] == adjacency[-2]
-        )
-        matches = n is None or adjacency[-1] is None or adjacency[-1] == n
-        batch_ok = len(adjacency) == 2 or (
-            None in (adjacency[0], features.shape[0])
-            or adjacency[0] == features.shape[0]
-        )
-        if not (square and matches and batch_ok):
-            raise ValueError(
-                "Received an invalid value for argument `edges`: a float or "
-                "bool tensor is a dense adjacency, expected a square "
-                f"(N, N) or (B, N, N) with N={n} as in node_features (an "
-                "edge list must be an integer tensor (2, E)). Received: "
-                f"edges.shape={adjacency}, edges.dtype={dtype}, "
-                f"node_features.shape={tuple(features.shape)}"
-            )
-        if edge_features is not None:
-            expected = adjacency + (edge_features.shape[-1],)
-            if len(edge_features.shape) != len(expected) or any(
-                None not in (a, b) and a != b
-                for a, b in zip(edge_features.shape, expected)
-            ):
-                raise ValueError(
-                    "Received an invalid value for argument `edge_features`, "
-                    f"expected the adjacency's shape plus features, "
-                    f"{adjacency + ('F_e',)}. Received: "
-                    f"edge_features.shape={tuple(edge_features.shape)}"
-                )
-        return "dense"
 
     # -------------------------------------------------------------- math
 
@@ -643,13 +502,13 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
             )
         features, edges = inputs[0], inputs[1]
         edge_features = inputs[2] if len(inputs) == 3 else None
-        mode = self._check_inputs(features, edges, edge_features)
+        mode = check_graph_inputs(features, edges, edge_features)
         if (edge_features is None) != (self.edge_projection is None):
             raise ValueError(
                 "The layer was built "
                 + ("with" if self.edge_projection is not None else "without")
                 + " edge features and must be called the same way. Received: "
-                f"edge_features.shape={_shape_or_none(edge_features)}"
+                f"edge_features.shape={shape_or_none(edge_features)}"
             )
         if mode == "edge_list":
             out, alpha = self._sparse(features, edges, edge_features, training)
@@ -676,39 +535,3 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         if self.bias is not None:
             variables.append(self.bias)
         return variables
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "units": self.units,
-                "num_heads": self.num_heads,
-                "concat_heads": self.concat_heads,
-                "negative_slope": self.negative_slope,
-                "dropout": self.dropout,
-                "add_self_loops": self.add_self_loops,
-                "version": self.version,
-                "use_bias": self.use_bias,
-                "activation": keras.activations.serialize(self.activation),
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "bias_initializer": keras.initializers.serialize(
-                    self.bias_initializer
-                ),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
-                "bias_regularizer": keras.regularizers.serialize(
-                    self.bias_regularizer
-                ),
-                "kernel_constraint": keras.constraints.serialize(
-                    self.kernel_constraint
-                ),
-                "bias_constraint": keras.constraints.serialize(
-                    self.bias_constraint
-                ),
-                "seed": self.seed,
-            }
-        )
-        return config

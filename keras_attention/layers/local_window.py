@@ -6,6 +6,9 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import check_rate
+from keras_attention._validation import invalid
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.registry import register
@@ -179,6 +182,12 @@ class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
           using Shifted Windows, 2021. https://arxiv.org/abs/2103.14030
     """
 
+    config_arguments = (
+        "num_heads", "window_size", "shift_size", "key_dim", "dropout",
+        "use_bias", "kernel_initializer", "bias_initializer",
+        "kernel_regularizer", "bias_regularizer", "seed",
+    )
+
     def __init__(
         self,
         num_heads,
@@ -195,31 +204,25 @@ class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.num_heads = base.check_positive_int("num_heads", num_heads)
-        self.window_size = base.check_positive_int("window_size", window_size)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.window_size = check_positive_int("window_size", window_size)
         if (
             isinstance(shift_size, bool)
             or not isinstance(shift_size, int)
             or not 0 <= shift_size < window_size
         ):
-            raise base.invalid(
+            raise invalid(
                 "shift_size",
                 f"an integer in [0, window_size) with window_size="
                 f"{window_size}",
                 shift_size,
             )
         self.shift_size = shift_size
-        self.key_dim = base.check_positive_int("key_dim", key_dim, allow_none=True)
-        self.dropout = base.check_rate("dropout", dropout)
+        self.key_dim = check_positive_int("key_dim", key_dim, allow_none=True)
+        self.dropout = check_rate("dropout", dropout)
         self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
-        self.seed = seed
-        self.seed_generator = (
-            keras.random.SeedGenerator(seed) if self.dropout > 0 else None
-        )
+        base.keep_keras_objects(self, locals())
+        base.keep_seed(self, seed)
 
     def _check_shape(self, shape, need_spatial):
         shape = tuple(shape)
@@ -249,21 +252,7 @@ class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
         return self.key_dim or self._channels // self.num_heads
 
     def _dense(self, name, units):
-        return keras.layers.Dense(
-            units,
-            use_bias=self.use_bias,
-            # Each sublayer gets its own initializer so seeded ones differ.
-            kernel_initializer=self.kernel_initializer.__class__.from_config(
-                self.kernel_initializer.get_config()
-            ),
-            bias_initializer=self.bias_initializer.__class__.from_config(
-                self.bias_initializer.get_config()
-            ),
-            kernel_regularizer=self.kernel_regularizer,
-            bias_regularizer=self.bias_regularizer,
-            dtype=self.dtype_policy,
-            name=name,
-        )
+        return keras.layers.Dense(units, **base.sublayer_kwargs(self, name))
 
     def build(self, input_shape):
         shape = self._check_shape(input_shape, need_spatial=False)
@@ -344,30 +333,3 @@ class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
         return super(keras.layers.Layer, self).compute_output_spec(
             *args, **kwargs
         )
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "window_size": self.window_size,
-                "shift_size": self.shift_size,
-                "key_dim": self.key_dim,
-                "dropout": self.dropout,
-                "use_bias": self.use_bias,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "bias_initializer": keras.initializers.serialize(
-                    self.bias_initializer
-                ),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
-                "bias_regularizer": keras.regularizers.serialize(
-                    self.bias_regularizer
-                ),
-                "seed": self.seed,
-            }
-        )
-        return config

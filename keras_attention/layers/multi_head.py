@@ -5,14 +5,19 @@ from keras import ops
 # No public API sets a tensor's Keras mask; keras's own layer uses this.
 from keras.src.backend import set_keras_mask
 
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import check_rate
+from keras_attention._validation import invalid
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
-from keras_attention.ops import positions
+from keras_attention.layers._multi_head_cache import KVCache
+from keras_attention.layers._multi_head_masks import KerasMasks
+from keras_attention.layers._multi_head_positions import PositionEncodings
+from keras_attention.layers._multi_head_positions import check_position_arguments
 from keras_attention.ops.masks import check_sliding_window
 from keras_attention.registry import register
 
 IMPLEMENTATIONS = ("auto", "dense", "blocked", "fused")
-POSITION_ENCODINGS = (None, "rope", "alibi")
 
 
 def _projection_equation(free_dims, bound_dims, output_dims):
@@ -29,15 +34,14 @@ def _projection_equation(free_dims, bound_dims, output_dims):
     return f"{free}{bound},{bound}{out}->{free}{out}", out
 
 
-def _product(dims):
-    total = 1
-    for d in dims:
-        total = total * d
-    return total
-
-
 @register("multi_head", input_kind="tokens")
-class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
+class MultiHeadAttention(
+    base.ProjectionMixin,
+    KerasMasks,
+    KVCache,
+    PositionEncodings,
+    keras.layers.MultiHeadAttention,
+):
     """Multi-head attention (Vaswani et al., 2017): a superset of keras's.
 
     The query, key and value are projected to `num_heads` heads of size
@@ -175,6 +179,12 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         - Hu et al., LoRA, 2021. https://arxiv.org/abs/2106.09685
     """
 
+    config_arguments = (
+        "flash_attention", "num_key_value_heads", "use_causal_mask",
+        "implementation", "position_encoding", "rope_max_wavelength",
+        "rope_scaling_factor", "alibi_bias_max",
+    )
+
     def __init__(
         self,
         num_heads,
@@ -204,23 +214,11 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
         alibi_bias_max=8.0,
         **kwargs,
     ):
-        dropout = base.check_rate("dropout", dropout)
-        if position_encoding not in POSITION_ENCODINGS:
-            raise base.invalid(
-                "position_encoding", f"one of {POSITION_ENCODINGS}",
-                position_encoding,
-            )
-        for name, number in (
-            ("rope_max_wavelength", rope_max_wavelength),
-            ("rope_scaling_factor", rope_scaling_factor),
-            ("alibi_bias_max", alibi_bias_max),
-        ):
-            if (
-                isinstance(number, bool)
-                or not isinstance(number, (int, float))
-                or not number > 0
-            ):
-                raise base.invalid(name, "a positive number", number)
+        dropout = check_rate("dropout", dropout)
+        check_position_arguments(
+            position_encoding, rope_max_wavelength, rope_scaling_factor,
+            alibi_bias_max,
+        )
         if output_shape is not None:
             dims = (
                 (output_shape,)
@@ -236,7 +234,7 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
                     "argument `output_shape`, expected a positive integer or "
                     f"a tuple of them. Received: output_shape={output_shape!r}"
                 )
-        num_key_value_heads = base.check_positive_int(
+        num_key_value_heads = check_positive_int(
             "num_key_value_heads", num_key_value_heads, allow_none=True
         )
         if (
@@ -244,13 +242,13 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
             and isinstance(num_heads, int)
             and num_heads % num_key_value_heads
         ):
-            raise base.invalid(
+            raise invalid(
                 "num_key_value_heads",
                 f"a divisor of num_heads={num_heads}",
                 num_key_value_heads,
             )
         if implementation not in IMPLEMENTATIONS:
-            raise base.invalid(
+            raise invalid(
                 "implementation", f"one of {IMPLEMENTATIONS}", implementation
             )
         sliding_window = check_sliding_window(sliding_window)
@@ -372,17 +370,7 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
                 f"query.shape={tuple(query_shape)}, "
                 f"value.shape={tuple(value_shape)}"
             )
-        if self.position_encoding and len(query_shape) != 3:
-            raise ValueError(
-                f"position_encoding={self.position_encoding!r} needs "
-                "sequences `(B, T, dim)`. Received: "
-                f"query.shape={tuple(query_shape)}"
-            )
-        if self.position_encoding == "rope" and self._key_dim % 2:
-            raise base.invalid(
-                "key_dim", "an even head size for rotary embeddings",
-                self._key_dim,
-            )
+        self._check_position_shapes(query_shape)
 
     # ------------------------------------------------------------- the core
 
@@ -418,119 +406,6 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
             sliding_window=sliding_window,
             alibi_slopes=alibi_slopes,
         )
-
-    def _compute_attention(
-        self,
-        query,
-        key,
-        value,
-        attention_mask=None,
-        training=None,
-        return_attention_scores=False,
-        use_causal_mask=False,
-        sliding_window=None,
-        alibi_slopes=None,
-    ):
-        """keras's hook, on the core: projected heads in, heads out.
-
-        `query` `(B, <axes>, H, D)`, `key`/`value` `(B, <axes>, K, D|Dv)`;
-        `attention_mask` as keras broadcasts it. Returns the heads
-        `(B, <axes>, H, Dv)` and the weights in keras's layout (or `None`).
-        """
-        if self._flash_attention and return_attention_scores:
-            raise ValueError(
-                "Returning attention scores is not supported when flash "
-                "attention is enabled. Please disable flash attention to access"
-                " attention scores."
-            )
-        rank = len(query.shape)
-        axes = tuple(self._attention_axes)
-        others = [i for i in range(1, rank - 2) if i not in axes]
-        scores_rank = 2 + len(others) + 2 * len(axes)
-        mask = attention_mask
-        if mask is not None:
-            mask = ops.cast(mask, "bool")
-            # keras's broadcasting: missing axes go before the query axes.
-            while len(mask.shape) < scores_rank:
-                mask = ops.expand_dims(mask, -2 * len(axes) - 1)
-        simple = rank == 4
-        if simple:
-            q, k, v = query, key, value
-        else:
-            # (B, <others>, <axes>, H, D) -> (B * others, prod(axes), H, D)
-            perm = [0] + others + list(axes) + [rank - 2, rank - 1]
-            q_shape, k_shape = ops.shape(query), ops.shape(key)
-            outer = [q_shape[0]] + [q_shape[i] for i in others]
-            q_axes = [q_shape[i] for i in axes]
-            k_axes = [k_shape[i] for i in axes]
-
-            def flat(x, axes_dims):
-                x = ops.transpose(x, perm)
-                return ops.reshape(
-                    x, (-1, _product(axes_dims)) + tuple(x.shape[-2:])
-                )
-
-            q, k, v = flat(query, q_axes), flat(key, k_axes), flat(value, k_axes)
-            if mask is not None:
-                # (b|1, <others>|1, h|1, <q axes>, <k axes>) -> rank 4.
-                heads = mask.shape[len(others) + 1]
-                mask = ops.broadcast_to(
-                    mask, tuple(outer) + (heads,) + tuple(q_axes) + tuple(k_axes)
-                )
-                mask = ops.reshape(
-                    mask, (-1, heads, _product(q_axes), _product(k_axes))
-                )
-        extra = {"sliding_window": sliding_window} if sliding_window else {}
-        if alibi_slopes is not None:
-            extra["alibi_slopes"] = alibi_slopes
-        result = self.attend(
-            q, k, v, mask, return_attention_scores, training, use_causal_mask,
-            **extra,
-        )
-        out, weights = result if return_attention_scores else (result, None)
-        if not simple:
-            out = ops.reshape(
-                out, tuple(outer) + tuple(q_axes) + tuple(out.shape[-2:])
-            )
-            out = ops.transpose(out, [perm.index(i) for i in range(rank)])
-            if weights is not None:
-                weights = ops.reshape(
-                    weights,
-                    tuple(outer) + (self._num_heads,) + tuple(q_axes) + tuple(k_axes),
-                )
-        return out, weights
-
-    def _check_masks(
-        self, query, value, query_mask, value_mask, key_mask, attention_mask
-    ):
-        """Static checks of the masks, alike in eager and symbolic calls."""
-        for name, m, like in (
-            ("query_mask", query_mask, query),
-            ("value_mask", value_mask, value),
-            ("key_mask", key_mask, value),
-        ):
-            base.check_mask_shape(name, m, tuple(like.shape[:-1]))
-        if attention_mask is None or len(query.shape) != 3:
-            return
-        batch, t_len, s_len = query.shape[0], query.shape[1], value.shape[1]
-        full = (batch, self._num_heads, t_len, s_len)
-        shape = tuple(attention_mask.shape)
-        if len(shape) == 2:
-            expected = full[2:]
-        elif len(shape) == 3:
-            expected = (batch,) + full[2:]
-        else:
-            expected = full
-        if len(shape) not in (2, 3, 4) or any(
-            d is not None and e is not None and d not in (1, e)
-            for d, e in zip(shape, expected)
-        ):
-            raise ValueError(
-                "Received an invalid value for argument `attention_mask`, "
-                "expected a boolean tensor that broadcasts to (B, H, T, S) = "
-                f"{full} as (T, S), (B, T, S) or (B, H, T, S). Received: "
-                f"attention_mask.shape={shape}"
-            )
 
     # ---------------------------------------------------------------- call
 
@@ -623,236 +498,6 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
             return output, scores
         return output
 
-    # ------------------------------------------------------------ KV cache
-
-    def _check_cache(self, query, cache, cache_update_index):
-        """Static checks of a cache and its index, before any work."""
-        if cache is None:
-            raise ValueError(
-                "`cache_update_index` is given without a `cache`. Received: "
-                f"cache=None, cache_update_index={cache_update_index!r}"
-            )
-        shape = tuple(cache.shape)
-        expected = (query.shape[0], 2, None, self.kv_heads, self._key_dim)
-        if len(shape) != 5 or any(
-            e is not None and d is not None and d != e
-            for d, e in zip(shape, expected)
-        ):
-            raise ValueError(
-                "Received an invalid value for argument `cache`, expected a "
-                "tensor (B, 2, S_max, K, D) = "
-                f"{expected[:2] + ('S_max',) + expected[3:]}. "
-                f"Received: cache.shape={shape}"
-            )
-        if self._value_dim != self._key_dim:
-            raise ValueError(
-                "A key/value cache needs value_dim == key_dim. Received: "
-                f"key_dim={self._key_dim}, value_dim={self._value_dim}"
-            )
-        dtype = keras.backend.standardize_dtype(cache.dtype)
-        if dtype != self.compute_dtype:
-            raise ValueError(
-                "Received an invalid value for argument `cache`, expected "
-                f"the layer's compute dtype {self.compute_dtype}. "
-                f"Received: cache.dtype={dtype}"
-            )
-        index = cache_update_index
-        if index is None or self._is_ring(shape[2]):
-            return
-        if isinstance(index, int) and not isinstance(index, bool):
-            t_len, s_max = query.shape[1], shape[2]
-            if index < 0 or (
-                None not in (t_len, s_max) and index + t_len > s_max
-            ):
-                raise ValueError(
-                    "Received an invalid value for argument "
-                    "`cache_update_index`, expected 0 <= index and "
-                    f"index + T <= S_max = {s_max} (T = {t_len}). "
-                    f"Received: cache_update_index={index}"
-                )
-
-    def _is_ring(self, s_max):
-        """A cache of `sliding_window` entries is a ring: position `p` sits
-        in slot `p % sliding_window`."""
-        return self._sliding_window is not None and s_max == self._sliding_window
-
-    def _call_cached(
-        self, query, value, key, attention_mask, cache, cache_update_index,
-        training, use_causal_mask, return_attention_scores,
-    ):
-        """keras-hub's `CachedMultiHeadAttention` convention.
-
-        `cache` `(B, 2, S_max, K, D)` holds the projected (and, with RoPE,
-        rotated) keys and values of the earlier positions. With
-        `cache_update_index` the new tokens' keys and values are written at
-        that position and the queries, at positions `index + arange(T)`,
-        attend to every filled slot (causally with `use_causal_mask`, within
-        the window with `sliding_window`); without it the cache is read as
-        it is (cross-attention to a fixed memory). A cache of exactly
-        `sliding_window` entries is a ring. Returns `(output, cache)`.
-        """
-        self._check_cache(query, cache, cache_update_index)
-        if return_attention_scores:
-            raise ValueError(
-                "A cached call returns `(output, cache)`, no attention "
-                "scores. Received: return_attention_scores=True"
-            )
-        causal = self.use_causal_mask if use_causal_mask is None else use_causal_mask
-        key = value if key is None else key
-        for x in (query, value, key):
-            set_keras_mask(x, None)
-        if self._use_gate:
-            gate = self._gate_dense(query)
-        q = self._query_dense(query)
-        t_len, s_max = ops.shape(query)[1], cache.shape[2]
-        index = 0 if cache_update_index is None else cache_update_index
-        q_pos = ops.arange(t_len) + ops.cast(index, "int32")
-        key_cache, value_cache = cache[:, 0], cache[:, 1]
-        if cache_update_index is None:
-            k, v = key_cache, value_cache
-            k_pos = ops.arange(s_max)
-            valid = ops.ones((1, s_max), "bool")
-            q, _, _ = self._encode_positions(q, q, {}, True, q_start=index)
-        else:
-            new_k = self._key_dense(key)
-            new_v = self._value_dense(value)
-            q, new_k, _ = self._encode_positions(
-                q, new_k, {}, True, q_start=index, k_start=index
-            )
-            new_k = ops.cast(new_k, cache.dtype)
-            new_v = ops.cast(new_v, cache.dtype)
-            if self._is_ring(s_max):
-                k, v, k_pos, cache = self._ring_update(
-                    key_cache, value_cache, new_k, new_v, index
-                )
-            else:
-                start = [0, index, 0, 0]
-                k = ops.slice_update(key_cache, start, new_k)
-                v = ops.slice_update(value_cache, start, new_v)
-                cache = ops.stack((k, v), axis=1)
-                k_pos = ops.arange(s_max)
-            filled = ops.logical_and(
-                k_pos >= 0, k_pos < ops.cast(index, "int32") + t_len
-            )
-            valid = filled[None, :]
-        distance = q_pos[:, None] - k_pos[None, :]  # (T, S)
-        allowed = ops.broadcast_to(valid, ops.shape(distance))
-        if causal:
-            allowed = ops.logical_and(allowed, distance >= 0)
-        if self._sliding_window is not None:
-            allowed = ops.logical_and(
-                allowed, ops.abs(distance) < self._sliding_window
-            )
-        mask = allowed[None]
-        if attention_mask is not None:
-            mask = ops.logical_and(ops.cast(attention_mask, "bool"), mask)
-        bias = None
-        if self.position_encoding == "alibi":
-            slopes = ops.convert_to_tensor(
-                positions.alibi_slopes(self._num_heads, self.alibi_bias_max),
-                "float32",
-            )
-            bias = slopes[None, :, None, None] * ops.cast(
-                -distance, "float32"
-            )[None, None]
-        heads = attention_ops.dot_product_attention(
-            q, k, v, attention_mask=mask, bias=bias,
-            scale=self._inverse_sqrt_key_dim, dropout_rate=self._dropout,
-            seed=getattr(self._dropout_layer, "seed_generator", None),
-            training=training,
-            implementation="auto" if bias is None else "dense",
-        )
-        if self._use_gate:
-            heads = ops.multiply(heads, gate)
-        return self._output_dense(heads), cache
-
-    def _ring_update(self, key_cache, value_cache, new_k, new_v, index):
-        """Keys/values to attend to and the new ring, for a ring cache.
-
-        The queries see the ring's earlier entries and the new tokens
-        (concatenated, `(B, W + T, K, D)`, with their positions); the new
-        ring keeps, per slot `j`, the newest position `p = j (mod W)`.
-        """
-        window = self._sliding_window
-        t_len = ops.shape(new_k)[1]
-        index = ops.cast(index, "int32")
-        slots = ops.arange(window)
-        # Slot j holds the newest position before `index` with p % W == j.
-        old_pos = index - 1 - ops.mod(index - 1 - slots, window)
-        last = index + t_len - 1
-        newest = last - ops.mod(last - slots, window)
-        from_new = newest >= index
-        take = ops.clip(newest - index, 0, t_len - 1)
-        ring_k = ops.where(
-            from_new[None, :, None, None], ops.take(new_k, take, axis=1), key_cache
-        )
-        ring_v = ops.where(
-            from_new[None, :, None, None], ops.take(new_v, take, axis=1), value_cache
-        )
-        k = ops.concatenate([key_cache, new_k], axis=1)
-        v = ops.concatenate([value_cache, new_v], axis=1)
-        k_pos = ops.concatenate([old_pos, ops.arange(t_len) + index], axis=0)
-        return k, v, k_pos, ops.stack((ring_k, ring_v), axis=1)
-
-    def _encode_positions(self, q, k, extra, own_core, q_start=0, k_start=0):
-        """RoPE rotates the heads; ALiBi's slopes go to the core."""
-        if self.position_encoding == "rope":
-            rope = dict(
-                max_wavelength=self.rope_max_wavelength,
-                scaling_factor=self.rope_scaling_factor,
-            )
-            q = positions.rotary_embedding(q, start_index=q_start, **rope)
-            k = positions.rotary_embedding(k, start_index=k_start, **rope)
-        elif self.position_encoding == "alibi":
-            if not own_core:
-                raise ValueError(
-                    "position_encoding='alibi' needs keras_attention's "
-                    "`_compute_attention`; a subclass overrides it."
-                )
-            extra["alibi_slopes"] = positions.alibi_slopes(
-                self._num_heads, self.alibi_bias_max
-            )
-        return q, k, extra
-
-    def _compute_attention_mask(
-        self,
-        query,
-        value,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        use_sliding_window=True,
-    ):
-        """keras's mask merge; `use_sliding_window=False` leaves the band
-        to the core. Returns a boolean mask broadcastable to `(B, T, S)`
-        or `None`."""
-        masks = []
-        if query_mask is not None:
-            masks.append(ops.expand_dims(ops.cast(query_mask, "bool"), -1))
-        for m in (value_mask, key_mask):
-            if m is not None:
-                masks.append(ops.expand_dims(ops.cast(m, "bool"), -2))
-        if use_causal_mask:
-            masks.append(self._compute_causal_mask(query, value))
-        if use_sliding_window and self._sliding_window is not None:
-            masks.append(self._compute_sliding_window_mask(query, value))
-        if attention_mask is not None:
-            masks.insert(0, ops.cast(attention_mask, "bool"))
-        if not masks:
-            return None
-        merged = masks[0]
-        for m in masks[1:]:
-            merged = ops.logical_and(merged, m)
-        return merged
-
-    def compute_mask(self, inputs, mask=None):
-        # The output is aligned with the query, so it keeps the query's mask.
-        if isinstance(mask, (list, tuple)):
-            return mask[0] if mask else None
-        return mask
-
     # -------------------------------------------------------------- shapes
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
@@ -869,37 +514,13 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
             return tuple(query_shape[:-1]) + tuple(self._output_shape)
         return tuple(query_shape)
 
-    def _scores_shape(self, query_shape, key_shape):
-        rank = len(query_shape) + 1
-        if self._attention_axes is None:
-            axes = tuple(range(1, rank - 2))
-        else:
-            axes = tuple(a if a >= 0 else rank - 1 + a for a in self._attention_axes)
-        others = [i for i in range(1, rank - 2) if i not in axes]
-        return (
-            (query_shape[0],)
-            + tuple(query_shape[i] for i in others)
-            + (self._num_heads,)
-            + tuple(query_shape[i] for i in axes)
-            + tuple(key_shape[i] for i in axes)
-        )
-
     def compute_output_spec(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        return_attention_scores=False,
-        training=None,
-        use_causal_mask=None,
-        mask=None,
-        cache=None,
+        self, query, value=None, key=None, query_mask=None, value_mask=None,
+        key_mask=None, attention_mask=None, return_attention_scores=False,
+        training=None, use_causal_mask=None, mask=None, cache=None,
         cache_update_index=None,
     ):
+        # The arguments of `call`.
         query, value, key, query_mask, value_mask, key_mask = (
             base.SequenceAttention.flatten_inputs(
                 query, value, key, query_mask, value_mask, key_mask, mask
@@ -953,50 +574,3 @@ class MultiHeadAttention(base.ProjectionMixin, keras.layers.MultiHeadAttention):
             )
             for w in dense.weights
         ]
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "flash_attention": self.flash_attention,
-                "num_key_value_heads": self.num_key_value_heads,
-                "use_causal_mask": self.use_causal_mask,
-                "implementation": self.implementation,
-                "position_encoding": self.position_encoding,
-                "rope_max_wavelength": self.rope_max_wavelength,
-                "rope_scaling_factor": self.rope_scaling_factor,
-                "alibi_bias_max": self.alibi_bias_max,
-            }
-        )
-        return config
-
-    # ---------------------------------------- helpers of cached decoding
-
-    @property
-    def query_kernel(self):
-        """The query projection (`EinsumDense`), for `project`."""
-        return self._query_dense
-
-    @property
-    def key_kernel(self):
-        return self._key_dense
-
-    @property
-    def value_kernel(self):
-        return self._value_dense
-
-    query_bias = key_bias = value_bias = None
-
-    def project(self, x, projection, bias=None):
-        """`(B, T, dim) -> (B, T, heads, size)` with one of the projections.
-
-        For decoders that project one new position at a time (a key/value
-        cache): `layer.project(x, layer.key_kernel)` is `layer._key_dense(x)`,
-        LoRA and quantization included.
-        """
-        del bias  # in the sublayer
-        return projection(x)
-
-    def project_output(self, heads):
-        """`(B, T, H, Dv) -> (B, T, *output_shape)` (no gate)."""
-        return self._output_dense(heads)

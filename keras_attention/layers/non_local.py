@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import invalid
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.layers.cbam import NEG_INF
@@ -28,7 +30,7 @@ def _check_sub_sample(sub_sample):
         )
     ):
         return tuple(sub_sample)
-    raise base.invalid(
+    raise invalid(
         "sub_sample",
         "a bool, a positive integer or a tuple of positive integers",
         sub_sample,
@@ -121,6 +123,12 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
           https://arxiv.org/abs/1711.07971
     """
 
+    config_arguments = (
+        "mode", "inter_channels", "sub_sample", "use_batch_norm",
+        "zero_init_residual", "use_bias", "kernel_initializer",
+        "bias_initializer", "kernel_regularizer", "bias_regularizer",
+    )
+
     def __init__(
         self,
         mode="embedded_gaussian",
@@ -137,21 +145,18 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         if mode not in MODES:
-            raise base.invalid(
+            raise invalid(
                 "mode", "one of " + ", ".join(repr(m) for m in MODES), mode
             )
         self.mode = mode
-        self.inter_channels = base.check_positive_int(
+        self.inter_channels = check_positive_int(
             "inter_channels", inter_channels, allow_none=True
         )
         self.sub_sample = _check_sub_sample(sub_sample)
         self.use_batch_norm = bool(use_batch_norm)
         self.zero_init_residual = bool(zero_init_residual)
         self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        base.keep_keras_objects(self, locals())
         self.supports_masking = True
 
     def pool_size(self, spatial_rank):
@@ -165,7 +170,7 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
         else:
             size = tuple(self.sub_sample)
             if len(size) != spatial_rank:
-                raise base.invalid(
+                raise invalid(
                     "sub_sample",
                     f"one pool size per spatial axis ({spatial_rank}) of "
                     "the inputs",
@@ -178,29 +183,15 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
         return self.add_weight(
             name=name,
             shape=shape,
-            initializer=initializer.__class__.from_config(
-                initializer.get_config()
-            ),
+            initializer=base.clone_initializer(initializer),
             regularizer=self.kernel_regularizer,
         )
 
     def _projection(self, name, units, input_dim, initializer=None):
         """A 1x1 convolution as a built `keras.layers.Dense` (on the last
         axis of `(B, ..., C)`): LoRA, quantization, keras weight files."""
-        initializer = initializer or self.kernel_initializer
         dense = keras.layers.Dense(
-            units,
-            use_bias=self.use_bias,
-            kernel_initializer=initializer.__class__.from_config(
-                initializer.get_config()
-            ),
-            bias_initializer=self.bias_initializer.__class__.from_config(
-                self.bias_initializer.get_config()
-            ),
-            kernel_regularizer=self.kernel_regularizer,
-            bias_regularizer=self.bias_regularizer,
-            dtype=self.dtype_policy,
-            name=name,
+            units, **base.sublayer_kwargs(self, name, initializer)
         )
         dense.build((None, input_dim))
         return dense
@@ -384,29 +375,3 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
         if self.concat_kernel is not None:
             variables.append(self.concat_kernel)
         return variables + self.g.weights + self.output_dense.weights
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "mode": self.mode,
-                "inter_channels": self.inter_channels,
-                "sub_sample": self.sub_sample,
-                "use_batch_norm": self.use_batch_norm,
-                "zero_init_residual": self.zero_init_residual,
-                "use_bias": self.use_bias,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "bias_initializer": keras.initializers.serialize(
-                    self.bias_initializer
-                ),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
-                "bias_regularizer": keras.regularizers.serialize(
-                    self.bias_regularizer
-                ),
-            }
-        )
-        return config

@@ -16,6 +16,9 @@ One module per topic:
   dropout). It checks its inputs once and takes the backend's fused kernel
   (`fused_attention`), the memory-efficient blocked path for long sequences,
   or the dense path with its own backward pass (`dense_custom_gradient`).
+- `autotune`: which of the dense and blocked paths `implementation="auto"`
+  takes for a long sequence, measured per machine and shape at the first
+  call (`dispatch_choices()` says what it picked and why; `set_autotune`).
 - `blocked`: `blocked_attention`, key blocks with an online softmax and
   recomputation in the backward pass; never holds the `T x S` scores. With
   `sliding_window` each query block visits only the key blocks its band
@@ -25,6 +28,9 @@ One module per topic:
   CPU); the attention core's dropout when a seed is given.
 """
 
+from keras_attention.ops.autotune import clear_dispatch_choices
+from keras_attention.ops.autotune import dispatch_choices
+from keras_attention.ops.autotune import set_autotune
 from keras_attention.ops.blocked import DEFAULT_BLOCK_SIZE
 from keras_attention.ops.blocked import DEFAULT_QUERY_BLOCK_SIZE
 from keras_attention.ops.blocked import blocked_attention
@@ -46,6 +52,8 @@ __all__ = [
     "DENSE_THRESHOLD",
     "blocked_attention",
     "causal_mask",
+    "clear_dispatch_choices",
+    "dispatch_choices",
     "dense_custom_gradient",
     "dot_product_attention",
     "fused_attention",
@@ -53,6 +61,7 @@ __all__ = [
     "hash_dropout",
     "masked_softmax",
     "segment_softmax",
+    "set_autotune",
     "sliding_window_mask",
     "set_dense_custom_gradient",
 ]

@@ -9,8 +9,16 @@ per head in both passes, never `O(T * S)`. Queries are also taken
 step is then `query_block_size * block_size` scores per head, which stays in
 cache on a CPU).
 
-All tensors here are float32 heads `(B, H, T, D)`; a `_Plan` holds the
-static block layout and the rank-4 mask that every step reads.
+Length-sized tensors stay in the caller's `(B, T, H, D)` / `(B, S, K, D)`
+layout and dtype: each block is sliced, cast to float32, scaled and
+transposed on its own, grouped-query heads are grouped per block (never
+repeated to `H`), and the pass saves only the output and the log-sum-exp
+`(B, H, T, 1)` for the backward. So a layer's projections reach the core
+and its gradients leave it without a length-sized transpose or copy; the
+backward pass holds q, k, v, dO (whose rows become dq once read) and the
+dk, dv accumulators (float32, cast once at the end).
+A `_Plan` holds the static block layout and the rank-4 mask that every
+step reads.
 """
 
 import collections
@@ -25,7 +33,6 @@ from keras_attention.ops.masks import expand_mask
 from keras_attention.ops.masks import sliding_window_mask
 from keras_attention.ops.positions import alibi_bias
 from keras_attention.ops.shapes import check_attention_inputs
-from keras_attention.ops.shapes import repeat_heads
 from keras_attention.ops.shapes import static_dim
 
 DEFAULT_BLOCK_SIZE = 256
@@ -36,11 +43,11 @@ DEFAULT_QUERY_BLOCK_SIZE = 256
 # key (without a mask every query sees one, a causal row its first key);
 # window: the sliding window or None; span: how many key blocks each query
 # block visits (all of them without a window); slopes: ALiBi slopes `(H,)`
-# or None.
+# or None; scale: the score scale; groups: query heads per key head (GQA).
 _Plan = collections.namedtuple(
     "_Plan",
     "block num_blocks q_block num_q_blocks mask is_causal d_v rows_may_be_empty "
-    "window span slopes",
+    "window span slopes scale groups",
 )
 
 
@@ -105,7 +112,16 @@ def _pick_query_block(t_len, query_block_size):
 
 
 def _rows(x, i, plan):
-    """Query block `i` of `x` `(B, H, T, ...)`."""
+    """Query block `i` of `x` `(B, T, H, D)`."""
+    if plan.num_q_blocks == 1:
+        return x
+    shape = list(ops.shape(x))
+    shape[1] = plan.q_block
+    return ops.slice(x, [0, i * plan.q_block] + [0] * (len(shape) - 2), shape)
+
+
+def _row_stats(x, i, plan):
+    """Query block `i` of a row statistic `(B, H, T, 1)`."""
     if plan.num_q_blocks == 1:
         return x
     shape = list(ops.shape(x))
@@ -114,15 +130,40 @@ def _rows(x, i, plan):
 
 
 def _keys(x, j, plan):
-    """Key block `j` of `x` `(B, H, S, ...)`."""
+    """Key block `j` of `x` `(B, S, K, D)`, in float32."""
     shape = list(ops.shape(x))
-    shape[2] = plan.block
-    return ops.slice(x, [0, 0, j * plan.block, 0], shape)
+    shape[1] = plan.block
+    return ops.cast(ops.slice(x, [0, j * plan.block, 0, 0], shape), "float32")
+
+
+def _grouped(x, plan):
+    """`(B, n, H, D) -> (B, n, K, G, D)`: query heads by their key head."""
+    n, heads, size = x.shape[1], x.shape[2], x.shape[3]
+    return ops.reshape(x, (-1, n, heads // plan.groups, plan.groups, size))
+
+
+def _by_head(x):
+    """`(B, K, G, n, m) -> (B, H, n, m)`."""
+    k, g, n, m = x.shape[1:]
+    return ops.reshape(x, (-1, k * g, n, m))
+
+
+def _by_group(x, plan):
+    """`(B, H, n, m) -> (B, K, G, n, m)`."""
+    h, n, m = x.shape[1:]
+    return ops.reshape(x, (-1, h // plan.groups, plan.groups, n, m))
+
+
+def _query_block(q, i, plan):
+    """Query block `i`, float32 and scaled, grouped `(B, Tq, K, G, D)`."""
+    return _grouped(ops.cast(_rows(q, i, plan), "float32") * plan.scale, plan)
 
 
 def _scores(q_i, k_j, i, j, plan):
-    """Scores `(B, H, Tq, block)` of query block `i`, key block `j`, and mask."""
-    s = ops.matmul(q_i, ops.transpose(k_j, (0, 1, 3, 2)))
+    """Scores `(B, H, Tq, block)` of query block `i`, key block `j`, and mask.
+
+    `q_i`: `_query_block`; `k_j`: `_keys`."""
+    s = _by_head(ops.einsum("bqkgd,bskd->bkgqs", q_i, k_j))
     q_start = None if plan.num_q_blocks == 1 else i * plan.q_block
     if plan.slopes is not None:
         s = s + alibi_bias(
@@ -137,9 +178,10 @@ def _scores(q_i, k_j, i, j, plan):
 
 
 def _forward_rows(q, k, v, i, plan):
-    """Output and log-sum-exp of query block `i` over the key blocks it
-    visits (`plan.span` of them from `_first_key_block`)."""
-    q_i = _rows(q, i, plan)
+    """Output `(B, Tq, H, Dv)` (float32) and log-sum-exp `(B, H, Tq, 1)` of
+    query block `i` over the key blocks it visits (`plan.span` of them from
+    `_first_key_block`)."""
+    q_i = _query_block(q, i, plan)
     first = _first_key_block(i, plan)
 
     def step(r, carry):
@@ -154,10 +196,14 @@ def _forward_rows(q, k, v, i, plan):
             p = ops.where(m, p, 0.0)
         correction = ops.exp(row_max - new_max)
         row_sum = row_sum * correction + ops.sum(p, axis=-1, keepdims=True)
-        acc = acc * correction + ops.matmul(p, _keys(v, j, plan))
+        pv = ops.einsum("bkgqs,bskd->bkgqd", _by_group(p, plan), _keys(v, j, plan))
+        acc = acc * correction + _by_head(pv)
         return acc, new_max, row_sum
 
-    row_zeros = ops.zeros_like(q_i[..., :1])  # (B, H, Tq, 1)
+    # (B, H, Tq, 1), the batch size as the queries have it.
+    row_zeros = ops.zeros_like(
+        ops.transpose(_rows(q, i, plan)[..., :1], (0, 2, 1, 3)), "float32"
+    )
     init = (
         row_zeros + ops.zeros((plan.d_v,), "float32"),
         row_zeros + MASK_VALUE,
@@ -165,19 +211,24 @@ def _forward_rows(q, k, v, i, plan):
     )
     acc, row_max, row_sum = ops.fori_loop(0, plan.span, step, init)
     if not plan.rows_may_be_empty:
-        return acc / row_sum, row_max + ops.log(row_sum)
-    has_keys = row_sum > 0.0
-    safe_sum = ops.where(has_keys, row_sum, 1.0)
-    out = ops.where(has_keys, acc / safe_sum, 0.0)
-    # log-sum-exp per row; rows without keys never contribute gradients
-    # (their mask is False everywhere).
-    lse = ops.where(has_keys, row_max + ops.log(safe_sum), 0.0)
-    return out, lse
+        out, lse = acc / row_sum, row_max + ops.log(row_sum)
+    else:
+        has_keys = row_sum > 0.0
+        safe_sum = ops.where(has_keys, row_sum, 1.0)
+        out = ops.where(has_keys, acc / safe_sum, 0.0)
+        # log-sum-exp per row; rows without keys never contribute gradients
+        # (their mask is False everywhere).
+        lse = ops.where(has_keys, row_max + ops.log(safe_sum), 0.0)
+    return ops.transpose(out, (0, 2, 1, 3)), lse
 
 
 def _backward_rows(q, k, v, d_out, delta, lse, i, d_k, d_v, plan):
-    """`d_q` of query block `i`; adds its part to `d_k`, `d_v`."""
-    q_i, do_i, delta_i, lse_i = (_rows(x, i, plan) for x in (q, d_out, delta, lse))
+    """`d_q` `(B, Tq, H, D)` of query block `i` (with respect to the
+    scaled query); adds its part to `d_k`, `d_v` `(B, S, K, D)`."""
+    q_i = _query_block(q, i, plan)
+    do_i = ops.cast(_rows(d_out, i, plan), "float32")
+    do_i = _grouped(do_i, plan)  # (B, Tq, K, G, Dv)
+    delta_i, lse_i = _row_stats(delta, i, plan), _row_stats(lse, i, plan)
     first = _first_key_block(i, plan)
     # With several query blocks, a key block's gradient sums their parts.
     accumulate = plan.num_q_blocks > 1
@@ -190,64 +241,94 @@ def _backward_rows(q, k, v, d_out, delta, lse, i, d_k, d_v, plan):
         p = ops.exp(s - lse_i)
         if m is not None:
             p = ops.where(m, p, 0.0)
-        d_v_j = ops.matmul(ops.transpose(p, (0, 1, 3, 2)), do_i)
-        d_p = ops.matmul(do_i, ops.transpose(v_j, (0, 1, 3, 2)))
-        d_s = p * (d_p - delta_i)
-        d_q_i = d_q_i + ops.matmul(d_s, k_j)
-        d_k_j = ops.matmul(ops.transpose(d_s, (0, 1, 3, 2)), q_i)
+        d_v_j = ops.einsum("bkgqs,bqkgd->bskd", _by_group(p, plan), do_i)
+        d_p = _by_head(ops.einsum("bqkgd,bskd->bkgqs", do_i, v_j))
+        d_s = _by_group(p * (d_p - delta_i), plan)
+        d_q_i = d_q_i + ops.einsum("bkgqs,bskd->bqkgd", d_s, k_j)
+        d_k_j = ops.einsum("bkgqs,bqkgd->bskd", d_s, q_i)
         if accumulate:
             d_k_j = d_k_j + _keys(d_k, j, plan)
             d_v_j = d_v_j + _keys(d_v, j, plan)
-        d_k = ops.slice_update(d_k, [0, 0, j * plan.block, 0], d_k_j)
-        d_v = ops.slice_update(d_v, [0, 0, j * plan.block, 0], d_v_j)
+        d_k = ops.slice_update(d_k, [0, j * plan.block, 0, 0], d_k_j)
+        d_v = ops.slice_update(d_v, [0, j * plan.block, 0, 0], d_v_j)
         return d_q_i, d_k, d_v
 
-    return ops.fori_loop(0, plan.span, step, (ops.zeros_like(q_i), d_k, d_v))
+    d_q_i, d_k, d_v = ops.fori_loop(
+        0, plan.span, step, (ops.zeros_like(q_i), d_k, d_v)
+    )
+    return ops.reshape(d_q_i, ops.shape(q_i)[:2] + (-1, q_i.shape[-1])), d_k, d_v
 
 
-def _forward(q, k, v, plan):
-    """Output and log-sum-exp of every query block."""
+def _forward(q, k, v, out_dtype, plan):
+    """Output `(B, T, H, Dv)` in `out_dtype` and log-sum-exp `(B, H, T, 1)`."""
     if plan.num_q_blocks == 1:
-        return _forward_rows(q, k, v, 0, plan)
+        out, lse = _forward_rows(q, k, v, 0, plan)
+        return ops.cast(out, out_dtype), lse
 
     def step(i, carry):
         out_all, lse_all = carry
         out_i, lse_i = _forward_rows(q, k, v, i, plan)
-        start = [0, 0, i * plan.q_block, 0]
         return (
-            ops.slice_update(out_all, start, out_i),
-            ops.slice_update(lse_all, start, lse_i),
+            ops.slice_update(
+                out_all, [0, i * plan.q_block, 0, 0], ops.cast(out_i, out_dtype)
+            ),
+            ops.slice_update(lse_all, [0, 0, i * plan.q_block, 0], lse_i),
         )
 
-    row_zeros = ops.zeros_like(q[..., :1])
-    init = (row_zeros + ops.zeros((plan.d_v,), "float32"), row_zeros)
+    b, t, h = ops.shape(q)[0], q.shape[1], q.shape[2]
+    init = (
+        ops.zeros((b, t, h, plan.d_v), out_dtype),
+        ops.zeros((b, h, t, 1), "float32"),
+    )
     return ops.fori_loop(0, plan.num_q_blocks, step, init)
 
 
 def _backward(q, k, v, out, lse, d_out, plan):
-    """`(d_q, d_k, d_v)`, recomputing each block's weights from `lse`."""
-    d_out = ops.cast(d_out, "float32")
-    delta = ops.sum(d_out * out, axis=-1, keepdims=True)
-    d_k, d_v = ops.zeros_like(k), ops.zeros_like(v)
+    """`(d_q, d_k, d_v)` in the inputs' dtypes, recomputing each block's
+    weights from `lse`."""
+    # delta = rowsum(dO * O) (B, H, T, 1); then O is no longer needed.
+    delta = ops.sum(
+        ops.cast(d_out, "float32") * ops.cast(out, "float32"), axis=-1
+    )
+    delta = ops.expand_dims(ops.transpose(delta, (0, 2, 1)), -1)
+    # The zero accumulators depend on `delta` (`0 * x`, which XLA keeps for
+    # floats): a plain zeros buffer has no input, and XLA's scheduler makes
+    # it at the start of the program, alive through the whole forward pass.
+    zero = ops.sum(delta[:1, :1, :1]) * 0.0
+    d_k = ops.zeros(ops.shape(k), "float32") + zero
+    d_v = ops.zeros(ops.shape(v), "float32") + zero
+
+    def finish(d_q):
+        return ops.cast(d_q * plan.scale, q.dtype)
+
     if plan.num_q_blocks == 1:
-        return _backward_rows(q, k, v, d_out, delta, lse, 0, d_k, d_v, plan)
+        d_q, d_k, d_v = _backward_rows(
+            q, k, v, d_out, delta, lse, 0, d_k, d_v, plan
+        )
+        return finish(d_q), ops.cast(d_k, k.dtype), ops.cast(d_v, v.dtype)
+    # Query block i's d_q overwrites its own rows of dO once they are read,
+    # so d_q needs no buffer of its own (when the shapes and dtypes agree).
+    reuse = tuple(d_out.shape) == tuple(q.shape) and d_out.dtype == q.dtype
+    d_q = d_out if reuse else ops.zeros(ops.shape(q), q.dtype) + ops.cast(zero, q.dtype)
 
     def step(i, carry):
         d_q, d_k, d_v = carry
         d_q_i, d_k, d_v = _backward_rows(
-            q, k, v, d_out, delta, lse, i, d_k, d_v, plan
+            q, k, v, d_q if reuse else d_out, delta, lse, i, d_k, d_v, plan
         )
-        d_q = ops.slice_update(d_q, [0, 0, i * plan.q_block, 0], d_q_i)
+        d_q = ops.slice_update(d_q, [0, i * plan.q_block, 0, 0], finish(d_q_i))
         return d_q, d_k, d_v
 
-    return ops.fori_loop(0, plan.num_q_blocks, step, (ops.zeros_like(q), d_k, d_v))
+    d_q, d_k, d_v = ops.fori_loop(0, plan.num_q_blocks, step, (d_q, d_k, d_v))
+    return d_q, ops.cast(d_k, k.dtype), ops.cast(d_v, v.dtype)
 
 
 def _pad_keys(k, v, mask, s_len, padded):
-    """Keys and values padded to whole blocks, the padding masked."""
+    """Keys and values `(B, S, K, D)` padded to whole blocks, the padding
+    masked."""
     if padded == s_len:
         return k, v, mask
-    pad = [[0, 0], [0, 0], [0, padded - s_len], [0, 0]]
+    pad = [[0, 0], [0, padded - s_len], [0, 0], [0, 0]]
     k, v = ops.pad(k, pad), ops.pad(v, pad)
     valid = ops.reshape(ops.arange(padded) < s_len, (1, 1, 1, padded))
     if mask is None:
@@ -268,10 +349,10 @@ def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
     each query block visits only the key blocks its band meets (a static
     count, `_window_span`), so the work is `O(T * window)`; the queries are
     then padded to whole query blocks. `alibi_slopes` `(H,)` adds
-    `slope * (s - t)` to each block's scores. Returns `(B, T, H, Dv)` in `value`'s
-    dtype.
+    `slope * (s - t)` to each block's scores. Returns `(B, T, H, Dv)` in
+    `value`'s dtype.
     """
-    num_heads = query.shape[2]
+    num_heads, kv_heads = query.shape[2], key.shape[2]
     s_len, t_len = static_dim(key, 1), static_dim(query, 1)
     if s_len is None or t_len is None:
         raise ValueError(
@@ -281,19 +362,14 @@ def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
         )
     block = max(1, min(int(block_size), s_len))
     num_blocks = -(-s_len // block)
-    # Work in float32 (B, H, T, D) layout.
-    q = ops.transpose(ops.cast(query, "float32"), (0, 2, 1, 3)) * scale
-    k = ops.transpose(ops.cast(repeat_heads(key, num_heads), "float32"), (0, 2, 1, 3))
-    v = ops.transpose(
-        ops.cast(repeat_heads(value, num_heads), "float32"), (0, 2, 1, 3)
-    )
-    k, v, mask = _pad_keys(k, v, mask, s_len, num_blocks * block)
+    k, v, mask = _pad_keys(key, value, mask, s_len, num_blocks * block)
     if mask is not None and mask.shape[2] not in (1, t_len):
         raise ValueError(
             "Received an invalid value for argument `attention_mask`, its "
             f"query axis must be 1 or {t_len}. Received: "
             f"attention_mask.shape={tuple(mask.shape)}"
         )
+    q = query
     if sliding_window is None:
         q_block = _pick_query_block(t_len, query_block_size)
         padded_t = t_len
@@ -311,11 +387,16 @@ def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
         sliding_window,
         _window_span(q_block, block, num_blocks, sliding_window, is_causal),
         alibi_slopes,
+        float(scale),
+        num_heads // kv_heads,
     )
+    out_dtype = value.dtype
 
     @ops.custom_gradient
     def attend(q, k, v):
-        out, lse = _forward(q, k, v, plan)
+        # Saved for the backward: the inputs, the output and the
+        # log-sum-exp, nothing else of length size.
+        out, lse = _forward(q, k, v, out_dtype, plan)
 
         def grad(*args, upstream=None):
             d_out = upstream if upstream is not None else args[0]
@@ -323,17 +404,18 @@ def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
 
         return out, grad
 
-    out = attend(q, k, v)  # (B, H, T, Dv)
+    out = attend(q, k, v)  # (B, T, H, Dv)
     if padded_t != t_len:
-        out = out[:, :, :t_len]
-    return ops.cast(ops.transpose(out, (0, 2, 1, 3)), value.dtype)
+        out = out[:, :t_len]
+    return out
 
 
 def _pad_queries(q, mask, t_len, padded):
-    """Queries padded to whole query blocks (their rows are dropped after)."""
+    """Queries `(B, T, H, D)` padded to whole query blocks (their rows are
+    dropped after)."""
     if padded == t_len:
         return q, mask
-    q = ops.pad(q, [[0, 0], [0, 0], [0, padded - t_len], [0, 0]])
+    q = ops.pad(q, [[0, 0], [0, padded - t_len], [0, 0], [0, 0]])
     if mask is not None and mask.shape[2] != 1:
         mask = ops.pad(
             mask, [[0, 0], [0, 0], [0, padded - t_len], [0, 0]],

@@ -14,9 +14,11 @@ import math
 import keras
 from keras import ops
 
+from keras_attention.ops import autotune
 from keras_attention.ops.blocked import DEFAULT_BLOCK_SIZE
 from keras_attention.ops.blocked import DEFAULT_QUERY_BLOCK_SIZE
 from keras_attention.ops.blocked import blocked_heads
+from keras_attention.ops.masks import MASK_VALUE
 from keras_attention.ops.masks import causal_mask
 from keras_attention.ops.masks import check_sliding_window
 from keras_attention.ops.masks import expand_mask
@@ -117,10 +119,13 @@ def dot_product_attention(
             sees no key).
         implementation: `"auto"`, `"dense"`, `"blocked"` or `"fused"`.
             `"auto"`, when the weights are not requested and no bias or
-            dropout applies, takes the backend's fused kernel on a GPU
-            (`keras.ops.dot_product_attention`: cuDNN / PyTorch SDPA, on
-            the JAX and torch backends) and elsewhere the memory-efficient
-            blocked path once `T * S` is large; otherwise the dense path.
+            dropout applies, takes the backend's fused kernel where there
+            is one (`keras.ops.dot_product_attention`: PyTorch SDPA on
+            the torch backend, cuDNN on JAX with a GPU); elsewhere, once
+            `T * S` passes `DENSE_THRESHOLD`, the faster of the dense and
+            blocked paths for this machine and shape, measured at the
+            first call (`ops/autotune.py`; `dispatch_choices()` lists what
+            it picked and why); otherwise the dense path.
         block_size: key block length of the memory-efficient path.
         custom_gradient: whether the dense path (no weights returned, no
             bias, no dropout) uses its own backward pass
@@ -149,12 +154,6 @@ def dot_product_attention(
         scale = 1.0 / math.sqrt(head_dim)
     mask = expand_mask(attention_mask)
     dropout_active = bool(training) and dropout_rate > 0.0
-    t_len, s_len = static_dim(query, 1), static_dim(key, 1)
-    long_enough = (
-        t_len is not None
-        and s_len is not None
-        and t_len * s_len > DENSE_THRESHOLD
-    )
     can_block = not return_weights and bias is None and not dropout_active
     same_dims = value.shape[-1] == head_dim  # the fused kernels need it
     _check_implementation(
@@ -162,35 +161,24 @@ def dot_product_attention(
         f"return_weights={return_weights}, bias={bias is not None}, "
         f"dropout_rate={dropout_rate}, training={training}",
     )
-    if implementation == "blocked" or (
-        implementation == "auto"
-        and can_block
-        and long_enough
-        and (sliding_window is not None or not _fused_kernel_available())
-    ):
+    path = _pick_path(implementation, can_block, same_dims, query, key, sliding_window)
+    if path == "measure":
+        path = _measured_path(
+            query, key, value, mask, is_causal, scale, block_size,
+            sliding_window, alibi_slopes, training,
+        )
+    if path == "blocked":
         return blocked_heads(
-            query,
-            key,
-            value,
-            mask,
-            is_causal,
-            scale,
-            block_size or DEFAULT_BLOCK_SIZE,
-            DEFAULT_QUERY_BLOCK_SIZE,
-            sliding_window,
-            alibi_slopes,
+            query, key, value, mask, is_causal, scale,
+            block_size or DEFAULT_BLOCK_SIZE, DEFAULT_QUERY_BLOCK_SIZE,
+            sliding_window, alibi_slopes,
         )
     if sliding_window is not None:
         band = sliding_window_mask(
             ops.shape(query)[1], ops.shape(key)[1], sliding_window
         )
         mask = band if mask is None else ops.logical_and(mask, band)
-    if implementation == "fused" or (
-        implementation == "auto"
-        and can_block
-        and same_dims
-        and _fused_kernel_available()
-    ):
+    if path == "fused":
         return fused_attention(
             query, key, value, mask, is_causal, scale, alibi_slopes
         )
@@ -198,15 +186,57 @@ def dot_product_attention(
     if custom_gradient is None:
         custom_gradient = _CONFIG["dense_custom_gradient"]
     if alibi_slopes is not None:
-        alibi = alibi_bias(
-            alibi_slopes, 0, ops.shape(query)[1], 0, ops.shape(key)[1]
-        )
-        bias = alibi if bias is None else ops.cast(bias, "float32") + alibi
+        bias = _with_alibi(bias, alibi_slopes, query, key)
         custom_gradient = False  # its backward pass takes no bias
     return _dense_path(
         query, key, value, mask, bias, is_causal, scale, dropout_rate, seed,
         dropout_active, return_weights, custom_gradient and can_block,
     )
+
+
+def _pick_path(implementation, can_block, same_dims, query, key, sliding_window):
+    """The path asked for, or `"auto"`'s: `"fused"`, `"dense"`, or
+    `"measure"` (long sequences without a fused kernel: `autotune` picks
+    dense or blocked)."""
+    if implementation != "auto":
+        return implementation
+    t_len, s_len = static_dim(query, 1), static_dim(key, 1)
+    long_enough = (
+        t_len is not None
+        and s_len is not None
+        and t_len * s_len > DENSE_THRESHOLD
+    )
+    if can_block and long_enough and (
+        sliding_window is not None or not _fused_kernel_available()
+    ):
+        return "measure"
+    if can_block and same_dims and _fused_kernel_available():
+        return "fused"
+    return "dense"
+
+
+def _measured_path(
+    query, key, value, mask, is_causal, scale, block_size, sliding_window,
+    alibi_slopes, training,
+):
+    """`"dense"` or `"blocked"`, the faster for this call (`autotune`)."""
+
+    def run(path, q, k, v, m):
+        return dot_product_attention(
+            q, k, v, attention_mask=m, is_causal=is_causal, scale=scale,
+            implementation=path, block_size=block_size,
+            sliding_window=sliding_window, alibi_slopes=alibi_slopes,
+        )
+
+    return autotune.choose(
+        run, query, key, value, mask, is_causal, sliding_window, training
+    )
+
+
+def _with_alibi(bias, alibi_slopes, query, key):
+    """`bias` plus ALiBi's `slope * (s - t)`, in float32."""
+    alibi = alibi_bias(alibi_slopes, 0, ops.shape(query)[1], 0, ops.shape(key)[1])
+    return alibi if bias is None else ops.cast(bias, "float32") + alibi
 
 
 def _dense_path(
@@ -263,13 +293,23 @@ def _dense_attention(q, k, v, mask):
     `delta = rowsum(dO * O)` (a `(B, H, T)` reduction over the head size,
     where autodiff reduces `dP * P` over all `S` keys), `dQ = dS K`,
     `dK = dS^T Q`. Fewer passes over the `(B, H, T, S)` tensors than
-    autodiff through `masked_softmax`, the same values (tested).
+    autodiff through `masked_softmax`, the same values (tested). The
+    products are einsums, so no `(B, H, T, S)` tensor is ever transposed
+    in memory (the backends contract along either axis); bfloat16 heads
+    keep their scores, weights and `dS` in bfloat16 (the backend's fused
+    softmax, which accumulates in float32), where float32 copies would
+    cost as much as the bfloat16 products save; float16 heads go through
+    float32 (its range is too short for scores).
     """
+    low = keras.backend.standardize_dtype(q.dtype) == "bfloat16"
 
     @ops.custom_gradient
     def attend(q, k, v):
-        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))  # (B, H, T, S)
-        weights = ops.cast(masked_softmax(scores, mask), v.dtype)
+        scores = ops.einsum("bhtd,bhsd->bhts", q, k)
+        if low:
+            weights = _softmax_in_dtype(scores, mask)
+        else:
+            weights = ops.cast(masked_softmax(scores, mask), v.dtype)
         out = ops.matmul(weights, v)  # (B, H, T, Dv)
 
         def grad(*args, upstream=None):
@@ -280,17 +320,33 @@ def _dense_attention(q, k, v, mask):
                 axis=-1,
                 keepdims=True,
             )
-            d_v = ops.matmul(ops.transpose(weights, (0, 1, 3, 2)), d_out)
-            d_p = ops.matmul(d_out, ops.transpose(v, (0, 1, 3, 2)))
-            d_s = ops.cast(weights, "float32") * (ops.cast(d_p, "float32") - delta)
+            d_v = ops.einsum("bhts,bhtd->bhsd", weights, d_out)
+            d_p = ops.einsum("bhtd,bhsd->bhts", d_out, v)
+            if low:
+                d_s = weights * (d_p - ops.cast(delta, d_p.dtype))
+            else:
+                d_s = ops.cast(weights, "float32") * (
+                    ops.cast(d_p, "float32") - delta
+                )
             d_s = ops.cast(d_s, q.dtype)
             d_q = ops.matmul(d_s, k)
-            d_k = ops.matmul(ops.transpose(d_s, (0, 1, 3, 2)), q)
+            d_k = ops.einsum("bhts,bhtd->bhsd", d_s, q)
             return d_q, d_k, d_v
 
         return out, grad
 
     return attend(q, k, v)
+
+
+def _softmax_in_dtype(scores, mask):
+    """`masked_softmax` without the float32 copies (bfloat16 scores)."""
+    if mask is None:
+        return ops.softmax(scores, axis=-1)
+    weights = ops.softmax(
+        ops.where(mask, scores, ops.cast(MASK_VALUE, scores.dtype)), axis=-1
+    )
+    # A fully masked row would be uniform: zeros, as everywhere else.
+    return ops.where(mask, weights, ops.zeros_like(weights))
 
 
 _FUSED = {}

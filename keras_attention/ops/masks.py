@@ -31,18 +31,13 @@ def masked_softmax(scores, mask=None, axis=-1):
     """
     dtype = keras.backend.standardize_dtype(scores.dtype)
     x = ops.cast(scores, "float32")
-    if mask is not None:
-        mask = ops.cast(mask, "bool")
-        x = ops.where(mask, x, MASK_VALUE)
-    x_max = ops.stop_gradient(ops.max(x, axis=axis, keepdims=True))
-    e = ops.exp(x - x_max)
-    if mask is not None:
-        # A fully masked row has x == x_max == MASK_VALUE, so e == 1 there;
-        # zero it explicitly.
-        e = ops.where(mask, e, 0.0)
-    total = ops.sum(e, axis=axis, keepdims=True)
-    weights = e / ops.maximum(total, 1e-30)
-    return ops.cast(weights, dtype)
+    if mask is None:
+        return ops.cast(ops.softmax(x, axis=axis), dtype)
+    mask = ops.cast(mask, "bool")
+    # The backend's fused softmax (one pass where the masked loop took
+    # five); a fully masked row comes out uniform and is zeroed after.
+    weights = ops.softmax(ops.where(mask, x, MASK_VALUE), axis=axis)
+    return ops.cast(ops.where(mask, weights, 0.0), dtype)
 
 
 def segment_softmax(scores, segment_ids, num_segments, mask=None):

@@ -11,6 +11,8 @@ benchmarks call, so a user reproduces a recipe with the library alone:
   (`IMAGE_RECIPES`, `fit_image_classifier`, `random_shift`,
   `train_image_preset`);
 - `detection`: DETR's optimizer (`detr_optimizer`);
+- `causal_lm`: the language model's recipe (`CAUSAL_LM_RECIPES`,
+  `fit_causal_lm`, `date_completion_accuracy`, `train_causal_lm_preset`);
 - `translation`: `fit_translator` (a budgeted `fit`) and `bucketed_batches`;
 - `pretraining`: BERT's masked-LM pretraining on a text folder
   (`pretrain_masked_lm`, `read_text_folder`, `masked_lm_metrics`).
@@ -18,6 +20,10 @@ benchmarks call, so a user reproduces a recipe with the library alone:
 
 from keras_attention.training.budget import TimeBudget
 from keras_attention.training.budget import cpu_seconds
+from keras_attention.training.causal_lm import CAUSAL_LM_RECIPES
+from keras_attention.training.causal_lm import date_completion_accuracy
+from keras_attention.training.causal_lm import fit_causal_lm
+from keras_attention.training.causal_lm import train_causal_lm_preset
 from keras_attention.training.detection import detr_optimizer
 from keras_attention.training.image_classification import IMAGE_RECIPES
 from keras_attention.training.image_classification import accuracy

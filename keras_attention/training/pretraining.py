@@ -170,6 +170,54 @@ def pretrain_masked_lm(
     return model, history
 
 
+def run_recipe(data, epochs, out, seed, quick=False, verbose="auto", name="pretraining"):
+    """`keras-attention run pretraining`: pretrain, save, and fine-tune.
+
+    Masked-LM pretraining on `data` (a folder of .txt files, a text per
+    line; `None`: the embedded sentiment sentences without their labels);
+    on the embedded data, the pretrained encoder is then fine-tuned on 100
+    labelled sentences and tested on 1,000 others.
+
+    Returns:
+        `(metrics, files, data_name)`.
+    """
+    from keras_attention import datasets
+
+    if data is None:
+        texts, _ = datasets.make_sentiment_task(300 if quick else 3000, seed=seed + 10)
+        data_name = "generated sentiment sentences, labels dropped (embedded)"
+    else:
+        texts, data_name = read_text_folder(data), data
+    masked_lm, history = pretrain_masked_lm(
+        texts[:300] if quick else texts,
+        vocabulary_size=256 if data is None else 8000,
+        sequence_length=32 if data is None else 64,
+        epochs=epochs or (1 if quick else 10), seed=seed, verbose=verbose,
+    )
+    metrics = {
+        "masked_accuracy": round(float(history.history["accuracy"][-1]), 4),
+        "masked_loss": round(float(history.history["loss"][-1]), 4),
+    }
+    files = [os.path.join(out, f"{name}.keras")]
+    masked_lm.save(files[0])
+    if data is None:
+        labelled, labels = datasets.make_sentiment_task(100, seed=seed)
+        test, test_labels = datasets.make_sentiment_task(1000, seed=1)
+        classifier = masked_lm.with_head(num_classes=2)
+        classifier.compile()
+        classifier.fit(
+            classifier.preprocessor(labelled), labels, batch_size=16,
+            epochs=2 if quick else 20, verbose=0,
+        )
+        _, accuracy = classifier.evaluate(
+            classifier.preprocessor(test), test_labels, verbose=0
+        )
+        metrics["fine_tuned_accuracy_100_labels"] = round(float(accuracy), 4)
+        files.append(os.path.join(out, f"{name}_classifier.keras"))
+        classifier.save(files[-1])
+    return metrics, files, data_name
+
+
 def masked_lm_metrics(model, inputs, mask_ids, mask_weights):
     """The masked-LM loss and accuracy computed by hand, NumPy only.
 

@@ -43,12 +43,15 @@ class CamTarget:
         path: its path in the model (`"backbone/block_3/attention"`).
         use_input: whether the map uses the layer's first input (the tokens
             entering the last attention layer) instead of its output.
+        grid_shape: the `(h, w)` grid of a token output, when the layer
+            knows it (a Swin block's window grid); else `None`.
     """
 
-    def __init__(self, layer, path, use_input=False):
+    def __init__(self, layer, path, use_input=False, grid_shape=None):
         self.layer = layer
         self.path = path
         self.use_input = use_input
+        self.grid_shape = grid_shape
 
     def __repr__(self):
         where = "input" if self.use_input else "output"
@@ -64,7 +67,9 @@ def find_cam_target(model, images, layer=None):
     layer runs after it (a Vision Transformer); then the tokens `(B, N, C)`
     entering the last such attention layer, as usual for ViTs, because
     after it only the class token (or the pooled tokens) reaches the
-    output.
+    output. A grid attention inside a Transformer block (Swin's window
+    attention) is a residual branch, not the feature stream: the last
+    such block's output tokens, on its grid, are used instead.
 
     Args:
         model: the classifier.
@@ -121,7 +126,7 @@ def find_cam_target(model, images, layer=None):
     ):
         return CamTarget(last_tokens[2], last_tokens[1], use_input=True)
     if last_map is not None:
-        return CamTarget(last_map[2], last_map[1])
+        return _stream_target(walked, last_map[1], last_map[2], classes)
     raise ValueError(
         f"The model {model.name!r} has no layer with a 4-D feature map "
         "(B, h, w, C) and no attention over tokens; pass `layer=`."
@@ -218,7 +223,7 @@ def grad_cam(
         target,
         method,
         class_token=class_token,
-        grid_shape=grid_shape,
+        grid_shape=target.grid_shape if grid_shape is None else grid_shape,
         **kwargs,
     )
 
@@ -282,6 +287,25 @@ def tf_keras_vis_cam(
         with linear_outputs(model):
             cam = visualizer(model)(score, images, **kwargs)
     return np.asarray(cam, "float32")
+
+
+def _stream_target(walked, path, layer, classes):
+    """The target for the last 4-D map: a Swin block's window attention
+    is a residual branch (its Grad-CAM often negative everywhere, so a
+    constant map), the block's output tokens are the feature stream."""
+    from keras_attention.applications.blocks import TransformerEncoderBlock
+
+    parent_path = path.rpartition("/")[0]
+    parent = dict(walked).get(parent_path)
+    if (
+        isinstance(layer, classes)
+        and isinstance(parent, TransformerEncoderBlock)
+        and getattr(parent, "grid_shape", None) is not None
+    ):
+        return CamTarget(
+            parent, parent_path, grid_shape=tuple(parent.grid_shape)
+        )
+    return CamTarget(layer, path)
 
 
 def tape_cam(

@@ -207,19 +207,7 @@ def plot_detections(
     height, width = picture.shape[:2]
     boxes = np.asarray(boxes, "float32").reshape(-1, 4)
     count = len(boxes)
-    labels = list(np.asarray(labels).reshape(-1))
-    if len(labels) != count:
-        raise ValueError(
-            "Received an invalid value for argument `labels`, expected one "
-            f"label per box ({count}). Received: {len(labels)} labels"
-        )
-    if scores is not None:
-        scores = np.asarray(scores, "float32").reshape(-1)
-        if len(scores) != count:
-            raise ValueError(
-                "Received an invalid value for argument `scores`, expected "
-                f"one score per box ({count}). Received: {len(scores)} scores"
-            )
+    names = _box_names(labels, scores, class_names, count)
     if box_format == "cxcywh":
         corners = np.concatenate(
             [boxes[:, :2] - boxes[:, 2:] / 2, boxes[:, :2] + boxes[:, 2:] / 2],
@@ -229,29 +217,10 @@ def plot_detections(
         corners = boxes
     if normalized:
         corners = corners * np.array([width, height, width, height], "float32")
-    names = []
-    for k, label in enumerate(labels):
-        name = (
-            class_names[int(label)]
-            if class_names is not None and np.issubdtype(type(label), np.integer)
-            else str(label)
-        )
-        if scores is not None:
-            name = f"{name} {scores[k]:.2f}"
-        names.append(name)
     if attention_maps is not None:
-        attention_maps = np.asarray(attention_maps, "float32")
-        if len(attention_maps) != count or attention_maps.ndim not in (2, 3):
-            raise ValueError(
-                "Received an invalid value for argument `attention_maps`, "
-                f"expected (K, S) or (K, h, w) with K={count} boxes. "
-                f"Received: attention_maps.shape={attention_maps.shape}"
-            )
-        if attention_maps.ndim == 2:
-            (h, w), _ = _grid.token_grid(
-                attention_maps.shape[1], (height, width), grid_shape, False
-            )
-            attention_maps = attention_maps.reshape(count, h, w)
+        attention_maps = _object_maps(
+            attention_maps, count, (height, width), grid_shape
+        )
     panels = 1 + (count if attention_maps is not None else 0)
     fig = _figure((3.2 * panels, 3.4))
     colours = [_colour(k) for k in range(count)]
@@ -321,37 +290,7 @@ def plot_graph_attention(
         edges = edges.T
     if num_nodes is None:
         num_nodes = len(labels) if labels is not None else int(edges.max()) + 1
-    coefficients = np.asarray(coefficients, "float32")
-    per_edge_rows = (edges.shape[1], edges.shape[1] + num_nodes)
-    # A dense (N, N) / (H, N, N) matrix, unless its rows are one per edge.
-    dense = coefficients.ndim == 3 or (
-        coefficients.shape == (num_nodes, num_nodes)
-        and coefficients.shape[0] not in per_edge_rows
-    )
-    if dense:
-        if coefficients.ndim == 3:
-            coefficients = _pick_head(coefficients, head, axis=0)
-        values = coefficients[edges[1], edges[0]]
-    else:
-        if coefficients.ndim == 2:
-            coefficients = _pick_head(coefficients, head, axis=1)
-        if coefficients.ndim != 1:
-            raise ValueError(
-                "Received an invalid value for argument `coefficients`, "
-                "expected (E, H), (E,), (N, N) or (H, N, N). Received: "
-                f"coefficients.shape={coefficients.shape}"
-            )
-        if len(coefficients) == edges.shape[1] + num_nodes:
-            loops = np.arange(num_nodes)
-            edges = np.concatenate([edges, np.stack([loops, loops])], axis=1)
-        if len(coefficients) != edges.shape[1]:
-            raise ValueError(
-                "Received an invalid value for argument `coefficients`, "
-                f"expected one per edge ({edges.shape[1]}, or "
-                f"{edges.shape[1] + num_nodes} with self loops). Received: "
-                f"coefficients.shape={coefficients.shape}"
-            )
-        values = coefficients
+    edges, values = _edge_values(edges, coefficients, num_nodes, head)
     keep = edges[0] != edges[1]
     edges, values = edges[:, keep], values[keep]
     graph = nx.DiGraph()
@@ -393,6 +332,86 @@ def plot_graph_attention(
     if title:
         ax.set_title(title)
     return _finish(fig, path)
+
+
+def _box_names(labels, scores, class_names, count):
+    """Each box's caption: its class name (and score), checked per box."""
+    labels = list(np.asarray(labels).reshape(-1))
+    if len(labels) != count:
+        raise ValueError(
+            "Received an invalid value for argument `labels`, expected one "
+            f"label per box ({count}). Received: {len(labels)} labels"
+        )
+    if scores is not None:
+        scores = np.asarray(scores, "float32").reshape(-1)
+        if len(scores) != count:
+            raise ValueError(
+                "Received an invalid value for argument `scores`, expected "
+                f"one score per box ({count}). Received: {len(scores)} scores"
+            )
+    names = []
+    for k, label in enumerate(labels):
+        name = (
+            class_names[int(label)]
+            if class_names is not None and np.issubdtype(type(label), np.integer)
+            else str(label)
+        )
+        if scores is not None:
+            name = f"{name} {scores[k]:.2f}"
+        names.append(name)
+    return names
+
+
+def _object_maps(attention_maps, count, size, grid_shape):
+    """Per-object maps `(K, h, w)` from `(K, h, w)` or `(K, S)`, checked."""
+    attention_maps = np.asarray(attention_maps, "float32")
+    if len(attention_maps) != count or attention_maps.ndim not in (2, 3):
+        raise ValueError(
+            "Received an invalid value for argument `attention_maps`, "
+            f"expected (K, S) or (K, h, w) with K={count} boxes. "
+            f"Received: attention_maps.shape={attention_maps.shape}"
+        )
+    if attention_maps.ndim == 2:
+        (h, w), _ = _grid.token_grid(attention_maps.shape[1], size, grid_shape, False)
+        attention_maps = attention_maps.reshape(count, h, w)
+    return attention_maps
+
+
+def _edge_values(edges, coefficients, num_nodes, head):
+    """`(edges, one coefficient per edge)`, self loops appended when the
+    coefficients have them; from per-edge rows or a dense matrix."""
+    coefficients = np.asarray(coefficients, "float32")
+    per_edge_rows = (edges.shape[1], edges.shape[1] + num_nodes)
+    # A dense (N, N) / (H, N, N) matrix, unless its rows are one per edge.
+    dense = coefficients.ndim == 3 or (
+        coefficients.shape == (num_nodes, num_nodes)
+        and coefficients.shape[0] not in per_edge_rows
+    )
+    if dense:
+        if coefficients.ndim == 3:
+            coefficients = _pick_head(coefficients, head, axis=0)
+        values = coefficients[edges[1], edges[0]]
+    else:
+        if coefficients.ndim == 2:
+            coefficients = _pick_head(coefficients, head, axis=1)
+        if coefficients.ndim != 1:
+            raise ValueError(
+                "Received an invalid value for argument `coefficients`, "
+                "expected (E, H), (E,), (N, N) or (H, N, N). Received: "
+                f"coefficients.shape={coefficients.shape}"
+            )
+        if len(coefficients) == edges.shape[1] + num_nodes:
+            loops = np.arange(num_nodes)
+            edges = np.concatenate([edges, np.stack([loops, loops])], axis=1)
+        if len(coefficients) != edges.shape[1]:
+            raise ValueError(
+                "Received an invalid value for argument `coefficients`, "
+                f"expected one per edge ({edges.shape[1]}, or "
+                f"{edges.shape[1] + num_nodes} with self loops). Received: "
+                f"coefficients.shape={coefficients.shape}"
+            )
+        values = coefficients
+    return edges, values
 
 
 def _figure(size):

@@ -211,9 +211,13 @@ class TransformerEncoderBlock(_TransformerBlock):
         return_attention_scores: also return the layer's scores (`None` for
             a layer that cannot return them).
         training: whether dropout is active.
+        cache, cache_update_index: decode against the attention layer's
+            key/value cache (`MultiHeadAttention`'s `cache=` convention,
+            `(B, 2, S_max, K, D)`; the causal language model's decoder).
 
     Returns:
-        `(B, N, C)`, and the scores if `return_attention_scores=True`.
+        `(B, N, C)`, and the scores if `return_attention_scores=True`;
+        `(output, cache)` for a cached call.
     """
 
     _attention_kinds = ("tokens", "grid")
@@ -308,7 +312,11 @@ class TransformerEncoderBlock(_TransformerBlock):
         position=None,
         return_attention_scores=False,
         training=None,
+        cache=None,
+        cache_update_index=None,
     ):
+        if cache is not None:
+            return self._call_cached(tokens, cache, cache_update_index, training)
         x, scores = self._residual(
             tokens,
             lambda y: self._attend(
@@ -321,6 +329,25 @@ class TransformerEncoderBlock(_TransformerBlock):
         if return_attention_scores:
             return x, scores
         return x
+
+    def _call_cached(self, tokens, cache, cache_update_index, training):
+        """Decoding against the attention layer's public key/value cache."""
+        if not registry.call_accepts(self.attention_layer, "cache"):
+            raise ValueError(
+                f"The attention layer {self.attention!r} takes no key/value "
+                "`cache`; use `multi_head`. Received: cache.shape="
+                f"{tuple(cache.shape)}"
+            )
+        x, cache = self._residual(
+            tokens,
+            lambda y: self.attention_layer(
+                y, cache=cache, cache_update_index=cache_update_index,
+                training=training,
+            ),
+            self.attention_norm,
+            training,
+        )
+        return self._mlp_residual(x, training), cache
 
     def get_config(self):
         config = super().get_config()
@@ -346,9 +373,10 @@ class TransformerDecoderBlock(_TransformerBlock):
     keys. Both attention layers are built by name (`"tokens"` layers taking
     `value`; `key` too when positions are given).
 
-    For step-by-step decoding, `step` runs one new position against a
-    key/value cache `(B, L, K, D)` of the earlier positions; it needs the
-    projection hooks of `MultiHeadAttention` (`supports_cache`).
+    For step-by-step decoding, `step` runs one new position against the
+    self-attention's own key/value cache `(B, 2, L, K, D)` (its `cache=`
+    argument, keras-hub's convention) and cross-attention keys and values
+    made once (`supports_cache` says whether the layers allow it).
 
     Args:
         num_heads, mlp_dim, dropout, attention_dropout, attention,
@@ -455,59 +483,56 @@ class TransformerDecoderBlock(_TransformerBlock):
 
     @property
     def supports_cache(self):
-        """Whether both attention layers have the hooks `step` uses."""
-        hooks = ("project", "attend", "project_output")
-        return self.norm_first and all(
-            hasattr(a, hook)
-            for a in (self.self_attention, self.cross_attention)
-            for hook in hooks
+        """Whether `step` can run: pre-norm, a self-attention that takes
+        keras-hub's `cache=` / `cache_update_index=` (keys and values of one
+        size), and a cross-attention with `MultiHeadAttention`'s hooks."""
+        a, c = self.self_attention, self.cross_attention
+        return (
+            self.norm_first
+            and registry.call_accepts(a, "cache")
+            and registry.call_accepts(a, "cache_update_index")
+            and getattr(a, "head_value_dim", None) == getattr(a, "key_dim", 0)
+            and all(hasattr(c, h) for h in ("project", "attend", "project_output"))
         )
 
     def empty_cache(self, batch, length, dtype):
-        """Zero key and value caches `(B, L, K, D)` of the self-attention."""
+        """A zero self-attention cache `(B, 2, L, K, D)`, keys then values
+        (keras-hub's `CachedMultiHeadAttention` layout)."""
         a = self.self_attention
-        shape = (batch, length, a.kv_heads, a.key_dim)
-        return [
-            ops.zeros(shape, dtype),
-            ops.zeros(shape[:3] + (a.head_value_dim,), dtype),
-        ]
+        return ops.zeros((batch, 2, length, a.kv_heads, a.key_dim), dtype)
 
     def cross_keys_values(self, memory):
         """The cross-attention keys and values `(B, S, K, D)`, made once."""
-        a = self.cross_attention
+        c = self.cross_attention
         return (
-            a.project(memory, a.key_kernel, a.key_bias),
-            a.project(memory, a.value_kernel, a.value_bias),
+            c.project(memory, c.key_kernel, c.key_bias),
+            c.project(memory, c.value_kernel, c.value_bias),
         )
 
-    def step(
-        self, x, index, key_cache, value_cache, cross_key, cross_value,
-        memory_mask,
-    ):
+    def step(self, x, index, cache, cross_key, cross_value, memory_mask):
         """One new position `x` (B, 1, C) against the cached positions.
 
-        The self-attention's key and value of position `index` are written
-        into `key_cache` / `value_cache` `(B, L, K, D)`; the query attends to
-        positions `0..index` only. The same projections, core and output
-        projection as `call` (the layer's hooks), so the result equals the
-        causal pass at that position.
+        The self-attention is the layer's own cached call
+        (`cache=cache, cache_update_index=index, use_causal_mask=True`): it
+        writes the key and value of position `index` into `cache`
+        `(B, 2, L, K, D)` and attends to positions `0..index`, with the
+        same projections, positions and core as `call`. The
+        cross-attention attends to keys and values made once from the
+        encoder output (`cross_keys_values`) through the layer's hooks,
+        which also give its weights.
 
         Returns:
-            `(x, key_cache, value_cache, weights)`, the cross-attention's
-            weights `(B, H, 1, S)`.
+            `(x, cache, weights)`, the cross-attention's weights
+            `(B, H, 1, S)`.
         """
-        a = self.self_attention
-        h = self.self_attention_norm(x)
-        query = a.project(h, a.query_kernel, a.query_bias)  # (B, 1, H, D)
-        key = a.project(h, a.key_kernel, a.key_bias)  # (B, 1, K, D)
-        value = a.project(h, a.value_kernel, a.value_bias)
-        length = key_cache.shape[1]
-        here = ops.reshape(ops.equal(ops.arange(length), index), (1, length, 1, 1))
-        key_cache = ops.where(here, key, key_cache)
-        value_cache = ops.where(here, value, value_cache)
-        visible = ops.less_equal(ops.arange(length), index)[None, None, :]
-        heads = a.attend(query, key_cache, value_cache, visible, False, False)
-        x = x + a.project_output(heads)
+        h, cache = self.self_attention(
+            self.self_attention_norm(x),
+            cache=cache,
+            cache_update_index=index,
+            use_causal_mask=True,
+            training=False,
+        )
+        x = x + h
         c = self.cross_attention
         query = c.project(self.cross_attention_norm(x), c.query_kernel, c.query_bias)
         heads, weights = c.attend(
@@ -515,4 +540,4 @@ class TransformerDecoderBlock(_TransformerBlock):
         )
         x = x + c.project_output(heads)
         x = x + self._mlp(self.mlp_norm(x), training=False)[0]
-        return x, key_cache, value_cache, weights
+        return x, cache, weights

@@ -155,37 +155,37 @@ def read_hub_directory(directory):
 
 
 def read_transformers_source(source, architectures):
-    """`(config, tensors, name)` of a Hugging Face model or local folder.
+    """`(config dict, {name: array}, how to name it)` of a Hugging Face model.
 
     Args:
-        source: a `transformers` model (its class must be one of
-            `architectures`) or a folder of `save_pretrained` / a hub
-            snapshot whose config names only `architectures`.
-        architectures: the class names the caller converts.
-
-    Returns:
-        The config as a dict, the tensors by name, and how to name the
-        source in messages.
+        source: a `transformers` model (its class one of `architectures`)
+            or a local folder (`read_hub_directory`) whose `config.json`
+            lists no other architecture.
+        architectures: the accepted class names.
     """
     expected = f"Expected a Hugging Face {' or '.join(architectures)}."
-    if hasattr(source, "state_dict") and hasattr(source, "named_modules"):
+    if hasattr(source, "state_dict") and hasattr(source, "config"):
         kind = type(source).__name__
         if kind not in architectures:
             raise ValueError(
                 f"{expected} Received: {type(source).__module__}.{kind}"
             )
-        config = {**source.config.to_dict(), "architectures": [kind]}
-        return config, state_dict_arrays(source), f"The Hugging Face model {kind}"
+        tensors = state_dict_arrays(source)
+        return source.config.to_dict(), tensors, f"The Hugging Face model {kind}"
     if not isinstance(source, (str, os.PathLike)) or not os.path.isdir(source):
+        shown = (
+            repr(os.fspath(source)) if isinstance(source, (str, os.PathLike))
+            else type(source).__name__
+        )
         raise ValueError(
             "Received an invalid value for argument `source`, expected a "
             "Hugging Face model or a folder with config.json and "
-            f"model.safetensors. Received: source={source!r}"
+            f"model.safetensors (or pytorch_model.bin). Received: source={shown}"
         )
     config, tensors = read_hub_directory(source)
-    found = config.get("architectures") or []
-    if any(a not in architectures for a in found):
-        raise ValueError(f"{expected} Received: architectures={found}")
+    listed = config.get("architectures") or []
+    if any(a not in architectures for a in listed):
+        raise ValueError(f"{expected} Received: architectures={listed}")
     return config, tensors, f"The folder {os.fspath(source)!r}"
 
 

@@ -1,0 +1,528 @@
+"""A small decoder-only language model with cached generation.
+
+`CausalLMBackbone` embeds token ids (`keras_hub.layers.ReversibleEmbedding`)
+and runs `depth` pre-norm `TransformerEncoderBlock`s whose
+`MultiHeadAttention` is causal, with rotary positions (RoPE, default) or
+ALiBi, an optional sliding window (Mistral's causal band) and grouped-query
+attention (`num_key_value_heads`). `CausalLM` puts the output projection on
+it, tied to the embedding or not, as keras-hub's `GPT2CausalLM` does.
+
+`CausalLM.generate` decodes with keras-hub's samplers (greedy, top-k,
+top-p, or any `keras_hub.samplers.Sampler`) through the attention layer's
+public key/value cache (`cache=`, `cache_update_index=`): the prompt is
+prefilled in one call, then the sampler's loop feeds one token per step,
+the whole loop one XLA program (TensorFlow). With a sliding window of `W`
+shorter than the generation, each layer's cache is a ring of `W` entries,
+so memory stays flat however long the text. `use_cache=False` re-runs the
+whole sequence every step instead (the reference the tests and
+`benchmarks/bench_generation.py` compare with).
+"""
+
+import types
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attention import _validation as base
+from keras_attention import registry
+from keras_attention.applications import base as app_base
+from keras_attention.applications import presets
+from keras_attention.applications.blocks import TransformerEncoderBlock
+from keras_attention.applications.causal_lm_preprocessing import (
+    CausalLMPreprocessor,
+)
+from keras_attention.ops.masks import check_sliding_window
+
+SAMPLERS = ("greedy", "top_k", "top_p", "random")
+POSITION_ENCODINGS = ("rope", "alibi")
+
+
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class CausalLMBackbone(app_base.Backbone):
+    """Decoder-only Transformer: token ids to hidden states `(B, T, C)`.
+
+    `ReversibleEmbedding`, `depth` pre-norm `TransformerEncoderBlock`s with
+    causal self-attention, a final layer normalization. No position table:
+    positions enter the attention (RoPE or ALiBi), so any length runs.
+
+    Args:
+        vocabulary_size: number of token ids `V`.
+        hidden_dim: token size `C`.
+        depth: number of blocks.
+        num_heads: query heads `H` (`C // H` per head).
+        num_key_value_heads: key/value heads `K` dividing `H` (grouped-query
+            attention); `None` for `H`.
+        mlp_dim: MLP hidden size; `None` for `4 * C`.
+        dropout: dropout rate of the embedding and the blocks.
+        sliding_window: if set, position `t` attends to `t - W < s <= t`.
+        position_encoding: `"rope"` or `"alibi"`.
+        tie_weights: the output projection is the embedding's transpose.
+        attention: registry name of the self-attention (`"multi_head"`;
+            another layer must take `use_causal_mask`, `position_encoding`,
+            `sliding_window`, `num_key_value_heads` and, for cached
+            generation, `cache=`).
+        attention_kwargs: extra constructor arguments of that layer.
+
+    Example:
+
+    ```python
+    backbone = CausalLMBackbone(vocabulary_size=128, hidden_dim=32, depth=2)
+    backbone(np.ones((2, 10), "int32")).shape  # (2, 10, 32)
+    ```
+    """
+
+    config_keys = (
+        "vocabulary_size", "hidden_dim", "depth", "num_heads",
+        "num_key_value_heads", "mlp_dim", "dropout", "sliding_window",
+        "position_encoding", "tie_weights", "attention", "attention_kwargs",
+    )
+    scored_blocks = (TransformerEncoderBlock,)
+
+    def __init__(
+        self,
+        vocabulary_size,
+        hidden_dim=64,
+        depth=2,
+        num_heads=4,
+        num_key_value_heads=None,
+        mlp_dim=None,
+        dropout=0.0,
+        sliding_window=None,
+        position_encoding="rope",
+        tie_weights=True,
+        attention="multi_head",
+        attention_kwargs=None,
+        **kwargs,
+    ):
+        import keras_hub
+
+        for name in ("vocabulary_size", "hidden_dim", "depth", "num_heads"):
+            base.check_positive_int(name, locals()[name])
+        base.check_positive_int("mlp_dim", mlp_dim, allow_none=True)
+        base.check_positive_int(
+            "num_key_value_heads", num_key_value_heads, allow_none=True
+        )
+        base.check_rate("dropout", dropout)
+        check_sliding_window(sliding_window)
+        if position_encoding not in POSITION_ENCODINGS:
+            raise base.invalid(
+                "position_encoding", f"one of {POSITION_ENCODINGS}",
+                position_encoding,
+            )
+        if not isinstance(tie_weights, bool):
+            raise base.invalid("tie_weights", "True or False", tie_weights)
+        attention = registry.check_name(attention, kinds=("tokens",))
+        layer_kwargs = {
+            "use_causal_mask": True,
+            "position_encoding": position_encoding,
+            "sliding_window": sliding_window,
+            "num_key_value_heads": num_key_value_heads,
+            **(attention_kwargs or {}),
+        }
+        inputs = keras.Input((None,), dtype="int32", name="token_ids")
+        embedding = keras_hub.layers.ReversibleEmbedding(
+            vocabulary_size,
+            hidden_dim,
+            tie_weights=tie_weights,
+            embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02),
+            name="token_embedding",
+        )
+        x = embedding(inputs)
+        chain = ["token_embedding"]
+        if dropout:
+            x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
+            chain.append("embedding_dropout")
+        for index in range(depth):
+            x = TransformerEncoderBlock(
+                num_heads=num_heads,
+                mlp_dim=mlp_dim or 4 * hidden_dim,
+                dropout=dropout,
+                attention=attention,
+                attention_kwargs=layer_kwargs,
+                name=f"block_{index}",
+            )(x)
+            chain.append(f"block_{index}")
+        x = keras.layers.LayerNormalization(epsilon=1e-6, name="final_norm")(x)
+        super().__init__(inputs=inputs, outputs=x, **kwargs)
+        self.token_embedding = embedding
+        self._chain = tuple(chain + ["final_norm"])
+        self.keep_config(locals())
+
+    def check_inputs(self, inputs):
+        shape = tuple(inputs.shape)
+        if len(shape) != 2:
+            raise ValueError(
+                "Received an invalid value for argument `token_ids`, expected "
+                "integer ids of shape (B, T). Received: "
+                f"token_ids.shape={shape}"
+            )
+
+    @property
+    def blocks(self):
+        return [self.get_layer(f"block_{i}") for i in range(self.depth)]
+
+    def empty_cache(self, batch_size, max_length):
+        """Zero key/value caches, one `(B, 2, S, K, D)` per block.
+
+        `S` is `max_length`, or the `sliding_window` `W` when that is
+        shorter: the layer then uses the cache as a ring.
+        """
+        layer = self.blocks[0].attention_layer
+        size = max_length
+        if self.sliding_window is not None:
+            size = min(size, self.sliding_window)
+        shape = (batch_size, 2, size, layer.kv_heads, layer.key_dim)
+        return tuple(
+            ops.zeros(shape, layer.compute_dtype) for _ in range(self.depth)
+        )
+
+    def call_with_cache(self, token_ids, cache, cache_update_index):
+        """Hidden states `(B, T, C)` of tokens at `cache_update_index + t`.
+
+        Each block reads and updates its layer's cache; returns the states
+        and the tuple of new caches.
+        """
+        x = self.token_embedding(token_ids)
+        new_cache = []
+        for block, layer_cache in zip(self.blocks, cache):
+            x, layer_cache = block(
+                x, cache=layer_cache, cache_update_index=cache_update_index,
+                training=False,
+            )
+            new_cache.append(layer_cache)
+        return self.get_layer("final_norm")(x), tuple(new_cache)
+
+
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+class CausalLM(app_base.PresetMixin, app_base.CompileDefaults, keras.Model):
+    """Decoder-only language model: `CausalLMBackbone` and next-token logits.
+
+    Trained with `fit(x, y)` on token ids `x` `(B, T)` and the next ids
+    `y` (`CausalLMPreprocessor.sequences`); `generate` continues prompts
+    with keras-hub's samplers and the attention layers' key/value cache.
+
+    Args:
+        backbone: a `CausalLMBackbone`; built from `**backbone_kwargs` when
+            `None`.
+        preprocessor: an optional `CausalLMPreprocessor` (its config is kept
+            in the `.keras` file), for `generate_text`; with it
+            `vocabulary_size` defaults to its own.
+        **backbone_kwargs: the backbone's arguments (`vocabulary_size`,
+            `hidden_dim`, `depth`, `num_heads`, `num_key_value_heads`,
+            `mlp_dim`, `dropout`, `sliding_window`, `position_encoding`,
+            `tie_weights`, `attention`, `attention_kwargs`), and `name`.
+
+    Call arguments:
+        token_ids: int `(B, T)`.
+
+    Returns:
+        Logits `(B, T, V)`: position `t` predicts token `t + 1`.
+
+    Example:
+
+    ```python
+    model = CausalLM.from_preset("causal_lm_dates")
+    model.generate_text("14 july 1989 = ")  # '14 july 1989 = 1989-07-14'
+    ids = model.generate(np.array([[50, 32, 109]]), max_length=20,
+                         sampler="top_k")  # (1, 20)
+    ```
+
+    References:
+        - Radford et al., Language Models are Unsupervised Multitask
+          Learners, 2019.
+        - Su et al., RoFormer (rotary embeddings), 2021.
+          https://arxiv.org/abs/2104.09864
+        - Jiang et al., Mistral 7B (sliding window, ring cache), 2023.
+          https://arxiv.org/abs/2310.06825
+    """
+
+    backbone_class = CausalLMBackbone
+
+    def __init__(self, backbone=None, preprocessor=None, **backbone_kwargs):
+        model_kwargs = {
+            k: backbone_kwargs.pop(k)
+            for k in ("name", "dtype", "trainable")
+            if k in backbone_kwargs
+        }
+        if isinstance(preprocessor, dict):
+            preprocessor = keras.saving.deserialize_keras_object(preprocessor)
+        if preprocessor is not None and not isinstance(
+            preprocessor, CausalLMPreprocessor
+        ):
+            raise base.invalid(
+                "preprocessor", "a CausalLMPreprocessor or None", preprocessor
+            )
+        backbone = self._make_backbone(backbone, preprocessor, backbone_kwargs)
+        inputs = backbone.input
+        logits = backbone.token_embedding(backbone(inputs), reverse=True)
+        super().__init__(inputs=inputs, outputs=logits, **model_kwargs)
+        self.backbone = backbone
+        self.preprocessor = preprocessor
+        # A plain object: Keras tracks dict attributes.
+        self._generation = types.SimpleNamespace(functions={}, samplers={})
+
+    @classmethod
+    def _make_backbone(cls, backbone, preprocessor, kwargs):
+        if backbone is not None:
+            if isinstance(backbone, dict):
+                backbone = keras.layers.deserialize(backbone)
+            if not isinstance(backbone, CausalLMBackbone) or kwargs:
+                raise ValueError(
+                    "Expected a CausalLMBackbone as `backbone`, and no "
+                    "backbone arguments with it. Received: "
+                    f"backbone={backbone!r}, arguments={sorted(kwargs)}"
+                )
+            return backbone
+        unknown = sorted(set(kwargs) - set(CausalLMBackbone.config_keys))
+        if unknown:
+            raise ValueError(
+                f"Unknown arguments of CausalLM: {unknown}; expected "
+                f"{', '.join(CausalLMBackbone.config_keys)}. Received: "
+                f"{', '.join(f'{k}={kwargs[k]!r}' for k in unknown)}"
+            )
+        if preprocessor is not None:
+            kwargs.setdefault("vocabulary_size", preprocessor.vocabulary_size)
+        if "vocabulary_size" not in kwargs:
+            raise ValueError(
+                "CausalLM needs `vocabulary_size` (or a `preprocessor` or a "
+                "`backbone`). Received: vocabulary_size=None"
+            )
+        return CausalLMBackbone(name="backbone", **kwargs)
+
+    def compile_defaults(self):
+        """AdamW, the next-token cross-entropy from logits, its accuracy."""
+        return {
+            "optimizer": keras.optimizers.AdamW(2e-3, weight_decay=0.01),
+            "loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            "weighted_metrics": [
+                keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+            ],
+            "jit_compile": True,
+        }
+
+    def attention_scores(self, token_ids):
+        """The causal attention weights `(B, H, T, T)` of every block."""
+        return self.backbone.attention_scores(token_ids)
+
+    def call_with_cache(self, token_ids, cache, cache_update_index):
+        """Logits `(B, T, V)` of tokens at `cache_update_index + t` and the
+        updated caches (see `CausalLMBackbone.empty_cache`)."""
+        x, cache = self.backbone.call_with_cache(
+            token_ids, cache, cache_update_index
+        )
+        return self.backbone.token_embedding(x, reverse=True), cache
+
+    # Generation --------------------------------------------------------------
+
+    def _sampler(self, sampler):
+        import keras_hub
+
+        if isinstance(sampler, keras_hub.samplers.Sampler):
+            return sampler
+        if sampler not in SAMPLERS:
+            raise base.invalid(
+                "sampler", f"one of {SAMPLERS} or a keras_hub.samplers.Sampler",
+                sampler,
+            )
+        if sampler not in self._generation.samplers:
+            self._generation.samplers[sampler] = keras_hub.samplers.get(sampler)
+        return self._generation.samplers[sampler]
+
+    def _check_prompts(self, prompt_ids, max_length):
+        """`(B, max_length)` int32 ids, the prompt mask, the rows' lengths
+        and whether one row `(P,)` was given."""
+        if isinstance(prompt_ids, np.ndarray) and prompt_ids.ndim == 2:
+            rows = list(prompt_ids)
+        elif isinstance(prompt_ids, (list, tuple)) and prompt_ids and all(
+            isinstance(r, (list, tuple, np.ndarray)) for r in prompt_ids
+        ):
+            rows = list(prompt_ids)
+        else:
+            rows = None
+        single = rows is None
+        rows = [prompt_ids] if single else rows
+        rows = [np.asarray(r) for r in rows]
+        vocabulary = self.backbone.vocabulary_size
+        for r in rows:
+            if (
+                r.ndim != 1 or not r.size
+                or not np.issubdtype(r.dtype, np.integer)
+                or r.min() < 0 or r.max() >= vocabulary
+            ):
+                raise base.invalid(
+                    "prompt_ids",
+                    "non-empty rows of integer ids in "
+                    f"[0, vocabulary_size={vocabulary})",
+                    prompt_ids,
+                )
+        lengths = [len(r) for r in rows]
+        if (
+            isinstance(max_length, bool) or not isinstance(max_length, int)
+            or max_length <= max(lengths)
+        ):
+            raise base.invalid(
+                "max_length",
+                "an integer above the longest prompt's length "
+                f"{max(lengths)} (the total length, prompt included)",
+                max_length,
+            )
+        ids = np.zeros((len(rows), max_length), "int32")
+        mask = np.zeros((len(rows), max_length), bool)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)], mask[i, : len(r)] = r, True
+        return ids, mask, lengths, single
+
+    def _generate_function(self, key, sampler):
+        batch, max_length, start, use_cache, stop, jit_compile = key
+        function = self._generation.functions.get(key + (sampler,))
+        if function is not None:
+            return function
+
+        def next_cached(prompt, cache, index):
+            token = ops.slice(prompt, [0, index - 1], [batch, 1])
+            logits, cache = self.call_with_cache(token, cache, index - 1)
+            return logits[:, 0], None, cache
+
+        def next_recomputed(prompt, cache, index):
+            # The whole sequence again; causal, so later slots don't matter.
+            logits = self(prompt, training=False)
+            return ops.take(logits, index - 1, axis=1), None, cache
+
+        def generate(prompt, mask):
+            cache = None
+            if use_cache:
+                cache = self.backbone.empty_cache(batch, max_length)
+                if start > 1:  # prefill every prompt token but the last
+                    _, cache = self.call_with_cache(
+                        prompt[:, : start - 1], cache, 0
+                    )
+            return sampler(
+                next_cached if use_cache else next_recomputed,
+                prompt, cache=cache, index=start, mask=mask,
+                stop_token_ids=stop, model=self,
+            )
+
+        function = generate
+        if jit_compile and keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            function = tf.function(generate, jit_compile=True)
+        # Other backends run the same keras.ops loop eagerly.
+        self._generation.functions[key + (sampler,)] = function
+        return function
+
+    def generate(
+        self,
+        prompt_ids,
+        max_length,
+        sampler="greedy",
+        stop_token_ids=None,
+        use_cache=True,
+        jit_compile=True,
+    ):
+        """Continues token-id prompts to `max_length` ids.
+
+        Args:
+            prompt_ids: ids `(P,)`, `(B, P)`, or a list of rows of different
+                lengths.
+            max_length: the total length of each row, prompt included.
+            sampler: `"greedy"`, `"top_k"`, `"top_p"`, `"random"` or a
+                `keras_hub.samplers.Sampler` (its settings: temperature,
+                `k`, `p`, seed).
+            stop_token_ids: ids that end a row; the ids after the first
+                generated one are 0.
+            use_cache: decode through the attention layers' key/value cache
+                (one token per step); `False` re-runs the whole sequence
+                every step (same tokens, much slower).
+            jit_compile: compile the loop with XLA (TensorFlow), once per
+                batch size, lengths and setting.
+
+        Returns:
+            int32 ids `(B, max_length)` (`(max_length,)` for a `(P,)`
+            prompt), the prompts followed by the generated ids.
+        """
+        sampler = self._sampler(sampler)
+        ids, mask, lengths, single = self._check_prompts(prompt_ids, max_length)
+        stop = None if stop_token_ids is None else tuple(
+            int(i) for i in np.ravel(stop_token_ids)
+        )
+        key = (
+            len(ids), max_length, min(lengths), bool(use_cache), stop,
+            bool(jit_compile),
+        )
+        function = self._generate_function(key, sampler)
+        out = np.array(ops.convert_to_numpy(function(ids, mask)), "int32")
+        if stop is not None:
+            for row, length in zip(out, lengths):
+                hits = np.flatnonzero(np.isin(row[length:], stop))
+                if hits.size:
+                    row[length + hits[0] + 1:] = 0
+        return out[0] if single else out
+
+    def generate_text(self, prompts, max_length=None, sampler="greedy", **kwargs):
+        """Continues text prompts (needs a `preprocessor`) to the end of the
+        line; returns the prompts and their continuations (a string for a
+        string). `max_length` defaults to the longest prompt plus 32
+        characters; other arguments are those of `generate`."""
+        if self.preprocessor is None:
+            raise ValueError(
+                "generate_text needs a `preprocessor`; use `generate` with "
+                "token ids. Received: preprocessor=None"
+            )
+        single = isinstance(prompts, str)
+        texts = [prompts] if single else list(prompts)
+        rows = self.preprocessor.encode(texts)
+        if max_length is None:
+            max_length = max(len(r) for r in rows) + 32
+        kwargs.setdefault("stop_token_ids", (self.preprocessor.end_id,))
+        out = self.generate(rows, max_length, sampler=sampler, **kwargs)
+        decoded = [t.rstrip("\n") for t in self.preprocessor.decode(out)]
+        return decoded[0] if single else decoded
+
+    # Config ------------------------------------------------------------------
+
+    def get_config(self):
+        return {
+            "backbone": keras.layers.serialize(self.backbone),
+            "preprocessor": None
+            if self.preprocessor is None
+            else keras.saving.serialize_keras_object(self.preprocessor),
+            "name": self.name,
+            "trainable": self.trainable,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, preprocessor=None, **kwargs):
+        """A preset with its shipped weights and a `CausalLMPreprocessor` of
+        its vocabulary (unless `preprocessor` is given); `kwargs` override
+        the preset's backbone arguments."""
+        if preprocessor is None:
+            config = {**presets.get_preset(preset, cls.__name__).config, **kwargs}
+            preprocessor = CausalLMPreprocessor(config["vocabulary_size"])
+        return super().from_preset(
+            preset, load_weights=load_weights, preprocessor=preprocessor,
+            **kwargs,
+        )
+
+
+# `CausalLMBackbone.from_preset(name)`: the backbone of a CausalLM preset.
+CausalLMBackbone.classifier_class = CausalLM
+
+_DATES_CONFIG = dict(
+    vocabulary_size=128, hidden_dim=64, depth=2, num_heads=4,
+    num_key_value_heads=2, mlp_dim=192, sliding_window=64,
+)
+presets.register_preset(
+    "causal_lm_dates",
+    "CausalLM",
+    _DATES_CONFIG,
+    weights="causal_lm_dates.weights.h5",
+    description="Character language model (2 blocks of 64, RoPE, GQA 4/2, "
+    "window 64) trained on the date lines; completes '<date> = ' with the "
+    "ISO date.",
+)

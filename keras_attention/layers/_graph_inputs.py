@@ -1,0 +1,151 @@
+"""`GraphAttention`'s input checks: the node features, the graph (an edge
+list or a dense adjacency) and the edge features, by shape, dtype and,
+when known, index values."""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attention._validation import shape_fits
+from keras_attention.layers import base
+
+
+def _is_integer(x):
+    dtype = keras.backend.standardize_dtype(x.dtype)
+    return "int" in dtype
+
+
+def _known_values(x):
+    """`x` as a NumPy array when its values are known (eager), else None."""
+    if isinstance(x, np.ndarray):
+        return x
+    try:
+        return ops.convert_to_numpy(x)
+    except Exception:  # a symbolic or traced tensor has no values yet
+        return None
+
+
+def shape_or_none(x):
+    return None if x is None else tuple(x.shape)
+
+
+def split_graph_shapes(input_shape):
+    """`(features, edges, edge_features)` shapes of `[node_features, edges(,
+    edge_features)]`, checked."""
+    shapes = list(input_shape) if isinstance(input_shape, (list, tuple)) else []
+    if base.is_shape(input_shape) or not 2 <= len(shapes) <= 3:
+        raise ValueError(
+            "Expected the inputs to be a list [node_features, edges] or "
+            "[node_features, edges, edge_features]. Received: "
+            f"input_shape={input_shape}"
+        )
+    features, edges = tuple(shapes[0]), tuple(shapes[1])
+    edge_features = tuple(shapes[2]) if len(shapes) == 3 else None
+    if len(features) not in (2, 3):
+        raise ValueError(
+            "Received an invalid value for argument `node_features`, "
+            "expected a tensor of rank 2 (N, F) or 3 (B, N, F). "
+            f"Received: node_features.shape={features}"
+        )
+    if features[-1] is None:
+        raise ValueError(
+            "The last dimension of `node_features` must be known. "
+            f"Received: node_features.shape={features}"
+        )
+    if len(edges) not in (2, 3) or (len(edges) == 3 and len(features) == 2):
+        expected = (
+            "an edge list (2, E) or an adjacency (N, N)"
+            if len(features) == 2
+            else "an adjacency (B, N, N) or (N, N)"
+        )
+        raise ValueError(
+            "Received an invalid value for argument `edges`, expected "
+            f"{expected} for node_features.shape={features}. "
+            f"Received: edges.shape={edges}"
+        )
+    if edge_features is not None and (
+        len(edge_features) < 2 or edge_features[-1] is None
+    ):
+        raise ValueError(
+            "Received an invalid value for argument `edge_features`, "
+            "expected a tensor (E, F_e) or (..., N, N, F_e) with a known "
+            f"last dimension. Received: edge_features.shape={edge_features}"
+        )
+    return features, edges, edge_features
+
+
+def check_graph_inputs(features, edges, edge_features):
+    """Validate the call's tensors; returns `"edge_list"` or `"dense"`."""
+    split_graph_shapes(
+        [features.shape, edges.shape]
+        + ([] if edge_features is None else [edge_features.shape])
+    )
+    n = features.shape[-2]
+    dtype = keras.backend.standardize_dtype(edges.dtype)
+    if _is_integer(edges):
+        if len(features.shape) != 2 or len(edges.shape) != 2 or (
+            edges.shape[0] not in (None, 2)
+        ):
+            raise ValueError(
+                "Received an invalid value for argument `edges`: an "
+                "integer tensor is an edge list, expected shape (2, E) "
+                "with node_features (N, F) (pass a dense adjacency as "
+                "bool or float). Received: edges.shape="
+                f"{tuple(edges.shape)}, edges.dtype={dtype}, "
+                f"node_features.shape={tuple(features.shape)}"
+            )
+        rows = None if edge_features is None else edge_features.shape[0]
+        if edge_features is not None and (
+            len(edge_features.shape) != 2
+            or (None not in (edges.shape[1], rows) and edges.shape[1] != rows)
+        ):
+            raise ValueError(
+                "Received an invalid value for argument `edge_features`, "
+                "expected one row per edge, (E, F_e) with "
+                f"E={edges.shape[1]}. Received: "
+                f"edge_features.shape={tuple(edge_features.shape)}"
+            )
+        values = _known_values(edges)
+        if values is not None and values.size and n is not None:
+            low, high = int(values.min()), int(values.max())
+            if low < 0 or high >= n:
+                raise ValueError(
+                    "Received an invalid value for argument `edges`, "
+                    f"expected node indices in [0, {n}) for N={n} nodes. "
+                    f"Received: edges with values in [{low}, {high}]"
+                )
+        return "edge_list"
+    if dtype != "bool" and "float" not in dtype:
+        raise ValueError(
+            "Received an invalid value for argument `edges`, expected an "
+            "integer edge list (2, E) or a bool or float adjacency. "
+            f"Received: edges.dtype={dtype}"
+        )
+    adjacency = tuple(edges.shape)
+    square = adjacency[-1] is None or adjacency[-2] is None or (
+        adjacency[-1] == adjacency[-2]
+    )
+    matches = n is None or adjacency[-1] is None or adjacency[-1] == n
+    batch_ok = len(adjacency) == 2 or (
+        None in (adjacency[0], features.shape[0])
+        or adjacency[0] == features.shape[0]
+    )
+    if not (square and matches and batch_ok):
+        raise ValueError(
+            "Received an invalid value for argument `edges`: a float or "
+            "bool tensor is a dense adjacency, expected a square "
+            f"(N, N) or (B, N, N) with N={n} as in node_features (an "
+            "edge list must be an integer tensor (2, E)). Received: "
+            f"edges.shape={adjacency}, edges.dtype={dtype}, "
+            f"node_features.shape={tuple(features.shape)}"
+        )
+    if edge_features is not None:
+        expected = adjacency + (edge_features.shape[-1],)
+        if not shape_fits(edge_features.shape, expected):
+            raise ValueError(
+                "Received an invalid value for argument `edge_features`, "
+                f"expected the adjacency's shape plus features, "
+                f"{adjacency + ('F_e',)}. Received: "
+                f"edge_features.shape={tuple(edge_features.shape)}"
+            )
+    return "dense"

@@ -1,0 +1,209 @@
+"""`MultiHeadAttention`'s key/value cache (keras-hub's
+`CachedMultiHeadAttention` convention), ring caches for a sliding window,
+and the projection helpers of decoders that cache."""
+
+import keras
+from keras import ops
+# No public API sets a tensor's Keras mask; keras's own layer uses this.
+from keras.src.backend import set_keras_mask
+
+from keras_attention import ops as attention_ops
+from keras_attention._validation import shape_fits
+
+
+class KVCache:
+    """Cached calls of `MultiHeadAttention`: `call(..., cache=...)`."""
+
+    def _check_cache(self, query, cache, cache_update_index):
+        """Static checks of a cache and its index, before any work."""
+        if cache is None:
+            raise ValueError(
+                "`cache_update_index` is given without a `cache`. Received: "
+                f"cache=None, cache_update_index={cache_update_index!r}"
+            )
+        shape = tuple(cache.shape)
+        expected = (query.shape[0], 2, None, self.kv_heads, self._key_dim)
+        if not shape_fits(shape, expected):
+            raise ValueError(
+                "Received an invalid value for argument `cache`, expected a "
+                "tensor (B, 2, S_max, K, D) = "
+                f"{expected[:2] + ('S_max',) + expected[3:]}. "
+                f"Received: cache.shape={shape}"
+            )
+        if self._value_dim != self._key_dim:
+            raise ValueError(
+                "A key/value cache needs value_dim == key_dim. Received: "
+                f"key_dim={self._key_dim}, value_dim={self._value_dim}"
+            )
+        dtype = keras.backend.standardize_dtype(cache.dtype)
+        if dtype != self.compute_dtype:
+            raise ValueError(
+                "Received an invalid value for argument `cache`, expected "
+                f"the layer's compute dtype {self.compute_dtype}. "
+                f"Received: cache.dtype={dtype}"
+            )
+        index = cache_update_index
+        if index is None or self._is_ring(shape[2]):
+            return
+        if isinstance(index, int) and not isinstance(index, bool):
+            t_len, s_max = query.shape[1], shape[2]
+            if index < 0 or (
+                None not in (t_len, s_max) and index + t_len > s_max
+            ):
+                raise ValueError(
+                    "Received an invalid value for argument "
+                    "`cache_update_index`, expected 0 <= index and "
+                    f"index + T <= S_max = {s_max} (T = {t_len}). "
+                    f"Received: cache_update_index={index}"
+                )
+
+    def _is_ring(self, s_max):
+        """A cache of `sliding_window` entries is a ring: position `p` sits
+        in slot `p % sliding_window`."""
+        return self._sliding_window is not None and s_max == self._sliding_window
+
+    def _call_cached(
+        self, query, value, key, attention_mask, cache, cache_update_index,
+        training, use_causal_mask, return_attention_scores,
+    ):
+        """keras-hub's `CachedMultiHeadAttention` convention.
+
+        `cache` `(B, 2, S_max, K, D)` holds the projected (and, with RoPE,
+        rotated) keys and values of the earlier positions. With
+        `cache_update_index` the new tokens' keys and values are written at
+        that position and the queries, at positions `index + arange(T)`,
+        attend to every filled slot (causally with `use_causal_mask`, within
+        the window with `sliding_window`); without it the cache is read as
+        it is (cross-attention to a fixed memory). A cache of exactly
+        `sliding_window` entries is a ring. Returns `(output, cache)`.
+        """
+        self._check_cache(query, cache, cache_update_index)
+        if return_attention_scores:
+            raise ValueError(
+                "A cached call returns `(output, cache)`, no attention "
+                "scores. Received: return_attention_scores=True"
+            )
+        causal = self.use_causal_mask if use_causal_mask is None else use_causal_mask
+        key = value if key is None else key
+        for x in (query, value, key):
+            set_keras_mask(x, None)
+        if self._use_gate:
+            gate = self._gate_dense(query)
+        q = self._query_dense(query)
+        t_len, s_max = ops.shape(query)[1], cache.shape[2]
+        index = 0 if cache_update_index is None else cache_update_index
+        q_pos = ops.arange(t_len) + ops.cast(index, "int32")
+        key_cache, value_cache = cache[:, 0], cache[:, 1]
+        if cache_update_index is None:
+            k, v = key_cache, value_cache
+            k_pos = ops.arange(s_max)
+            valid = ops.ones((1, s_max), "bool")
+            q, _, _ = self._encode_positions(q, q, {}, True, q_start=index)
+        else:
+            new_k = self._key_dense(key)
+            new_v = self._value_dense(value)
+            q, new_k, _ = self._encode_positions(
+                q, new_k, {}, True, q_start=index, k_start=index
+            )
+            new_k = ops.cast(new_k, cache.dtype)
+            new_v = ops.cast(new_v, cache.dtype)
+            if self._is_ring(s_max):
+                k, v, k_pos, cache = self._ring_update(
+                    key_cache, value_cache, new_k, new_v, index
+                )
+            else:
+                # One in-place write of the new rows into the 5-D cache
+                # (writing the halves and stacking them again would copy
+                # the whole cache at every step).
+                cache = ops.slice_update(
+                    cache, [0, 0, index, 0, 0], ops.stack((new_k, new_v), axis=1)
+                )
+                k, v = cache[:, 0], cache[:, 1]
+                k_pos = ops.arange(s_max)
+            filled = ops.logical_and(
+                k_pos >= 0, k_pos < ops.cast(index, "int32") + t_len
+            )
+            valid = filled[None, :]
+        distance = q_pos[:, None] - k_pos[None, :]  # (T, S)
+        allowed = ops.broadcast_to(valid, ops.shape(distance))
+        if causal:
+            allowed = ops.logical_and(allowed, distance >= 0)
+        if self._sliding_window is not None:
+            allowed = ops.logical_and(
+                allowed, ops.abs(distance) < self._sliding_window
+            )
+        mask = allowed[None]
+        if attention_mask is not None:
+            mask = ops.logical_and(ops.cast(attention_mask, "bool"), mask)
+        bias = None
+        if self.position_encoding == "alibi":
+            bias = self._alibi_bias(distance)
+        heads = attention_ops.dot_product_attention(
+            q, k, v, attention_mask=mask, bias=bias,
+            scale=self._inverse_sqrt_key_dim, dropout_rate=self._dropout,
+            seed=getattr(self._dropout_layer, "seed_generator", None),
+            training=training,
+            implementation="auto" if bias is None else "dense",
+        )
+        if self._use_gate:
+            heads = ops.multiply(heads, gate)
+        return self._output_dense(heads), cache
+
+    def _ring_update(self, key_cache, value_cache, new_k, new_v, index):
+        """Keys/values to attend to and the new ring, for a ring cache.
+
+        The queries see the ring's earlier entries and the new tokens
+        (concatenated, `(B, W + T, K, D)`, with their positions); the new
+        ring keeps, per slot `j`, the newest position `p = j (mod W)`.
+        """
+        window = self._sliding_window
+        t_len = ops.shape(new_k)[1]
+        index = ops.cast(index, "int32")
+        slots = ops.arange(window)
+        # Slot j holds the newest position before `index` with p % W == j.
+        old_pos = index - 1 - ops.mod(index - 1 - slots, window)
+        last = index + t_len - 1
+        newest = last - ops.mod(last - slots, window)
+        from_new = newest >= index
+        take = ops.clip(newest - index, 0, t_len - 1)
+        ring_k = ops.where(
+            from_new[None, :, None, None], ops.take(new_k, take, axis=1), key_cache
+        )
+        ring_v = ops.where(
+            from_new[None, :, None, None], ops.take(new_v, take, axis=1), value_cache
+        )
+        k = ops.concatenate([key_cache, new_k], axis=1)
+        v = ops.concatenate([value_cache, new_v], axis=1)
+        k_pos = ops.concatenate([old_pos, ops.arange(t_len) + index], axis=0)
+        return k, v, k_pos, ops.stack((ring_k, ring_v), axis=1)
+
+    # ---------------------------------------- helpers of cached decoding
+
+    @property
+    def query_kernel(self):
+        """The query projection (`EinsumDense`), for `project`."""
+        return self._query_dense
+
+    @property
+    def key_kernel(self):
+        return self._key_dense
+
+    @property
+    def value_kernel(self):
+        return self._value_dense
+
+    query_bias = key_bias = value_bias = None
+
+    def project(self, x, projection, bias=None):
+        """`(B, T, dim) -> (B, T, heads, size)` with one of the projections.
+
+        For decoders that project one new position at a time (a key/value
+        cache): `layer.project(x, layer.key_kernel)` is `layer._key_dense(x)`,
+        LoRA and quantization included.
+        """
+        del bias  # in the sublayer
+        return projection(x)
+
+    def project_output(self, heads):
+        """`(B, T, H, Dv) -> (B, T, *output_shape)` (no gate)."""
+        return self._output_dense(heads)

@@ -1,0 +1,207 @@
+"""Which path `implementation="auto"` takes for long sequences: measured.
+
+Where the backend has no fused kernel (TensorFlow; JAX on a CPU) a long
+attention can run on the dense path (the `(B, H, T, S)` scores in memory,
+a few large matrix multiplications) or on the blocked path (key blocks, an
+online softmax, `O(T * block)` memory). Which is faster depends on the
+machine: on an AVX2-only CPU the blocked path beat the dense one at 2,048
+tokens, on an AVX-512 CPU with bf16 instructions the dense path is 1.5x
+faster there (BENCHMARKS.md, "Dispatch"). No rule written from one machine
+holds on the other, so the first call of each shape measures both paths
+(forward, and backward when training) on random tensors of that shape,
+keeps the faster one for that shape, dtype and mode, and records the
+choice:
+
+    >>> from keras_attention import ops as attention_ops
+    >>> for choice in attention_ops.dispatch_choices():   # doctest: +SKIP
+    ...     print(choice.implementation, choice.reason)
+    dense measured: dense 842.1 ms, blocked 1367.0 ms (B=8, T=2048, ...)
+
+The dense path is a candidate only while its scores fit the memory budget
+(`set_autotune(memory_budget=...)`, a quarter of the machine's memory by
+default); shapes that are not static, `set_autotune(False)` or the
+environment variable `KERAS_ATTENTION_AUTOTUNE=0` keep the fixed rule (the
+blocked path once `T * S` passes `DENSE_THRESHOLD`). Every path is tested
+equal to the dense one in values and gradients, so the choice changes
+speed and memory, never the result beyond float rounding.
+"""
+
+import collections
+import logging
+import os
+import time
+
+import keras
+import numpy as np
+
+logger = logging.getLogger("keras_attention")
+
+Choice = collections.namedtuple("Choice", "key implementation reason timings_ms")
+
+_CHOICES = {}
+_OPTIONS = {
+    "enabled": os.environ.get("KERAS_ATTENTION_AUTOTUNE", "1") != "0",
+    "memory_budget": None,
+    "repeats": 2,
+}
+
+
+def set_autotune(enabled=None, memory_budget=None, repeats=None):
+    """Configure the measured choice of `implementation="auto"`.
+
+    Args:
+        enabled: measure at first use (`True`, the default unless
+            `KERAS_ATTENTION_AUTOTUNE=0`) or keep the fixed rule (`False`).
+        memory_budget: bytes the dense path's score tensors may take
+            (forward scores, weights and their gradient); default a quarter
+            of the machine's physical memory.
+        repeats: timed calls per path after one warm-up call (default 2).
+
+    Choices already made stay; `clear_dispatch_choices()` forgets them.
+    """
+    if enabled is not None:
+        _OPTIONS["enabled"] = bool(enabled)
+    if memory_budget is not None:
+        if memory_budget <= 0:
+            raise ValueError(
+                "`memory_budget` must be a positive number of bytes. "
+                f"Received: memory_budget={memory_budget!r}"
+            )
+        _OPTIONS["memory_budget"] = int(memory_budget)
+    if repeats is not None:
+        if int(repeats) != repeats or repeats < 1:
+            raise ValueError(
+                "`repeats` must be a positive integer. "
+                f"Received: repeats={repeats!r}"
+            )
+        _OPTIONS["repeats"] = int(repeats)
+
+
+def dispatch_choices():
+    """The choices `implementation="auto"` made so far, oldest first.
+
+    Each is a `Choice(key, implementation, reason, timings_ms)`: `key` the
+    (backend, mode, B, T, S, H, K, D, Dv, dtype, causal, window, masked)
+    it holds for, `timings_ms` the measured time of each path (empty when
+    the choice came from a rule).
+    """
+    return list(_CHOICES.values())
+
+
+def clear_dispatch_choices():
+    """Forget every choice (the next call of each shape decides again)."""
+    _CHOICES.clear()
+
+
+def _memory_budget():
+    if _OPTIONS["memory_budget"] is not None:
+        return _OPTIONS["memory_budget"]
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        total = 8 * 2**30
+    return total // 4
+
+
+def _tf_mode():
+    """"xla" inside a `jit_compile=True` function, "graph" or "eager"."""
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return "eager"
+    try:
+        from tensorflow.python.ops import control_flow_util
+
+        graph = tf.compat.v1.get_default_graph()
+        if control_flow_util.GraphOrParentsInXlaContext(graph):
+            return "xla"
+    except Exception:  # pragma: no cover - a moved private helper
+        pass
+    return "graph"
+
+
+def choose(run, query, key, value, mask, is_causal, sliding_window, training):
+    """`"dense"` or `"blocked"` for one long call; see the module docstring.
+
+    `run(implementation, q, k, v, mask)` computes the attention on the
+    given path; it is called on random inputs of the call's shapes.
+    """
+    backend = keras.backend.backend()
+    shapes = [tuple(x.shape) for x in (query, key, value)]
+    if mask is not None:
+        shapes.append(tuple(mask.shape))
+    static = not any(d is None for shape in shapes for d in shape)
+    mask_shape = shapes.pop() if mask is not None else None
+    mode = _tf_mode() if backend == "tensorflow" else "compiled"
+    (b, t, h, d), (_, s, kh, _), (_, _, _, dv) = shapes
+    key_ = (
+        backend, mode, "train" if training else "infer", b, t, s, h, kh, d, dv,
+        keras.backend.standardize_dtype(query.dtype), bool(is_causal),
+        sliding_window, mask_shape,
+    )
+    if key_ in _CHOICES:
+        return _CHOICES[key_].implementation
+    dense_bytes = 3 * 4 * b * h * t * s if static else None
+    if backend != "tensorflow":
+        choice = Choice(key_, "blocked", "rule: measured on TensorFlow only", {})
+    elif not static:
+        choice = Choice(key_, "blocked", "rule: shapes not static", {})
+    elif dense_bytes > _memory_budget():
+        choice = Choice(
+            key_, "blocked",
+            f"rule: the dense scores would take {dense_bytes / 2**30:.1f} GiB, "
+            f"over the budget of {_memory_budget() / 2**30:.1f} GiB", {},
+        )
+    elif not _OPTIONS["enabled"]:
+        choice = Choice(key_, "blocked", "rule: autotune is off", {})
+    else:
+        timings = _measure(run, shapes, query.dtype, value.dtype, mask_shape,
+                           mode, training)
+        best = min(timings, key=timings.get)
+        text = ", ".join(f"{k} {v:.1f} ms" for k, v in timings.items())
+        choice = Choice(key_, best, f"measured: {text}", timings)
+    _CHOICES[key_] = choice
+    logger.info("keras_attention: %s attention for %s (%s)",
+                choice.implementation, key_, choice.reason)
+    return choice.implementation
+
+
+def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training):
+    """Milliseconds of each path on random inputs (TensorFlow, eagerly)."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    with tf.init_scope():
+        q, k, v = (
+            tf.cast(rng.standard_normal(shape, dtype=np.float32), dtype)
+            for shape, dtype in zip(shapes, (q_dtype, q_dtype, v_dtype))
+        )
+        m = None if mask_shape is None else tf.ones(mask_shape, "bool")
+        timings = {}
+        for implementation in ("dense", "blocked"):
+            fn = _timed_fn(run, implementation, m, mode, training)
+            fn(q, k, v)  # trace and compile, outside the timing
+            best = float("inf")
+            for _ in range(_OPTIONS["repeats"]):
+                start = time.perf_counter()
+                np.asarray(fn(q, k, v))
+                best = min(best, time.perf_counter() - start)
+            timings[implementation] = 1000.0 * best
+    return timings
+
+
+def _timed_fn(run, implementation, mask, mode, training):
+    import tensorflow as tf
+
+    def step(q, k, v):
+        if not training:
+            return tf.reduce_sum(tf.cast(run(implementation, q, k, v, mask),
+                                         "float32"))
+        # Symbolic gradients: `tf.init_scope` pauses every gradient tape.
+        out = tf.cast(run(implementation, q, k, v, mask), "float32")
+        grads = tf.gradients(tf.reduce_sum(out * out), [q, k, v])
+        return tf.add_n([tf.reduce_sum(tf.cast(g, "float32")) for g in grads])
+
+    if mode == "eager":
+        mode = "graph"
+    return tf.function(step, jit_compile=mode == "xla")

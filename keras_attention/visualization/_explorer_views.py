@@ -1,0 +1,278 @@
+"""The explorer's sequence, image and detection views: their payloads."""
+
+import warnings
+
+import keras
+import numpy as np
+
+from keras_attention.visualization import _explorer_data as data
+from keras_attention.visualization import _grid
+
+CAM_TITLES = {"gradcam": "Grad-CAM", "gradcam++": "Grad-CAM++", "scorecam": "Score-CAM"}
+
+
+def text_inputs(model, inputs, index, tokens, target_tokens):
+    """`(inputs, tokens, target_tokens, notes)` for text given to a text model."""
+    preprocessor = getattr(model, "preprocessor", None)
+    if preprocessor is None:
+        raise ValueError(
+            "Received text, but the model has no `preprocessor` to turn it "
+            "into token ids; pass token ids (B, T). Received: "
+            f"inputs={inputs!r}"
+        )
+    text = inputs if isinstance(inputs, str) else inputs[data.check_index(index, len(inputs))]
+    notes = []
+    if hasattr(model, "translate"):
+        # One sentence: eager decoding beats compiling a decoder for it.
+        translation = model.translate([text], jit_compile=False)[0]
+        source_ids = preprocessor.encode_sources([text])
+        with warnings.catch_warnings():  # a translation as long as allowed
+            warnings.simplefilter("ignore", UserWarning)
+            decoder_inputs, labels = preprocessor.encode_targets([translation])
+        generated = [int(i) for i in labels[0] if i != preprocessor.pad_id]
+        shown_inputs = [int(i) for i in decoder_inputs[0][: len(generated)]]
+        model_inputs = {"source_ids": source_ids, "target_ids": decoder_inputs}
+        tokens = tokens or preprocessor.token_strings(source_ids[0], source=True)
+        outputs = preprocessor.token_strings(generated, source=False)
+        notes.append(
+            f"Translation of {text!r}: {translation!r} (greedy). The "
+            "decoder's rows are the tokens it writes; where it has "
+            "self-attention, its keys are the tokens it reads ([START] first)."
+        )
+        context_labels = {
+            "target_rows": target_tokens or outputs,
+            "target_keys": preprocessor.token_strings(shown_inputs, source=False),
+            "source_length": int(source_ids.shape[1]),
+            "target_length": int(decoder_inputs.shape[1]),
+        }
+        return model_inputs, tokens, context_labels, notes
+    ids = np.asarray(preprocessor([text]))
+    if tokens is None and hasattr(preprocessor, "vocabulary"):
+        vocabulary = preprocessor.vocabulary
+        tokens = [str(vocabulary[i]) for i in ids[0] if i != 0]
+    return ids, tokens, target_tokens, notes
+
+
+def sequence_payload(context, inputs, index, layers, tokens, target_tokens):
+    labels = {}
+    if data.is_text(inputs):
+        inputs, tokens, target_tokens, notes = text_inputs(
+            context.model, inputs, index, tokens, target_tokens
+        )
+        context.notes.extend(notes)
+        if isinstance(target_tokens, dict):
+            labels = target_tokens
+            target_tokens = labels["target_rows"]
+    else:
+        inputs = data.take(inputs, index)
+    weights = context.maps(inputs, layers)
+    entries = []
+    for name, value in weights.items():
+        value = data.calls(value)
+        if isinstance(value, (tuple, list)):
+            context.notes.append(f"{name}: not a token attention; not shown.")
+            continue
+        value = np.asarray(value)
+        if value.ndim == 3:
+            value = value[:, None]
+        if value.ndim != 4:
+            context.notes.append(
+                f"{name}: weights of shape {value.shape} are not (B, H, T, S) "
+                "token attention; not shown."
+            )
+            continue
+        matrix = value[0]
+        rows = row_labels(matrix.shape[1], tokens, target_tokens, labels)
+        cols = col_labels(matrix.shape[2], tokens, target_tokens, labels)
+        rows_kept = min(len(rows), context.max_tokens)
+        cols_kept = min(len(cols), context.max_tokens)
+        if max(len(rows), len(cols)) > context.max_tokens:
+            context.notes.append(
+                f"{name}: the first {context.max_tokens} of "
+                f"{max(len(rows), len(cols))} tokens are shown."
+            )
+        matrix = matrix[:, :rows_kept, :cols_kept]
+        entries.append(
+            data.matrix_layer(
+                name, matrix, queries=rows[:rows_kept], keys=cols[:cols_kept]
+            )
+        )
+    if not entries:
+        raise ValueError(
+            "None of the attention layers of the model returns token "
+            f"attention (B, H, T, S) for inputs of shape {data.shapes(inputs)}; "
+            "pass `kind=` ('image', 'graph', 'detection')."
+        )
+    return {"layers": data.fit_budget(context, entries)}
+
+
+def row_labels(count, tokens, target_tokens, labels):
+    """The query labels of a layer with `count` rows (fewer crop the rows)."""
+    if labels:  # a translator: decoder rows are as long as its inputs
+        if count == labels["target_length"] != labels["source_length"]:
+            return [str(t) for t in labels["target_rows"]]
+        return [str(t) for t in tokens]
+    if tokens is not None and len(tokens) == count:
+        return [str(t) for t in tokens]
+    for candidate in (target_tokens, tokens):
+        if candidate is not None and len(candidate) <= count:
+            return [str(t) for t in candidate]
+    return [str(i) for i in range(count)]
+
+
+def col_labels(count, tokens, target_tokens, labels):
+    """The key labels of a layer with `count` columns."""
+    if labels:
+        if count == labels["target_length"] != labels["source_length"]:
+            return [str(t) for t in labels["target_keys"]]
+        return [str(t) for t in tokens]
+    for candidate in (tokens, target_tokens):
+        if candidate is not None and len(candidate) <= count:
+            return [str(t) for t in candidate]
+    return [str(i) for i in range(count)]
+
+
+def image_payload(context, inputs, index, layers, class_names, cam_methods):
+    from keras_attention.visualization import cam as cam_lib
+    from keras_attention.visualization import rollout as rollout_lib
+
+    image = data.one_image(inputs, index)
+    weights = context.maps(image, layers)
+    size = image.shape[1:3]
+    entries, spatial, self_attention = [], [], []
+    for name, value in weights.items():
+        value = data.calls(value)
+        if isinstance(value, tuple):  # CBAM: (channel weights, spatial map)
+            value = next(
+                (np.asarray(v) for v in value if v is not None and np.ndim(v) == 4),
+                None,
+            )
+            if value is None:
+                continue
+        value = np.asarray(value)
+        if value.ndim == 4 and value.shape[-1] == 1 and value.shape[2] != 1:
+            spatial.append(
+                {"name": name, "rows": value.shape[1], "cols": value.shape[2],
+                 "data": data.map_bytes(value[0, ..., 0])}
+            )
+            continue
+        if value.ndim == 3:
+            value = value[:, None]
+        if value.ndim != 4 or value.shape[2] != value.shape[3]:
+            context.notes.append(
+                f"{name}: weights of shape {value.shape} are not self-attention "
+                "over the image; not shown."
+            )
+            continue
+        try:
+            (h, w), has_class = _grid.token_grid(value.shape[-1], size)
+        except ValueError:
+            context.notes.append(
+                f"{name}: {value.shape[-1]} tokens do not form a patch grid of "
+                "the image; not shown."
+            )
+            continue
+        entries.append(
+            data.matrix_layer(name, value[0], grid=[h, w], classToken=has_class)
+        )
+        self_attention.append(value)
+    entries = data.fit_budget(context, entries)
+    payload = {"image": data.image_bytes(image[0]), "layers": entries, "spatial": spatial}
+    sizes = {v.shape[-1] for v in self_attention}
+    if self_attention and len(sizes) == 1:
+        rolled = rollout_lib.rollout_matrices(self_attention)  # (1, N, N)
+        first = entries[0]
+        payload["rollout"] = data.matrix_layer(
+            "attention rollout (mean of heads, all layers)",
+            rolled.astype("float32"), grid=first["grid"],
+            classToken=first["classToken"],
+        )
+    payload.update(predictions(context, image, class_names))
+    cams = []
+    if cam_methods and "predicted" in payload:
+        for method in cam_methods:
+            try:
+                values = cam_lib.grad_cam(
+                    context.model, image, method=method,
+                    max_channels=None if method != "scorecam" else 64,
+                )
+            except ValueError as error:
+                context.notes.append(f"{CAM_TITLES[method]} not computed: {error}")
+                continue
+            cams.append(
+                {"name": CAM_TITLES[method], "rows": size[0], "cols": size[1],
+                 "data": data.map_bytes(values[0])}
+            )
+        if "scorecam" in cam_methods and cams:
+            context.notes.append(
+                "Score-CAM uses at most the 64 channels with the largest "
+                "spread (Faster Score-CAM)."
+            )
+    payload["cams"] = cams
+    return payload
+
+
+def predictions(context, image, class_names):
+    """`{"predicted": ..., "probability": ...}` for a classifier, else `{}`."""
+    try:
+        outputs = context.model(image, training=False)
+    except Exception:  # noqa: BLE001 - a model that is no plain classifier
+        return {}
+    if not keras.ops.is_tensor(outputs) or len(outputs.shape) != 2:
+        return {}
+    logits = np.asarray(keras.ops.convert_to_numpy(outputs), "float64")[0]
+    if logits.min() >= 0 and abs(logits.sum() - 1) < 1e-3:
+        probabilities = logits
+    else:
+        probabilities = np.exp(logits - logits.max())
+        probabilities /= probabilities.sum()
+    k = int(np.argmax(probabilities))
+    return {
+        "predicted": data.class_name(class_names, k),
+        "probability": round(float(probabilities[k]), 4),
+    }
+
+
+def detection_payload(context, inputs, index, class_names, score_threshold):
+    image = data.one_image(inputs, index)
+    model = context.model
+    try:
+        outputs = model(image, training=False, return_attention_scores=True)
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            f"The model {model.name!r} cannot be called on inputs of shape "
+            f"{image.shape}: {error}"
+        ) from error
+    logits = np.asarray(keras.ops.convert_to_numpy(outputs["logits"]), "float64")[0]
+    boxes = np.asarray(keras.ops.convert_to_numpy(outputs["boxes"]), "float32")[0]
+    cross = np.asarray(
+        keras.ops.convert_to_numpy(outputs["cross_attention"]), "float32"
+    )[0]  # H, N, h, w
+    probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    labels = probabilities[:, :-1].argmax(-1)
+    scores = probabilities[:, :-1].max(-1)
+    height, width = image.shape[1:3]
+    centre, extent = boxes[:, :2], boxes[:, 2:]
+    corners = np.clip(np.concatenate([centre - extent / 2, centre + extent / 2], -1), 0, 1)
+    corners = corners * np.array([width, height, width, height], "float32")
+    heads, queries, h, w = cross.shape
+    objects = [
+        {
+            "query": q,
+            "box": [round(float(v), 2) for v in corners[q]],
+            "label": data.class_name(class_names, int(labels[q])),
+            "score": round(float(scores[q]), 4),
+        }
+        for q in np.argsort(-scores, kind="stable").tolist()
+    ]
+    layer = data.matrix_layer(
+        "last decoder layer: cross-attention", cross.reshape(heads, queries, h * w),
+        grid=[h, w], classToken=False,
+    )
+    return {
+        "image": data.image_bytes(image[0]),
+        "layers": [layer],
+        "objects": objects,
+        "threshold": float(score_threshold),
+    }

@@ -1,0 +1,172 @@
+"""`implementation="auto"` for long sequences: a measured, visible choice."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attention import ops as attention_ops
+from keras_attention.ops import autotune
+from tests.test_ops import attention_reference
+from tests.test_ops import count_calls
+from tests.test_ops import random_qkv
+
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="the measured choice is made on TensorFlow (other backends: a rule)",
+)
+
+
+@pytest.fixture(autouse=True)
+def fresh_choices(monkeypatch):
+    """Every test starts with no choice made and the default options."""
+    monkeypatch.setattr(autotune, "_OPTIONS", dict(autotune._OPTIONS, enabled=True))
+    monkeypatch.setattr(autotune, "_CHOICES", {})
+    monkeypatch.setattr(attention_ops.dispatch, "DENSE_THRESHOLD", 1000)
+
+
+def long_qkv():
+    return random_qkv(np.random.default_rng(3), t=40, s=48, h=2, k=2, d=8, dv=8)
+
+
+def fake_measure(dense_ms, blocked_ms):
+    def measure(*args, **kwargs):
+        measure.calls += 1
+        return {"dense": dense_ms, "blocked": blocked_ms}
+
+    measure.calls = 0
+    return measure
+
+
+@pytest.mark.parametrize("faster", ["dense", "blocked"])
+def test_the_faster_measured_path_runs_and_the_choice_is_recorded(monkeypatch, faster):
+    measure = fake_measure(1.0, 2.0) if faster == "dense" else fake_measure(2.0, 1.0)
+    monkeypatch.setattr(autotune, "_measure", measure)
+    calls = count_calls(monkeypatch, "blocked_heads")
+    q, k, v = long_qkv()
+    out = attention_ops.dot_product_attention(q, k, v, is_causal=True)
+    assert bool(calls) == (faster == "blocked")
+    np.testing.assert_allclose(
+        out.numpy(), attention_reference(q, k, v, causal=True)[0], atol=1e-5
+    )
+    (choice,) = attention_ops.dispatch_choices()
+    assert choice.implementation == faster
+    assert choice.timings_ms == (
+        {"dense": 1.0, "blocked": 2.0} if faster == "dense"
+        else {"dense": 2.0, "blocked": 1.0}
+    )
+    assert choice.reason.startswith("measured: dense")
+    assert choice.key[3:6] == (2, 40, 48)  # B, T, S
+    # The same shape again: no new measurement, the same path.
+    attention_ops.dot_product_attention(q, k, v, is_causal=True)
+    assert measure.calls == 1
+    assert len(attention_ops.dispatch_choices()) == 1
+
+
+def test_a_real_measurement_in_graph_and_xla_gives_the_reference_values():
+    q, k, v = long_qkv()
+    mask = np.ones((2, 48), bool)
+    mask[1, 30:] = False
+    ref = attention_reference(q, k, v, mask=mask[:, None, None, :])[0]
+    grads = []
+    for jit in (False, True):
+
+        @tf.function(jit_compile=jit)
+        def step(q, k, v):
+            with tf.GradientTape() as tape:
+                tape.watch(q)
+                out = attention_ops.dot_product_attention(
+                    q, k, v, attention_mask=mask, training=True
+                )
+                loss = tf.reduce_sum(out * out)
+            return out, tape.gradient(loss, q)
+
+        out, grad = step(tf.constant(q), tf.constant(k), tf.constant(v))
+        np.testing.assert_allclose(out.numpy(), ref, atol=1e-5)
+        grads.append(grad.numpy())
+    # The gradient through whichever path each mode took is the same.
+    np.testing.assert_allclose(grads[0], grads[1], atol=1e-5)
+    choices = attention_ops.dispatch_choices()
+    assert [c.key[1] for c in choices] == ["graph", "xla"]
+    for choice in choices:
+        assert choice.key[2] == "train"
+        assert set(choice.timings_ms) == {"dense", "blocked"}
+        assert all(t > 0 for t in choice.timings_ms.values())
+        assert choice.implementation == min(choice.timings_ms, key=choice.timings_ms.get)
+
+
+def test_rules_when_not_measured(monkeypatch):
+    monkeypatch.setattr(autotune, "_measure", fake_measure(1.0, 2.0))
+    q, k, v = long_qkv()
+    attention_ops.set_autotune(memory_budget=1024)
+    attention_ops.dot_product_attention(q, k, v)
+    (choice,) = attention_ops.dispatch_choices()
+    assert choice.implementation == "blocked"
+    assert "over the budget" in choice.reason and choice.timings_ms == {}
+    attention_ops.clear_dispatch_choices()
+    attention_ops.set_autotune(enabled=False, memory_budget=2**40)
+    attention_ops.dot_product_attention(q, k, v)
+    (choice,) = attention_ops.dispatch_choices()
+    assert (choice.implementation, choice.reason) == ("blocked", "rule: autotune is off")
+    # Unknown batch size inside a function: the rule, nothing measured.
+    attention_ops.clear_dispatch_choices()
+    attention_ops.set_autotune(enabled=True)
+    spec = tf.TensorSpec((None, 40, 2, 8))
+    tf.function(attention_ops.dot_product_attention).get_concrete_function(
+        spec, tf.TensorSpec((None, 48, 2, 8)), tf.TensorSpec((None, 48, 2, 8))
+    )
+    (choice,) = attention_ops.dispatch_choices()
+    assert (choice.implementation, choice.reason) == ("blocked", "rule: shapes not static")
+
+
+def test_short_sequences_and_explicit_implementations_are_not_measured(monkeypatch):
+    measure = fake_measure(1.0, 2.0)
+    monkeypatch.setattr(autotune, "_measure", measure)
+    q, k, v = random_qkv(np.random.default_rng(0), t=9, s=13)
+    attention_ops.dot_product_attention(q, k, v)  # T * S under the threshold
+    q, k, v = long_qkv()
+    attention_ops.dot_product_attention(q, k, v, implementation="blocked")
+    attention_ops.dot_product_attention(q, k, v, return_weights=True)
+    assert measure.calls == 0 and attention_ops.dispatch_choices() == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"memory_budget": -1}, "memory_budget"), ({"repeats": 0}, "repeats"),
+     ({"repeats": 1.5}, "repeats")],
+)
+def test_bad_options_raise_and_change_nothing(kwargs, match):
+    before = dict(autotune._OPTIONS)
+    with pytest.raises(ValueError, match=match):
+        attention_ops.set_autotune(**kwargs)
+    assert autotune._OPTIONS == before
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_half_precision_applications_compile_without_xla_on_a_cpu(dtype):
+    """XLA's CPU backend has no bfloat16 units: a bf16 model compiles in
+    graph mode by default there (even where an application's default is
+    XLA, as the translators'); float32 keeps the default; an explicit
+    `jit_compile` is always kept."""
+    from keras_attention.applications import VisionTransformer
+
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(dtype)
+    try:
+        model = VisionTransformer(
+            image_size=8, patch_size=4, num_classes=3, hidden_dim=8, depth=1,
+            num_heads=2, mlp_dim=8, num_channels=1,
+        )
+    finally:
+        keras.config.set_dtype_policy(previous)
+    model.compile()
+    on_cpu = not tf.config.list_logical_devices("GPU")
+    if on_cpu and dtype == "mixed_bfloat16":
+        assert model.jit_compile is False
+    else:  # Keras's "auto" (itself graph mode on a CPU-only machine)
+        assert model.jit_compile == model._resolve_auto_jit_compile()
+    model.compile(jit_compile=True)
+    assert model.jit_compile is True
+    x = np.zeros((2, 8, 8, 1), "float32")
+    model.compile()
+    model.train_on_batch(x, np.array([0, 1]))

@@ -1,0 +1,227 @@
+"""CausalLM: cached generation equals recomputing the prefix, the cached
+step equals the full causal forward, presets, .keras files, attention maps,
+training and bad arguments."""
+
+import os
+
+import keras
+import keras_hub
+import numpy as np
+import pytest
+
+from keras_attention import training
+from keras_attention import visualization
+from keras_attention.applications import CausalLM
+from keras_attention.applications import CausalLMBackbone
+from keras_attention.applications import CausalLMPreprocessor
+from keras_attention.applications import presets
+from keras_attention.datasets import load_text_corpus
+
+V = 40
+
+
+def tiny(**kwargs):
+    keras.utils.set_random_seed(0)
+    config = dict(vocabulary_size=V, hidden_dim=16, depth=2, num_heads=4,
+                  num_key_value_heads=2, mlp_dim=32)
+    config.update(kwargs)
+    return CausalLM(**config)
+
+
+def ids(batch=2, length=12, seed=0):
+    return np.random.default_rng(seed).integers(1, V, (batch, length)).astype("int32")
+
+
+def numpy(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"sliding_window": 4},  # a ring cache of 4 entries
+        {"position_encoding": "alibi", "num_key_value_heads": None},
+        {"tie_weights": False, "sliding_window": 20},  # window > length
+    ],
+)
+def test_cached_steps_give_the_logits_of_the_full_causal_forward(options):
+    model, x = tiny(**options), ids()
+    want = numpy(model(x))
+    cache = model.backbone.empty_cache(2, x.shape[1])
+    got, cache = model.call_with_cache(x[:, :5], cache, 0)
+    got = [numpy(got)]
+    for i in range(5, x.shape[1]):
+        logits, cache = model.call_with_cache(x[:, i:i + 1], cache, i)
+        got.append(numpy(logits))
+    np.testing.assert_allclose(np.concatenate(got, 1), want, atol=1e-5)
+    window = options.get("sliding_window")
+    size = x.shape[1] if window is None else min(window, x.shape[1])
+    assert tuple(cache[0].shape) == (2, 2, size, model.backbone.blocks[0]
+                                     .attention_layer.kv_heads, 4)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_cached_generation_gives_the_tokens_of_recomputing_the_prefix(window):
+    model = tiny(sliding_window=window)
+    prompts = [ids(1, 3, seed=1)[0], ids(1, 6, seed=2)[0]]  # ragged
+    cached = model.generate(prompts, max_length=24)
+    recomputed = model.generate(prompts, max_length=24, use_cache=False)
+    np.testing.assert_array_equal(cached, recomputed)
+    assert cached.shape == (2, 24)
+    np.testing.assert_array_equal(cached[1, :6], prompts[1])
+    # Eager keras.ops loop, same tokens.
+    eager = model.generate(prompts, max_length=24, jit_compile=False)
+    np.testing.assert_array_equal(eager, cached)
+    # And the greedy tokens are the argmax of the full forward.
+    logits = numpy(model(cached))
+    np.testing.assert_array_equal(
+        np.argmax(logits[0, 2:-1], -1), cached[0, 3:]
+    )
+
+
+def test_samplers_stop_tokens_and_one_prompt():
+    model = tiny()
+    prompt = ids(1, 4)[0]
+    # Eager loops: one XLA compilation per sampler is slow on a busy CPU.
+    for sampler in ("top_k", "top_p", keras_hub.samplers.TopKSampler(k=3, seed=1)):
+        out = model.generate(prompt, max_length=10, sampler=sampler,
+                             jit_compile=False)
+        assert out.shape == (10,)
+        np.testing.assert_array_equal(out[:4], prompt)
+        assert out.min() >= 0 and out.max() < V
+    greedy = model.generate(prompt, max_length=10)
+    stop = int(greedy[5])
+    stopped = model.generate(prompt, max_length=10, stop_token_ids=[stop],
+                             jit_compile=False)
+    first = 4 + int(np.flatnonzero(greedy[4:] == stop)[0])
+    np.testing.assert_array_equal(stopped[:first + 1], greedy[:first + 1])
+    assert not stopped[first + 1:].any()
+
+
+def test_keras_file_round_trip_keeps_outputs_and_preprocessor(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = CausalLM(preprocessor=CausalLMPreprocessor(), hidden_dim=16,
+                     depth=1, num_heads=2, sliding_window=8)
+    x = model.preprocessor.encode(["1 may 2000 = 2000-05-01"])[0][None]
+    path = os.path.join(tmp_path, "lm.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_allclose(numpy(loaded(x)), numpy(model(x)), atol=1e-6)
+    assert loaded.backbone.sliding_window == 8
+    assert loaded.preprocessor.vocabulary_size == 128
+    assert loaded.generate_text("3 may") == model.generate_text("3 may")
+
+
+def test_attention_maps_are_causal_and_windowed():
+    model, x = tiny(sliding_window=3), ids(1, 8)
+    maps = visualization.attention_maps(model, x)
+    assert len(maps) == 2
+    for weights in maps.values():
+        assert weights.shape == (1, 4, 8, 8)
+        np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+        t, s = np.indices((8, 8))
+        assert not weights[..., (s > t) | (t - s >= 3)].any()
+    scores = model.attention_scores(x)
+    np.testing.assert_allclose(numpy(scores[1]), list(maps.values())[1], atol=1e-6)
+
+
+@pytest.mark.large  # an XLA train step; the README's example fits too
+def test_fit_lowers_the_loss_on_text():
+    keras.utils.set_random_seed(0)
+    model = CausalLM(preprocessor=CausalLMPreprocessor(), hidden_dim=16,
+                     depth=1, num_heads=2)
+    text = load_text_corpus(num_train=300, num_val=20, num_test=20)["train"]
+    figures = training.fit_causal_lm(model, text, sequence_length=32, epochs=2)
+    losses = figures["history"]["loss"]
+    assert losses[-1] < losses[0]
+
+
+def test_preset_is_registered_and_loads_its_weights():
+    spec = presets.get_preset("causal_lm_dates")
+    assert spec.class_name == "CausalLM"
+    assert "causal_lm_dates" in CausalLM.presets()
+    assert os.path.getsize(spec.weights_path) < 1_000_000
+    model = CausalLM.from_preset("causal_lm_dates")
+    assert model.backbone.sliding_window == 64
+    out = model.generate_text(["14 july 1989 = ", "march 3rd, 2001 = "])
+    assert out == ["14 july 1989 = 1989-07-14", "march 3rd, 2001 = 2001-03-03"]
+    backbone = CausalLMBackbone.from_preset("causal_lm_dates")
+    np.testing.assert_array_equal(
+        backbone.get_weights()[0], model.backbone.get_weights()[0]
+    )
+
+
+def test_preprocessor_and_text_folder(tmp_path):
+    p = CausalLMPreprocessor()
+    assert p.decode(p.encode("ab\ncd")) == "ab\ncd"
+    assert p.encode("\té")[0] == p.encode("é")[0] == 127
+    os.makedirs(os.path.join(tmp_path, "sub"))
+    for name, text in (("a.txt", "hello world\n" * 20), ("sub/b.txt", "bye\n")):
+        with open(os.path.join(tmp_path, name), "w") as f:
+            f.write(text)
+    corpus = load_text_corpus(str(tmp_path), val_fraction=0.1)
+    assert corpus["train"].startswith("hello world") and corpus["val"].endswith("bye\n")
+    x, y = p.sequences(corpus["train"], 16)
+    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])
+    with pytest.raises(ValueError, match="Missing text file"):
+        load_text_corpus(str(tmp_path / "sub" / "missing"))
+    os.makedirs(os.path.join(tmp_path, "empty"))
+    with pytest.raises(ValueError, match="path"):
+        load_text_corpus(str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="sequence_length"):
+        p.sequences("short", 16)
+    with pytest.raises(ValueError, match="vocabulary_size"):
+        CausalLMPreprocessor(vocabulary_size=10)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(position_encoding="learned"), "position_encoding"),
+        (dict(sliding_window=0), "sliding_window"),
+        (dict(num_heads=0), "num_heads"),
+        (dict(dropout=1.5), "dropout"),
+        (dict(tie_weights="yes"), "tie_weights"),
+        (dict(window=3), "window"),
+        (dict(vocabulary_size=None), "vocabulary_size"),
+    ],
+)
+def test_bad_constructor_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(**kwargs)
+
+
+def test_bad_generate_arguments():
+    model = tiny()
+    with pytest.raises(ValueError, match="max_length"):
+        model.generate(ids(1, 6), max_length=6)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        model.generate([[1, 2, V]], max_length=8)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        model.generate([[]], max_length=8)
+    with pytest.raises(ValueError, match="sampler"):
+        model.generate(ids(1, 3), max_length=8, sampler="beam")
+    with pytest.raises(ValueError, match="preprocessor"):
+        model.generate_text("hello")
+    with pytest.raises(ValueError, match="backbone"):
+        CausalLM(backbone=model.backbone, hidden_dim=8)
+    with pytest.raises(ValueError, match="token_ids"):
+        CausalLMBackbone(vocabulary_size=V, hidden_dim=8, num_heads=2)(
+            np.ones((2, 3, 4), "int32")
+        )
+
+
+@pytest.mark.large  # a minute or two: fine-tuning, 100 generations, pictures
+def test_run_recipe_quick(tmp_path):
+    from keras_attention import recipes
+
+    result = recipes.TASKS["causal-lm"].run(
+        model_name="rope", data=None, epochs=None, out=str(tmp_path), seed=0,
+        quick=True,
+    )
+    assert result.metrics["date_accuracy"] > 0.5
+    assert {os.path.basename(f) for f in result.files} >= {
+        "causal_lm_rope.keras", "causal_lm_attention_0.png",
+        "causal_lm_explorer.html",
+    }
