@@ -13,7 +13,6 @@ import os
 import re
 
 from keras_attention.applications.converters import common
-from keras_attention.applications.converters import vit
 
 ARCHITECTURES = (
     "BertModel",
@@ -95,7 +94,7 @@ def read_source(source):
     """`(config, tensors, name, vocabulary)` of a BERT module or folder."""
     config, tensors, name = common.read_transformers_source(source, ARCHITECTURES)
     vocabulary = None
-    if not vit._is_torch_module(source):
+    if not common.is_torch_module(source):
         vocabulary = os.path.join(source, "vocab.txt")
         vocabulary = vocabulary if os.path.isfile(vocabulary) else None
     return config, tensors, name, vocabulary
@@ -120,8 +119,8 @@ def _fill_backbone(backbone, loader):
         "embeddings.token_type_embeddings.weight",
         embedding.token_type_embedding.embeddings,
     )
-    vit._take_norm(loader, "embeddings.LayerNorm", embedding.norm)
-    for index, block in enumerate(vit._block_layers(backbone)):
+    common.take_norm(loader, "embeddings.LayerNorm", embedding.norm)
+    for index, block in enumerate(common.encoder_blocks(backbone)):
         prefix = f"encoder.layer.{index}."
         attention = block.attention_layer
         heads_shape = tuple(attention._query_dense.kernel.shape)  # (C, H, D)
@@ -145,11 +144,11 @@ def _fill_backbone(backbone, loader):
             lambda w, shape=tuple(out.kernel.shape): w.T.reshape(shape),
         )
         loader.take(prefix + "attention.output.dense.bias", out.bias)
-        vit._take_norm(loader, prefix + "attention.output.LayerNorm", block.attention_norm)
-        vit._take_linear(loader, prefix + "intermediate.dense", block.mlp_hidden)
-        vit._take_linear(loader, prefix + "output.dense", block.mlp_output)
-        vit._take_norm(loader, prefix + "output.LayerNorm", block.mlp_norm)
-    vit._take_linear(loader, "pooler.dense", backbone.get_layer("pooler").dense)
+        common.take_norm(loader, prefix + "attention.output.LayerNorm", block.attention_norm)
+        common.take_linear(loader, prefix + "intermediate.dense", block.mlp_hidden)
+        common.take_linear(loader, prefix + "output.dense", block.mlp_output)
+        common.take_norm(loader, prefix + "output.LayerNorm", block.mlp_norm)
+    common.take_linear(loader, "pooler.dense", backbone.get_layer("pooler").dense)
 
 
 def _check_config(config, tensors, arguments):
@@ -247,6 +246,6 @@ def classifier_from_transformers(
     loader = common.TensorLoader(tensors, name, ignore=ignore)
     _fill_backbone(backbone, loader)
     if load_head:
-        vit._take_linear(loader, "classifier", model.get_layer("predictions"))
+        common.take_linear(loader, "classifier", model.get_layer("predictions"))
     loader.load()
     return model

@@ -265,3 +265,51 @@ class TensorLoader:
             )
         for variable, value in self.assignments:
             variable.assign(value.astype(variable.dtype))
+
+
+# Assigning torch tensors to Keras variables, shared by every converter.
+
+
+def is_torch_module(source):
+    """Whether `source` is a torch module (else a path)."""
+    return hasattr(source, "state_dict") and hasattr(source, "named_modules")
+
+
+def encoder_blocks(backbone):
+    """The backbone's Transformer encoder blocks, in order."""
+    from keras_attention.applications.blocks import TransformerEncoderBlock
+
+    return [
+        layer for layer in backbone.layers
+        if isinstance(layer, TransformerEncoderBlock)
+    ]
+
+
+def conv_kernel(weight):
+    """`(C_out, C_in, kh, kw)` -> `(kh, kw, C_in, C_out)`: NCHW to
+    channels-last."""
+    return weight.transpose(2, 3, 1, 0)
+
+
+def dense_kernel(weight):
+    """A `torch.nn.Linear` weight `(out, in)` as a Keras kernel `(in, out)`."""
+    return weight.T
+
+
+def take_norm(loader, name, norm):
+    """`name.weight`/`name.bias` -> a LayerNormalization's gamma/beta."""
+    loader.take(name + ".weight", norm.gamma)
+    loader.take(name + ".bias", norm.beta)
+
+
+def take_linear(loader, name, dense, shape=None):
+    """`name.weight`/`name.bias` of a `Linear` -> a Dense (or, with
+    `shape`, an EinsumDense kernel of that shape and its bias)."""
+    loader.take(
+        name + ".weight", dense.kernel,
+        dense_kernel if shape is None else lambda w: w.T.reshape(shape),
+    )
+    loader.take(
+        name + ".bias", dense.bias,
+        None if shape is None else lambda b: b.reshape(tuple(dense.bias.shape)),
+    )

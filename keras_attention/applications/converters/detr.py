@@ -196,30 +196,14 @@ def _take_backbone(loader, backbone, prefix, naming):
             loader.take(f"{prefix}{norm_name}.{suffix}", variable)
 
 
-def _take_linear(loader, name, dense, shape=None):
-    loader.take(
-        name + ".weight", dense.kernel,
-        lambda w: w.T if shape is None else w.T.reshape(shape),
-    )
-    loader.take(
-        name + ".bias", dense.bias,
-        lambda b: b if shape is None else b.reshape(tuple(dense.bias.shape)),
-    )
-
-
 def _take_attention(loader, name, attention):
     """`q_proj`, `k_proj`, `v_proj`, `out_proj` -> `MultiHeadAttention`."""
     for role, dense in (("q_proj", attention._query_dense),
                         ("k_proj", attention._key_dense),
                         ("v_proj", attention._value_dense)):
-        _take_linear(loader, f"{name}.{role}", dense, tuple(dense.kernel.shape))
+        common.take_linear(loader, f"{name}.{role}", dense, tuple(dense.kernel.shape))
     out = attention._output_dense
-    _take_linear(loader, f"{name}.out_proj", out, tuple(out.kernel.shape))
-
-
-def _take_norm(loader, name, norm):
-    loader.take(name + ".weight", norm.gamma)
-    loader.take(name + ".bias", norm.beta)
+    common.take_linear(loader, f"{name}.out_proj", out, tuple(out.kernel.shape))
 
 
 def fill(model, loader, prefix, naming, load_class_head, load_box_head):
@@ -235,27 +219,27 @@ def fill(model, loader, prefix, naming, load_class_head, load_box_head):
     for index, block in enumerate(model.encoder_layers):
         name = f"{prefix}encoder.layers.{index}."
         _take_attention(loader, name + "self_attn", block.attention_layer)
-        _take_norm(loader, name + "self_attn_layer_norm", block.attention_norm)
-        _take_linear(loader, name + "fc1", block.mlp_hidden)
-        _take_linear(loader, name + "fc2", block.mlp_output)
-        _take_norm(loader, name + "final_layer_norm", block.mlp_norm)
+        common.take_norm(loader, name + "self_attn_layer_norm", block.attention_norm)
+        common.take_linear(loader, name + "fc1", block.mlp_hidden)
+        common.take_linear(loader, name + "fc2", block.mlp_output)
+        common.take_norm(loader, name + "final_layer_norm", block.mlp_norm)
     for index, block in enumerate(model.decoder_layers):
         name = f"{prefix}decoder.layers.{index}."
         _take_attention(loader, name + "self_attn", block.self_attention)
-        _take_norm(loader, name + "self_attn_layer_norm",
+        common.take_norm(loader, name + "self_attn_layer_norm",
                    block.self_attention_norm)
         _take_attention(loader, name + "encoder_attn", block.cross_attention)
-        _take_norm(loader, name + "encoder_attn_layer_norm",
+        common.take_norm(loader, name + "encoder_attn_layer_norm",
                    block.cross_attention_norm)
-        _take_linear(loader, name + "fc1", block.mlp_hidden)
-        _take_linear(loader, name + "fc2", block.mlp_output)
-        _take_norm(loader, name + "final_layer_norm", block.mlp_norm)
-    _take_norm(loader, prefix + "decoder.layernorm", model.decoder_norm)
+        common.take_linear(loader, name + "fc1", block.mlp_hidden)
+        common.take_linear(loader, name + "fc2", block.mlp_output)
+        common.take_norm(loader, name + "final_layer_norm", block.mlp_norm)
+    common.take_norm(loader, prefix + "decoder.layernorm", model.decoder_norm)
     if load_class_head:
-        _take_linear(loader, "class_labels_classifier", model.class_head)
+        common.take_linear(loader, "class_labels_classifier", model.class_head)
     if load_box_head:
         for index, dense in enumerate(model.box_head):
-            _take_linear(loader, f"bbox_predictor.layers.{index}", dense)
+            common.take_linear(loader, f"bbox_predictor.layers.{index}", dense)
 
 
 def from_transformers(cls, source, num_classes=None, image_size=(800, 800),

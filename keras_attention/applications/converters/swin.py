@@ -9,7 +9,7 @@ bias table have timm's layout, so they load as they are (transposed
 kernels only).
 """
 
-from keras_attention.applications.converters import vit as vit_converter
+from keras_attention.applications.converters import common
 
 
 def _unsupported(option, value, where=""):
@@ -101,30 +101,30 @@ def fill(model, loader):
     backbone = model.backbone
     patch = backbone.get_layer("patch_embedding")
     loader.take("patch_embed.proj.weight", patch.projection.kernel,
-                vit_converter._conv_kernel)
+                common.conv_kernel)
     loader.take("patch_embed.proj.bias", patch.projection.bias)
-    vit_converter._take_norm(loader, "patch_embed.norm", patch.norm)
+    common.take_norm(loader, "patch_embed.norm", patch.norm)
     depths = backbone.depth if isinstance(backbone.depth, (list, tuple)) else [backbone.depth]
     for stage, stage_depth in enumerate(depths):
         if stage:
             merging = backbone.get_layer(f"patch_merging_{stage}")
             prefix = f"layers.{stage}.downsample."
-            vit_converter._take_norm(loader, prefix + "norm", merging.norm)
+            common.take_norm(loader, prefix + "norm", merging.norm)
             loader.take(prefix + "reduction.weight", merging.reduction.kernel,
-                        vit_converter._dense_kernel)
+                        common.dense_kernel)
         for index in range(stage_depth):
             name = f"block_{index}" if len(depths) == 1 else f"block_{stage}_{index}"
             block = backbone.get_layer(name)
             attention = block.attention_layer
             prefix = f"layers.{stage}.blocks.{index}."
-            vit_converter._take_norm(loader, prefix + "norm1", block.attention_norm)
+            common.take_norm(loader, prefix + "norm1", block.attention_norm)
             loader.take(prefix + "attn.relative_position_bias_table",
                         attention.relative_position_bias_table)
-            vit_converter._take_linear(loader, prefix + "attn.qkv", attention.qkv)
-            vit_converter._take_linear(
+            common.take_linear(loader, prefix + "attn.qkv", attention.qkv)
+            common.take_linear(
                 loader, prefix + "attn.proj", attention.output_dense
             )
-            vit_converter._take_norm(loader, prefix + "norm2", block.mlp_norm)
-            vit_converter._take_linear(loader, prefix + "mlp.fc1", block.mlp_hidden)
-            vit_converter._take_linear(loader, prefix + "mlp.fc2", block.mlp_output)
-    vit_converter._take_norm(loader, "norm", backbone.get_layer("final_norm"))
+            common.take_norm(loader, prefix + "norm2", block.mlp_norm)
+            common.take_linear(loader, prefix + "mlp.fc1", block.mlp_hidden)
+            common.take_linear(loader, prefix + "mlp.fc2", block.mlp_output)
+    common.take_norm(loader, "norm", backbone.get_layer("final_norm"))

@@ -18,35 +18,6 @@ import numpy as np
 from keras_attention.applications.converters import common
 
 
-def _conv_kernel(weight):
-    # (C_out, C_in, kh, kw) -> (kh, kw, C_in, C_out): NCHW to channels-last.
-    return weight.transpose(2, 3, 1, 0)
-
-
-def _dense_kernel(weight):
-    return weight.T
-
-
-def _block_layers(backbone):
-    from keras_attention.applications.blocks import TransformerEncoderBlock
-
-    return [
-        layer
-        for layer in backbone.layers
-        if isinstance(layer, TransformerEncoderBlock)
-    ]
-
-
-def _take_norm(loader, name, norm):
-    loader.take(name + ".weight", norm.gamma)
-    loader.take(name + ".bias", norm.beta)
-
-
-def _take_linear(loader, name, dense):
-    loader.take(name + ".weight", dense.kernel, _dense_kernel)
-    loader.take(name + ".bias", dense.bias)
-
-
 def _fill(model, loader, layout, qkv_bias, load_head):
     """Queues every variable of `model` in `loader` from `layout`'s names.
 
@@ -57,12 +28,12 @@ def _fill(model, loader, layout, qkv_bias, load_head):
     """
     backbone = model.backbone
     patch = backbone.get_layer("patch_embedding")
-    loader.take(layout["patch"] + ".weight", patch.projection.kernel, _conv_kernel)
+    loader.take(layout["patch"] + ".weight", patch.projection.kernel, common.conv_kernel)
     loader.take(layout["patch"] + ".bias", patch.projection.bias)
     if patch.use_class_token:
         loader.take(layout["class_token"], patch.class_token)
     loader.take(layout["position"], patch.position_embedding)
-    for index, block in enumerate(_block_layers(backbone)):
+    for index, block in enumerate(common.encoder_blocks(backbone)):
         prefix = layout["block"].format(index)
         attention = block.attention_layer
         q, k, v = attention._query_dense, attention._key_dense, attention._value_dense
@@ -71,7 +42,7 @@ def _fill(model, loader, layout, qkv_bias, load_head):
         def heads(weight, shape=heads_shape):
             return weight.T.reshape(shape)
 
-        _take_norm(loader, prefix + layout["norm1"], block.attention_norm)
+        common.take_norm(loader, prefix + layout["norm1"], block.attention_norm)
         if "qkv" in layout:
             qkv = prefix + layout["qkv"]
             loader.take(
@@ -106,13 +77,13 @@ def _fill(model, loader, layout, qkv_bias, load_head):
             lambda w, shape=tuple(out.kernel.shape): w.T.reshape(shape),
         )
         loader.take(prefix + layout["output"] + ".bias", out.bias)
-        _take_norm(loader, prefix + layout["norm2"], block.mlp_norm)
-        _take_linear(loader, prefix + layout["fc1"], block.mlp_hidden)
-        _take_linear(loader, prefix + layout["fc2"], block.mlp_output)
+        common.take_norm(loader, prefix + layout["norm2"], block.mlp_norm)
+        common.take_linear(loader, prefix + layout["fc1"], block.mlp_hidden)
+        common.take_linear(loader, prefix + layout["fc2"], block.mlp_output)
     if backbone.final_norm is not None:
-        _take_norm(loader, layout["final_norm"], backbone.get_layer("final_norm"))
+        common.take_norm(loader, layout["final_norm"], backbone.get_layer("final_norm"))
     if load_head:
-        _take_linear(loader, layout["head"], model.get_layer("predictions"))
+        common.take_linear(loader, layout["head"], model.get_layer("predictions"))
 
 
 def _build(cls, arguments, source_classes, num_classes, overrides):
@@ -280,10 +251,6 @@ def _timm_model_from_name(model_name, num_classes, model_kwargs):
         ) from error
 
 
-def _is_torch_module(source):
-    return hasattr(source, "state_dict") and hasattr(source, "named_modules")
-
-
 def from_timm(
     cls, source, model_name=None, config=None, num_classes=None,
     model_kwargs=None, **kwargs,
@@ -292,7 +259,7 @@ def from_timm(
     from keras_attention.applications.converters import swin
 
     timm_model = None
-    if _is_torch_module(source):
+    if common.is_torch_module(source):
         timm_model = source
         tensors = common.state_dict_arrays(source)
         name = f"The timm model {type(source).__name__}"
@@ -323,7 +290,7 @@ def from_timm(
     if timm_model is not None:
         describe = swin.swin_arguments if is_swin else timm_arguments
         arguments, model_classes, qkv_bias = describe(timm_model)
-        if _is_torch_module(source):
+        if common.is_torch_module(source):
             source_classes = model_classes
     model, load_head = _build(cls, arguments, source_classes, num_classes, kwargs)
     head = "head.fc" if is_swin else "head"
@@ -332,7 +299,7 @@ def from_timm(
     if is_swin:
         swin.fill(model, loader)
         if load_head:
-            _take_linear(loader, head, model.get_layer("predictions"))
+            common.take_linear(loader, head, model.get_layer("predictions"))
         loader.load()
         return model
     _fill(
