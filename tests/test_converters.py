@@ -97,6 +97,51 @@ def test_timm_vit_converts_exactly(options):
     assert _difference(reference, model, images) < ATOL
 
 
+@pytest.mark.parametrize(
+    "options, new_size",
+    [({}, 48), ({}, 24), (dict(no_embed_class=True), (40, 56)),
+     (dict(global_pool="avg", class_token=False), 48)],
+    ids=["up", "down", "no_embed_class_rect", "no_class_token"],
+)
+def test_timm_vit_at_another_image_size(options, new_size):
+    """`from_timm(..., image_size=N)` resamples the position embedding as
+    timm does when it loads a checkpoint at another `img_size`: the same
+    logits as timm's model built for that size with timm's resampled
+    state dict."""
+    from timm.layers import resample_abs_pos_embed
+
+    reference = _timm_vit(**options)
+    size = (new_size, new_size) if isinstance(new_size, int) else new_size
+    resized = timm_vit.VisionTransformer(**{
+        **dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4,
+               num_classes=10), **options, "img_size": size,
+    })
+    state = reference.state_dict()
+    prefix = 0 if reference.no_embed_class else reference.num_prefix_tokens
+    state["pos_embed"] = resample_abs_pos_embed(
+        state["pos_embed"], list(resized.patch_embed.grid_size),
+        list(reference.patch_embed.grid_size), num_prefix_tokens=prefix,
+    )
+    resized.load_state_dict(state)
+    resized.eval()
+    model = VisionTransformer.from_timm(reference, image_size=size)
+    images = np.random.RandomState(2).randn(2, *size, 3).astype("float32")
+    assert _difference(resized, model, images) < ATOL
+    hf = VisionTransformer.from_transformers(
+        transformers.ViTForImageClassification(_hf_config()).eval(), image_size=48
+    )
+    assert hf(np.zeros((1, 48, 48, 3), "float32")).shape == (1, 10)
+
+
+def test_swin_keeps_its_image_size():
+    reference = timm.create_model(
+        "swin_tiny_patch4_window7_224", pretrained=False, num_classes=5,
+        img_size=32, window_size=2, embed_dim=16, depths=(2, 2), num_heads=(2, 4),
+    )
+    with pytest.raises(ValueError, match="image_size"):
+        VisionTransformer.from_timm(reference, image_size=64)
+
+
 def test_hf_vit_for_image_classification_converts_exactly():
     reference = _randomize(
         transformers.ViTForImageClassification(_hf_config(qkv_bias=False))

@@ -379,7 +379,10 @@ class VisionTransformer(app_base.Classifier):
                 `model_name` (e.g. `img_size`).
             **kwargs: other `VisionTransformer` arguments that keep the
                 weights' shapes (`dropout`, `attention_dropout`,
-                `head_dropout`, `attention` of the same projections, ...).
+                `head_dropout`, `attention` of the same projections, ...),
+                and `image_size`: a ViT for another image size, its
+                position embedding resampled to the new patch grid as timm
+                does (bicubic, antialiased; not for Swin).
 
         Returns:
             A `VisionTransformer`.

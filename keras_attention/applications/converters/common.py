@@ -313,3 +313,52 @@ def take_linear(loader, name, dense, shape=None):
         name + ".bias", dense.bias,
         None if shape is None else lambda b: b.reshape(tuple(dense.bias.shape)),
     )
+
+
+def _aa_bicubic_weights(size_in, size_out):
+    """`(size_out, size_in)` weights of torch's antialiased bicubic resize
+    (`F.interpolate(mode="bicubic", antialias=True)`, PIL's filter, a=-0.5)."""
+
+    def cubic(x):
+        x = np.abs(x)
+        a = -0.5
+        return np.where(
+            x < 1, ((a + 2) * x - (a + 3)) * x * x + 1,
+            np.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, 0.0),
+        )
+
+    scale = size_in / size_out
+    support = 2.0 * max(scale, 1.0)
+    inverse = 1.0 / max(scale, 1.0)
+    weights = np.zeros((size_out, size_in))
+    for i in range(size_out):
+        center = (i + 0.5) * scale
+        low = max(int(center - support + 0.5), 0)
+        high = min(int(center + support + 0.5), size_in)
+        taps = cubic((np.arange(low, high) - center + 0.5) * inverse)
+        weights[i, low:high] = taps / taps.sum()
+    return weights
+
+
+def resample_position_embedding(embedding, old_grid, new_grid, prefix_tokens):
+    """A ViT's learned position embedding `(1, prefix + h*w, C)` resized to
+    another patch grid, as timm's `resample_abs_pos_embed` does (bicubic
+    with antialiasing on the `(h, w)` grid; the class token's row kept).
+
+    For fine-tuning a converted model at another image size:
+    `VisionTransformer.from_timm(model, image_size=384)`.
+    """
+    old_h, old_w = old_grid
+    new_h, new_w = new_grid
+    prefix = embedding[:, :prefix_tokens]
+    grid = embedding[0, prefix_tokens:].astype("float64")
+    if grid.shape[0] != old_h * old_w:
+        raise ValueError(
+            f"The position embedding has {grid.shape[0]} patch rows, not the "
+            f"{old_h} x {old_w} grid of the source model."
+        )
+    grid = grid.reshape(old_h, old_w, -1)
+    grid = np.einsum("ih,hwc->iwc", _aa_bicubic_weights(old_h, new_h), grid)
+    grid = np.einsum("jw,iwc->ijc", _aa_bicubic_weights(old_w, new_w), grid)
+    grid = grid.reshape(1, new_h * new_w, -1).astype(embedding.dtype)
+    return np.concatenate([prefix, grid], axis=1)

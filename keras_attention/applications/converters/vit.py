@@ -18,13 +18,24 @@ import numpy as np
 from keras_attention.applications.converters import common
 
 
-def _fill(model, loader, layout, qkv_bias, load_head):
+def _grid(arguments):
+    """The patch grid `(h, w)` of `VisionTransformer` arguments."""
+    image = arguments["image_size"]
+    patch = arguments["patch_size"]
+    image = (image, image) if isinstance(image, int) else tuple(image)
+    patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
+    return image[0] // patch[0], image[1] // patch[1]
+
+
+def _fill(model, loader, layout, qkv_bias, load_head, source_grid=None):
     """Queues every variable of `model` in `loader` from `layout`'s names.
 
     `layout`: `patch`, `class_token`, `position`, `block` (a format string
     of the block index), the block's `norm1`, `norm2`, `qkv` (fused, timm)
     or `query`/`key`/`value`, `output`, `fc1`, `fc2`, then `final_norm` and
-    `head` names.
+    `head` names. `source_grid`: the checkpoint's patch grid; a model
+    built for another image size gets the position embedding resampled to
+    its grid (`common.resample_position_embedding`, timm's bicubic).
     """
     backbone = model.backbone
     patch = backbone.get_layer("patch_embedding")
@@ -32,7 +43,18 @@ def _fill(model, loader, layout, qkv_bias, load_head):
     loader.take(layout["patch"] + ".bias", patch.projection.bias)
     if patch.use_class_token:
         loader.take(layout["class_token"], patch.class_token)
-    loader.take(layout["position"], patch.position_embedding)
+    target = tuple(patch.position_embedding.shape)
+    grid = tuple(patch.grid_shape)
+    prefix_tokens = target[1] - grid[0] * grid[1]
+
+    def position(embedding):
+        if source_grid is None or tuple(source_grid) == grid:
+            return embedding
+        return common.resample_position_embedding(
+            embedding, source_grid, grid, prefix_tokens
+        )
+
+    loader.take(layout["position"], patch.position_embedding, position)
     for index, block in enumerate(common.encoder_blocks(backbone)):
         prefix = layout["block"].format(index)
         attention = block.attention_layer
@@ -292,6 +314,12 @@ def from_timm(
         arguments, model_classes, qkv_bias = describe(timm_model)
         if common.is_torch_module(source):
             source_classes = model_classes
+    if is_swin and "image_size" in kwargs:
+        raise ValueError(
+            "A converted Swin keeps its image size (its window grids and "
+            "relative position tables are built for it). Received: "
+            f"image_size={kwargs['image_size']!r}"
+        )
     model, load_head = _build(cls, arguments, source_classes, num_classes, kwargs)
     head = "head.fc" if is_swin else "head"
     ignore = () if load_head else (head + ".weight", head + ".bias")
@@ -305,7 +333,7 @@ def from_timm(
     _fill(
         model, loader, {**TIMM_LAYOUT, "final_norm": (
             "fc_norm" if model.backbone.final_norm == "pooled" else "norm"
-        )}, qkv_bias, load_head,
+        )}, qkv_bias, load_head, source_grid=_grid(arguments),
     )
     loader.load()
     return model
@@ -401,6 +429,6 @@ def from_transformers(cls, source, num_classes=None, **kwargs):
         final_norm=prefix + "layernorm",
         head="classifier",
     )
-    _fill(model, loader, layout, qkv_bias, load_head)
+    _fill(model, loader, layout, qkv_bias, load_head, source_grid=_grid(arguments))
     loader.load()
     return model
