@@ -88,6 +88,12 @@ def test_a_real_measurement_in_graph_and_xla_gives_the_reference_values():
     np.testing.assert_allclose(grads[0], grads[1], atol=1e-5)
     choices = attention_ops.dispatch_choices()
     assert [c.key[1] for c in choices] == ["graph", "xla"]
+    # Under a gradient tape without training=True: timed as training too.
+    with tf.GradientTape() as tape:
+        q_ = tf.constant(q)
+        tape.watch(q_)
+        attention_ops.dot_product_attention(q_, k, v, attention_mask=mask)
+    assert attention_ops.dispatch_choices()[-1].key[2] == "train"
     for choice in choices:
         assert choice.key[2] == "train"
         assert set(choice.timings_ms) == {"dense", "blocked"}

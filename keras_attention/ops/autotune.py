@@ -120,6 +120,19 @@ def _tf_mode():
     return "graph"
 
 
+def _gradient_recorded(backend):
+    """Whether a TensorFlow gradient tape records this call (a custom
+    training loop calls layers without `training=True`)."""
+    if backend != "tensorflow":
+        return False
+    try:
+        from tensorflow.python.eager import record
+
+        return bool(record.could_possibly_record())
+    except Exception:  # pragma: no cover - a moved private helper
+        return False
+
+
 def choose(run, query, key, value, mask, is_causal, sliding_window, training):
     """`"dense"` or `"blocked"` for one long call; see the module docstring.
 
@@ -133,6 +146,7 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
     static = not any(d is None for shape in shapes for d in shape)
     mask_shape = shapes.pop() if mask is not None else None
     mode = _tf_mode() if backend == "tensorflow" else "compiled"
+    training = bool(training) or _gradient_recorded(backend)
     (b, t, h, d), (_, s, kh, _), (_, _, _, dv) = shapes
     key_ = (
         backend, mode, "train" if training else "infer", b, t, s, h, kh, d, dv,
