@@ -139,3 +139,39 @@ def test_attention_dropout_keeps_its_share_and_rescales():
         dropped[kept], plain.numpy()[kept] / 0.75, rtol=1e-5
     )
     assert (again != dropped).any()  # a new mask per call
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_keys_product_loop_equals_einsum(jit, dtype):
+    """`dV = P^T dO` / `dK = dS^T Q`: the per-(batch, head) loop that XLA on
+    a CPU takes equals the single product, with the batch known only when
+    the function is traced."""
+    from keras_attention.ops import autotune
+    from keras_attention.ops import dispatch
+
+    rng = np.random.default_rng(5)
+    p = tf.constant(rng.normal(size=(3, 2, 7, 5)), dtype=dtype)
+    x = tf.constant(rng.normal(size=(3, 2, 7, 4)), dtype=dtype)
+    seen = []
+
+    @tf.function(
+        jit_compile=jit,
+        input_signature=[
+            tf.TensorSpec((None, 2, 7, 5), dtype),
+            tf.TensorSpec((None, 2, 7, 4), dtype),
+        ],
+    )
+    def product(p, x):
+        seen.append(autotune.xla_on_cpu())
+        return dispatch._keys_product(p, x)
+
+    got = product(p, x)
+    want = tf.einsum("bhts,bhtd->bhsd", p, x)
+    assert seen == [jit and not tf.config.list_logical_devices("GPU")]
+    assert got.shape == want.shape and got.dtype == want.dtype
+    atol = 1e-5 if dtype == "float32" else 5e-2
+    np.testing.assert_allclose(
+        np.asarray(tf.cast(got, "float32")), np.asarray(tf.cast(want, "float32")),
+        atol=atol, rtol=atol,
+    )

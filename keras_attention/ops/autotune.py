@@ -120,6 +120,23 @@ def _tf_mode():
     return "graph"
 
 
+def xla_on_cpu():
+    """Whether the code being traced is compiled by XLA for a CPU (always
+    on JAX's CPU backend; inside a `jit_compile=True` function on
+    TensorFlow without a GPU). XLA's CPU backend runs some products much
+    slower than their simple layout (see `ops/dispatch.py`)."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() == "cpu"
+    if backend != "tensorflow" or _tf_mode() != "xla":
+        return False
+    import tensorflow as tf
+
+    return not tf.config.list_logical_devices("GPU")
+
+
 def _gradient_recorded(backend):
     """Whether a TensorFlow gradient tape records this call (a custom
     training loop calls layers without `training=True`)."""

@@ -320,7 +320,7 @@ def _dense_attention(q, k, v, mask):
                 axis=-1,
                 keepdims=True,
             )
-            d_v = ops.einsum("bhts,bhtd->bhsd", weights, d_out)
+            d_v = _keys_product(weights, d_out)
             d_p = ops.einsum("bhtd,bhsd->bhts", d_out, v)
             if low:
                 d_s = weights * (d_p - ops.cast(delta, d_p.dtype))
@@ -330,12 +330,42 @@ def _dense_attention(q, k, v, mask):
                 )
             d_s = ops.cast(d_s, q.dtype)
             d_q = ops.matmul(d_s, k)
-            d_k = ops.einsum("bhts,bhtd->bhsd", d_s, q)
+            d_k = _keys_product(d_s, q)
             return d_q, d_k, d_v
 
         return out, grad
 
     return attend(q, k, v)
+
+
+def _keys_product(p, x):
+    """`einsum("bhts,bhtd->bhsd", p, x)`: `dV = P^T dO` and `dK = dS^T Q`.
+
+    XLA's CPU backend folds any transpose around this product into the
+    product itself and then runs it about 4x slower than the same
+    arithmetic with the `(T, S)` operand on the right (`D x T` times
+    `T x S`; measured on TF 2.21 and JAX 0.10 CPUs, BENCHMARKS.md "Speed
+    per machine"). There, each `(batch, head)` pair's `x^T p` is computed
+    in a loop, whose body XLA cannot fold the final transpose into; every
+    other backend and mode keeps the single product (oneDNN and cuBLAS run
+    it at full speed, and the loop would cost them).
+    """
+    if not autotune.xla_on_cpu():
+        return ops.einsum("bhts,bhtd->bhsd", p, x)
+    heads, t_len, s_len = p.shape[1], p.shape[2], p.shape[3]
+    d_len = x.shape[-1]
+    p = ops.reshape(p, (-1, t_len, s_len))
+    x = ops.reshape(x, (-1, t_len, d_len))
+    pairs = ops.shape(p)[0]
+
+    def step(i, result):
+        product = ops.einsum("td,ts->ds", ops.take(x, i, axis=0), ops.take(p, i, axis=0))
+        return ops.slice_update(result, (i, 0, 0), product[None])
+
+    result = ops.fori_loop(
+        0, pairs, step, ops.zeros((pairs, d_len, s_len), dtype=x.dtype)
+    )
+    return ops.reshape(ops.swapaxes(result, 1, 2), (-1, heads, s_len, d_len))
 
 
 def _softmax_in_dtype(scores, mask):
