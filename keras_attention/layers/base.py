@@ -43,15 +43,16 @@ def check_rank(argument, shape, rank=3):
         )
 
 
-def check_mask_shape(argument, mask, expected):
-    """Raise if a mask's static shape cannot be `expected` (None = any)."""
+def check_mask_shape(argument, mask, expected, where=""):
+    """Raise if a mask's static shape cannot be `expected` (None = any);
+    `where` follows the expected shape in the message."""
     if mask is None:
         return
     shape = tuple(mask.shape)
     if not shape_fits(shape, expected):
         raise ValueError(
             f"Received an invalid value for argument `{argument}`, expected "
-            f"a boolean tensor of shape {expected}. Received: "
+            f"a boolean tensor of shape {expected}{where}. Received: "
             f"{argument}.shape={shape}"
         )
 

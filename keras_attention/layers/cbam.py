@@ -10,7 +10,6 @@ from keras import ops
 
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
-from keras_attention._validation import shape_fits
 from keras_attention.layers import base
 from keras_attention.registry import register
 
@@ -43,14 +42,9 @@ def check_position_mask(mask, inputs):
     """A Keras mask of the positions, `(B, ...)` = `inputs.shape[:-1]`."""
     if mask is None:
         return None
-    expected = tuple(inputs.shape[:-1])
-    shape = tuple(mask.shape)
-    if not shape_fits(shape, expected):
-        raise ValueError(
-            "Received an invalid value for argument `mask`, expected a "
-            f"boolean tensor of shape {expected} (the positions of "
-            f"`inputs`). Received: mask.shape={shape}"
-        )
+    base.check_mask_shape(
+        "mask", mask, tuple(inputs.shape[:-1]), " (the positions of `inputs`)"
+    )
     return ops.cast(mask, "bool")
 
 
