@@ -579,6 +579,40 @@ class SequenceAttention(keras.layers.Layer):
         # Left as (B, 1, S) / (B, T, 1) where possible: it broadcasts.
         return mask
 
+    def attend_one_head(
+        self, query, key, value, mask, training, return_weights, **core
+    ):
+        """`softmax(scores) V` of a single head, with the masks and the
+        layer's dropout (`self.dropout`, `self.seed_generator`), on the
+        shared core (`keras_attention.ops.dot_product_attention`).
+
+        `query` `(B, T, D)`, `key` `(B, S, D)`, `value` `(B, S, Dv)`; `mask`
+        from `unpack_inputs`; `core`: the core's other arguments (`scale`,
+        `bias`). Returns `(B, T, Dv)`, and the weights `(B, T, S)` (before
+        dropout) if `return_weights`.
+        """
+        result = attention_ops.dot_product_attention(
+            query[:, :, None, :],
+            key[:, :, None, :],
+            value[:, :, None, :],
+            attention_mask=mask,
+            dropout_rate=self.dropout,
+            seed=self.seed_generator,
+            training=training,
+            return_weights=return_weights,
+            **core,
+        )
+        if not return_weights:
+            return result[:, :, 0, :]
+        output, weights = result
+        return output[:, :, 0, :], weights[:, 0]
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        query_shape, value_shape, _ = split_shapes(
+            query_shape, value_shape, key_shape
+        )
+        return tuple(query_shape[:-1]) + (value_shape[-1],)
+
     def compute_output_spec(self, *args, **kwargs):
         # Trace `call` symbolically: the same checks and the same output
         # structure (with or without scores) as an eager call.
