@@ -87,9 +87,7 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
         super().__init__(**kwargs)
         self.units = check_positive_int("units", units)
         self.dropout = check_rate("dropout", dropout)
-        self.use_bias = bool(use_bias)
-        base.keep_keras_objects(self, locals())
-        base.keep_seed(self, seed)
+        base.keep_weight_arguments(self, locals())
 
     def _initializer(self):
         return base.clone_initializer(self.kernel_initializer)

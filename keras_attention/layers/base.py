@@ -247,13 +247,27 @@ _KERAS_OBJECTS = {
 }
 
 
-def keep_keras_objects(layer, arguments):
-    """Store each keras object among a constructor's `arguments` (its
-    `locals()`) on `layer` under its own name, as keras's `get` returns it
-    (`kernel_initializer`, `bias_regularizer`, `activation`, ...)."""
+# The arguments of the projection sublayers' weights that the layers with
+# keras sublayers take (in this order in their configs).
+WEIGHT_ARGUMENTS = (
+    "use_bias", "kernel_initializer", "bias_initializer", "kernel_regularizer",
+    "bias_regularizer",
+)
+
+
+def keep_weight_arguments(layer, arguments):
+    """Store the weight arguments among a constructor's `arguments` (its
+    `locals()`) on `layer` under their own names: `use_bias` as a bool, each
+    keras object as keras's `get` returns it (`kernel_initializer`,
+    `bias_regularizer`, `activation`, ...), and a `seed` with the generator
+    of the dropout (`keep_seed`: `layer.dropout` is set first)."""
+    if "use_bias" in arguments:
+        layer.use_bias = bool(arguments["use_bias"])
     for name, module in _KERAS_OBJECTS.items():
         if name in arguments:
             setattr(layer, name, module.get(arguments[name]))
+    if "seed" in arguments:
+        keep_seed(layer, arguments["seed"])
 
 
 def arguments_config(layer, names):

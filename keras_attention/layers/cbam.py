@@ -61,12 +61,6 @@ def _check_kernel_size(kernel_size):
     return kernel_size
 
 
-_WEIGHT_ARGUMENTS = (
-    "use_bias", "kernel_initializer", "bias_initializer", "kernel_regularizer",
-    "bias_regularizer",
-)
-
-
 class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
     """What the CBAM layers share: arguments of their weights, masks, specs."""
 
@@ -80,8 +74,7 @@ class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.use_bias = bool(use_bias)
-        base.keep_keras_objects(self, locals())
+        base.keep_weight_arguments(self, locals())
         self.supports_masking = True
 
     def _sublayer_kwargs(self, name):
@@ -122,7 +115,7 @@ class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
         return mask
 
     def _weights_config(self):
-        return base.arguments_config(self, _WEIGHT_ARGUMENTS)
+        return base.arguments_config(self, base.WEIGHT_ARGUMENTS)
 
 
 @register("channel", input_kind="grid")
@@ -173,7 +166,7 @@ class ChannelAttention(_ImageAttention):
           https://arxiv.org/abs/1807.06521
     """
 
-    config_arguments = ("reduction",) + _WEIGHT_ARGUMENTS
+    config_arguments = ("reduction",) + base.WEIGHT_ARGUMENTS
 
     def __init__(self, reduction=16, **kwargs):
         super().__init__(**kwargs)
@@ -289,7 +282,7 @@ class SpatialAttention(_ImageAttention):
           https://arxiv.org/abs/1807.06521
     """
 
-    config_arguments = ("kernel_size",) + _WEIGHT_ARGUMENTS
+    config_arguments = ("kernel_size",) + base.WEIGHT_ARGUMENTS
 
     def __init__(self, kernel_size=7, **kwargs):
         super().__init__(**kwargs)
@@ -375,7 +368,7 @@ class CBAM(_ImageAttention):
           https://arxiv.org/abs/1807.06521
     """
 
-    config_arguments = ("reduction", "kernel_size") + _WEIGHT_ARGUMENTS
+    config_arguments = ("reduction", "kernel_size") + base.WEIGHT_ARGUMENTS
 
     def __init__(self, reduction=16, kernel_size=7, **kwargs):
         super().__init__(**kwargs)

@@ -80,8 +80,7 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
         self.score_mode = score_mode
         self.dropout = check_rate("dropout", dropout)
         self.use_causal_mask = bool(use_causal_mask)
-        base.keep_keras_objects(self, locals())
-        base.keep_seed(self, seed)
+        base.keep_weight_arguments(self, locals())
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         query_shape, value_shape, key_shape = base.split_shapes(

@@ -207,9 +207,7 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         if version not in ("v1", "v2"):
             raise invalid("version", "one of 'v1', 'v2'", version)
         self.version = version
-        self.use_bias = bool(use_bias)
-        base.keep_keras_objects(self, locals())
-        base.keep_seed(self, seed)
+        base.keep_weight_arguments(self, locals())
 
     @property
     def output_dim(self):

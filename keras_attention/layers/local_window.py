@@ -183,9 +183,9 @@ class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
     """
 
     config_arguments = (
-        "num_heads", "window_size", "shift_size", "key_dim", "dropout",
-        "use_bias", "kernel_initializer", "bias_initializer",
-        "kernel_regularizer", "bias_regularizer", "seed",
+        ("num_heads", "window_size", "shift_size", "key_dim", "dropout")
+        + base.WEIGHT_ARGUMENTS
+        + ("seed",)
     )
 
     def __init__(
@@ -220,9 +220,7 @@ class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
         self.shift_size = shift_size
         self.key_dim = check_positive_int("key_dim", key_dim, allow_none=True)
         self.dropout = check_rate("dropout", dropout)
-        self.use_bias = bool(use_bias)
-        base.keep_keras_objects(self, locals())
-        base.keep_seed(self, seed)
+        base.keep_weight_arguments(self, locals())
 
     def _check_shape(self, shape, need_spatial):
         shape = tuple(shape)

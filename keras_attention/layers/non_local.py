@@ -125,9 +125,8 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
 
     config_arguments = (
         "mode", "inter_channels", "sub_sample", "use_batch_norm",
-        "zero_init_residual", "use_bias", "kernel_initializer",
-        "bias_initializer", "kernel_regularizer", "bias_regularizer",
-    )
+        "zero_init_residual",
+    ) + base.WEIGHT_ARGUMENTS
 
     def __init__(
         self,
@@ -155,8 +154,7 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
         self.sub_sample = _check_sub_sample(sub_sample)
         self.use_batch_norm = bool(use_batch_norm)
         self.zero_init_residual = bool(zero_init_residual)
-        self.use_bias = bool(use_bias)
-        base.keep_keras_objects(self, locals())
+        base.keep_weight_arguments(self, locals())
         self.supports_masking = True
 
     def pool_size(self, spatial_rank):
