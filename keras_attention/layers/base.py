@@ -313,6 +313,24 @@ def keep_seed(layer, seed):
     )
 
 
+def attend(layer, query, key, value, mask, training, return_weights, **core):
+    """The shared core (`keras_attention.ops.dot_product_attention`) on heads
+    `(B, T, H, D)` with `layer`'s dropout (`layer.dropout`, its
+    `seed_generator`); `core`: the core's other arguments (`scale`, `bias`).
+    """
+    return attention_ops.dot_product_attention(
+        query,
+        key,
+        value,
+        attention_mask=mask,
+        dropout_rate=layer.dropout,
+        seed=layer.seed_generator,
+        training=training,
+        return_weights=return_weights,
+        **core,
+    )
+
+
 class ProjectionMixin:
     """`enable_lora` for a layer whose kernels live in keras sublayers, and
     its config.
@@ -605,15 +623,14 @@ class SequenceAttention(keras.layers.Layer):
         `bias`). Returns `(B, T, Dv)`, and the weights `(B, T, S)` (before
         dropout) if `return_weights`.
         """
-        result = attention_ops.dot_product_attention(
+        result = attend(
+            self,
             query[:, :, None, :],
             key[:, :, None, :],
             value[:, :, None, :],
-            attention_mask=mask,
-            dropout_rate=self.dropout,
-            seed=self.seed_generator,
-            training=training,
-            return_weights=return_weights,
+            mask,
+            training,
+            return_weights,
             **core,
         )
         if not return_weights:

@@ -474,16 +474,15 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         # scores enter as its bias (the dot-product term is zero, heads of
         # size one); the coefficients come back before dropout.
         zeros = ops.zeros_like(values[..., :1])  # (B, N, H, 1)
-        heads, alpha = attention_ops.dot_product_attention(
+        heads, alpha = base.attend(
+            self,
             zeros,
             zeros,
             values,
-            attention_mask=mask[:, None, :, :],
-            bias=scores,
-            dropout_rate=self.dropout,
-            seed=self.seed_generator,
-            training=training,
+            mask[:, None, :, :],
+            training,
             return_weights=True,
+            bias=scores,
         )  # (B, N, H, C), (B, H, N, N)
         alpha = ops.cast(alpha, scores.dtype)
         out = self._finish(heads)

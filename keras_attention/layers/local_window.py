@@ -9,7 +9,6 @@ from keras import ops
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import check_rate
 from keras_attention._validation import invalid
-from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.registry import register
 
@@ -298,17 +297,16 @@ class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
             # (nW, 1, T, T) repeated for each image: (B * nW, 1, T, T).
             mask = ops.convert_to_tensor(mask[:, None])
             mask = ops.tile(mask, (ops.shape(inputs)[0], 1, 1, 1))
-        result = attention_ops.dot_product_attention(
+        result = base.attend(
+            self,
             q,
             k,
             v,
-            attention_mask=mask,
+            mask,
+            training,
+            return_attention_scores,
             bias=self.relative_position_bias(window),
             scale=1.0 / math.sqrt(d),
-            dropout_rate=self.dropout,
-            seed=self.seed_generator,
-            training=training,
-            return_weights=return_attention_scores,
         )
         out, weights = result if return_attention_scores else (result, None)
         out = self.output_dense(ops.reshape(out, (-1, t, heads * d)))
