@@ -5,6 +5,7 @@ import keras
 from keras import ops
 
 from keras_attention import ops as attention_ops
+from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
 from keras_attention._validation import shape_fits
 
@@ -87,20 +88,23 @@ def projection_sublayers(layer):
     return found
 
 
-def enable_lora_on(layer, rank, lora_alpha=None, target_names=None):
-    """`enable_lora(rank)` on `layer`'s projections, all or nothing.
-
-    Every argument and every target is checked before the first sublayer
-    changes, so a bad call leaves the layer exactly as it was.
-    """
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
-        raise invalid("rank", "a positive integer", rank)
+def _check_lora_alpha(lora_alpha):
     if lora_alpha is not None and (
         isinstance(lora_alpha, bool)
         or not isinstance(lora_alpha, (int, float))
         or lora_alpha <= 0
     ):
         raise invalid("lora_alpha", "a positive number or None", lora_alpha)
+
+
+def enable_lora_on(layer, rank, lora_alpha=None, target_names=None):
+    """`enable_lora(rank)` on `layer`'s projections, all or nothing.
+
+    Every argument and every target is checked before the first sublayer
+    changes, so a bad call leaves the layer exactly as it was.
+    """
+    check_positive_int("rank", rank)
+    _check_lora_alpha(lora_alpha)
     if not layer.built:
         raise ValueError(
             f"Cannot enable LoRA on the layer {layer.name!r} before it is "
@@ -174,8 +178,7 @@ def enable_lora(model, rank, lora_alpha=None, target_names=("query", "value")):
     model.compile("adam", "sparse_categorical_crossentropy")  # head + LoRA train
     ```
     """
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
-        raise invalid("rank", "a positive integer", rank)
+    check_positive_int("rank", rank)
     names = [target_names] if isinstance(target_names, str) else list(target_names)
     if not names or not all(isinstance(n, str) for n in names):
         raise invalid("target_names", "a non-empty list of names", target_names)
@@ -214,12 +217,7 @@ def enable_lora(model, rank, lora_alpha=None, target_names=("query", "value")):
                 f"LoRA is incompatible with the kernel constraint of "
                 f"{sub.path!r}. Received: rank={rank}"
             )
-    if lora_alpha is not None and (
-        isinstance(lora_alpha, bool)
-        or not isinstance(lora_alpha, (int, float))
-        or lora_alpha <= 0
-    ):
-        raise invalid("lora_alpha", "a positive number or None", lora_alpha)
+    _check_lora_alpha(lora_alpha)
     for sub in targets.values():
         sub.enable_lora(rank, lora_alpha=lora_alpha)
     target_ids = {id(sub) for sub in targets.values()}

@@ -64,6 +64,10 @@ def _check_kernel_size(kernel_size):
 class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
     """What the CBAM layers share: arguments of their weights, masks, specs."""
 
+    # The largest rank of the inputs (`None`: any); the spatial map's
+    # convolution is 1-, 2- or 3-D.
+    _max_rank = 5
+
     def __init__(
         self,
         use_bias=True,
@@ -113,6 +117,10 @@ class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
     def compute_mask(self, inputs, mask=None):
         # The refined map is aligned with the input: same positions.
         return mask
+
+    def compute_output_shape(self, input_shape):
+        check_feature_map(input_shape, max_rank=self._max_rank)
+        return tuple(input_shape)
 
     def _weights_config(self):
         return base.arguments_config(self, base.WEIGHT_ARGUMENTS)
@@ -167,13 +175,14 @@ class ChannelAttention(_ImageAttention):
     """
 
     config_arguments = ("reduction",) + base.WEIGHT_ARGUMENTS
+    _max_rank = None  # pooled over all positions: any rank
 
     def __init__(self, reduction=16, **kwargs):
         super().__init__(**kwargs)
         self.reduction = check_positive_int("reduction", reduction)
 
     def build(self, input_shape):
-        check_feature_map(input_shape)
+        check_feature_map(input_shape, max_rank=self._max_rank)
         channels = input_shape[-1]
         if channels % self.reduction:
             raise invalid(
@@ -224,10 +233,6 @@ class ChannelAttention(_ImageAttention):
         if return_attention_scores:
             return outputs, weights
         return outputs
-
-    def compute_output_shape(self, input_shape):
-        check_feature_map(input_shape)
-        return tuple(input_shape)
 
     def legacy_variables(self):
         return self.hidden_dense.weights + self.output_dense.weights
@@ -289,7 +294,7 @@ class SpatialAttention(_ImageAttention):
         self.kernel_size = _check_kernel_size(kernel_size)
 
     def build(self, input_shape):
-        check_feature_map(input_shape, max_rank=5)
+        check_feature_map(input_shape, max_rank=self._max_rank)
         # Kernel (k, ..., k, 2 pooled maps, 1 output channel).
         pooled_shape = tuple(input_shape[:-1]) + (2,)
         self.conv = self._conv("conv", pooled_shape, 1, self.kernel_size)
@@ -311,10 +316,6 @@ class SpatialAttention(_ImageAttention):
         if return_attention_scores:
             return outputs, attention_map
         return outputs
-
-    def compute_output_shape(self, input_shape):
-        check_feature_map(input_shape, max_rank=5)
-        return tuple(input_shape)
 
     def legacy_variables(self):
         return self.conv.weights
@@ -376,7 +377,7 @@ class CBAM(_ImageAttention):
         self.kernel_size = _check_kernel_size(kernel_size)
 
     def build(self, input_shape):
-        check_feature_map(input_shape, max_rank=5)
+        check_feature_map(input_shape, max_rank=self._max_rank)
         weights_config = self._weights_config()
         self.channel_attention = ChannelAttention(
             reduction=self.reduction,
@@ -404,7 +405,3 @@ class CBAM(_ImageAttention):
         if return_attention_scores:
             return outputs, (channel_weights, spatial_map)
         return outputs
-
-    def compute_output_shape(self, input_shape):
-        check_feature_map(input_shape, max_rank=5)
-        return tuple(input_shape)
