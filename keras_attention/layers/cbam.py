@@ -11,42 +11,11 @@ from keras import ops
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
 from keras_attention.layers import base
+from keras_attention.layers._feature_maps import NEG_INF
+from keras_attention.layers._feature_maps import FeatureMapAttention
+from keras_attention.layers._feature_maps import check_feature_map
+from keras_attention.layers._feature_maps import check_position_mask
 from keras_attention.registry import register
-
-# Masked positions never win a max-pool (float32 pooling only).
-NEG_INF = -1e30
-
-
-def check_feature_map(shape, min_rank=3, max_rank=None):
-    """Raise the keras-worded error for a feature map of the wrong rank."""
-    rank = len(shape)
-    if rank < min_rank or (max_rank is not None and rank > max_rank):
-        expected = (
-            f"a tensor of rank {min_rank} or more (B, ..., C)"
-            if max_rank is None
-            else "a rank-3, 4 or 5 tensor (B, L, C), (B, H, W, C) or "
-            "(B, D, H, W, C)"
-        )
-        raise ValueError(
-            "Received an invalid value for argument `inputs`, expected "
-            f"{expected}. Received: inputs.shape={tuple(shape)}"
-        )
-    if shape[-1] is None:
-        raise ValueError(
-            "The channel (last) dimension of `inputs` must be known. "
-            f"Received: inputs.shape={tuple(shape)}"
-        )
-
-
-def check_position_mask(mask, inputs):
-    """A Keras mask of the positions, `(B, ...)` = `inputs.shape[:-1]`."""
-    if mask is None:
-        return None
-    base.check_mask_shape(
-        "mask", mask, tuple(inputs.shape[:-1]), " (the positions of `inputs`)"
-    )
-    return ops.cast(mask, "bool")
-
 
 def _check_kernel_size(kernel_size):
     if (
@@ -61,12 +30,9 @@ def _check_kernel_size(kernel_size):
     return kernel_size
 
 
-class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
-    """What the CBAM layers share: arguments of their weights, masks, specs."""
-
-    # The largest rank of the inputs (`None`: any); the spatial map's
-    # convolution is 1-, 2- or 3-D.
-    _max_rank = 5
+class _ImageAttention(FeatureMapAttention):
+    """What the CBAM layers share: the arguments of their weights, and
+    their convolutions."""
 
     def __init__(
         self,
@@ -79,16 +45,6 @@ class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         base.keep_weight_arguments(self, locals())
-        self.supports_masking = True
-
-    def _sublayer_kwargs(self, name):
-        return base.sublayer_kwargs(self, name)
-
-    def _dense(self, name, units, input_dim):
-        """A built `keras.layers.Dense` projection (LoRA, quantization)."""
-        dense = keras.layers.Dense(units, **self._sublayer_kwargs(name))
-        dense.build((None, input_dim))
-        return dense
 
     def _conv(self, name, input_shape, filters, kernel_size):
         """A built same-padded `keras.layers.Conv{1,2,3}D` (LoRA)."""
@@ -102,25 +58,10 @@ class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
             kernel_size,
             padding="same",
             data_format="channels_last",
-            **self._sublayer_kwargs(name),
+            **base.sublayer_kwargs(self, name),
         )
         conv.build(tuple(input_shape))
         return conv
-
-    def compute_output_spec(self, *args, **kwargs):
-        # Trace `call`, so `return_attention_scores=True` gives the right
-        # structure in a functional model too.
-        return super(keras.layers.Layer, self).compute_output_spec(
-            *args, **kwargs
-        )
-
-    def compute_mask(self, inputs, mask=None):
-        # The refined map is aligned with the input: same positions.
-        return mask
-
-    def compute_output_shape(self, input_shape):
-        check_feature_map(input_shape, max_rank=self._max_rank)
-        return tuple(input_shape)
 
     def _weights_config(self):
         return base.arguments_config(self, base.WEIGHT_ARGUMENTS)

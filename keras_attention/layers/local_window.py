@@ -111,7 +111,9 @@ def shifted_window_mask(height, width, window, shift):
 
 
 @register("local_window", input_kind="grid")
-class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
+class LocalWindowAttention(
+    base.ProjectionMixin, base.TracedOutputSpec, keras.layers.Layer
+):
     """Window attention with shifted windows (Liu et al., 2021, Swin).
 
     The image `(B, height, width, C)` is split into non-overlapping
@@ -322,10 +324,3 @@ class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return self._check_shape(input_shape, need_spatial=False)
-
-    def compute_output_spec(self, *args, **kwargs):
-        # Trace `call` symbolically, so `return_attention_scores=True` gives
-        # the (output, scores) pair in a functional model too.
-        return super(keras.layers.Layer, self).compute_output_spec(
-            *args, **kwargs
-        )
