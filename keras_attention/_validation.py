@@ -44,6 +44,20 @@ def check_pair(argument, value):
     return values
 
 
+def check_ids_in_range(argument, ids, stop, what, size):
+    """Raise a ValueError unless every id of the array `ids` is in
+    `[0, stop)`; `what` names the ids and `size` says where `stop` comes
+    from (`"node ids"`, `"num_nodes=34"`)."""
+    if ids.size:
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= stop:
+            raise ValueError(
+                f"Received an invalid value for argument `{argument}`, expected "
+                f"{what} in [0, {stop}) for {size}. "
+                f"Received: {argument} with values in [{low}, {high}]"
+            )
+
+
 def shape_fits(shape, expected):
     """Whether a static `shape` can be `expected`: the same rank, and equal
     wherever both dimensions are known (`None` is unknown)."""

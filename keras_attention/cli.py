@@ -41,6 +41,13 @@ def _positive_int(text):
     return value
 
 
+def _add_output_arguments(command, out_default, quick_help):
+    """`--out`, `--seed` and `--quick` of a command that trains."""
+    command.add_argument("--out", default=out_default, help="output folder")
+    command.add_argument("--seed", type=int, default=0, help="random seed")
+    command.add_argument("--quick", action="store_true", help=quick_help)
+
+
 def build_parser():
     from keras_attention import recipes
 
@@ -73,10 +80,8 @@ def build_parser():
     )
     run.add_argument("--data", help="a data folder in the task's standard format")
     run.add_argument("--epochs", type=_positive_int, help="training epochs")
-    run.add_argument("--out", default="keras_attention_out", help="output folder")
-    run.add_argument("--seed", type=int, default=0, help="random seed")
-    run.add_argument(
-        "--quick", action="store_true", help="a small slice of the data (a smoke test)"
+    _add_output_arguments(
+        run, "keras_attention_out", "a small slice of the data (a smoke test)"
     )
 
     demo = commands.add_parser(
@@ -87,10 +92,8 @@ def build_parser():
         "metrics and pictures, and report.html with the same and each "
         "application's interactive attention explorer, to --out.",
     )
-    demo.add_argument("--out", default="keras_attention_demo", help="output folder")
-    demo.add_argument("--seed", type=int, default=0, help="random seed")
-    demo.add_argument(
-        "--quick", action="store_true", help="one short epoch each (a smoke test)"
+    _add_output_arguments(
+        demo, "keras_attention_demo", "one short epoch each (a smoke test)"
     )
     explore = commands.add_parser(
         "explore",

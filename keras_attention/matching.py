@@ -13,6 +13,8 @@ targets (ground-truth objects, columns of the cost), `N >= M`.
 import keras
 from keras import ops
 
+from keras_attention._validation import shape_fits
+
 
 def _check_inputs(cost, target_mask):
     """`(cost, target_mask, dtype)` checked: shapes, float dtype, N >= M."""
@@ -47,10 +49,7 @@ def _check_inputs(cost, target_mask):
         target_mask = ops.convert_to_tensor(target_mask)
         expected = tuple(cost.shape[:-2]) + (num_targets,)
         received = tuple(target_mask.shape)
-        if len(received) != len(expected) or any(
-            e is not None and r is not None and e != r
-            for e, r in zip(expected, received)
-        ):
+        if not shape_fits(received, expected):
             raise ValueError(
                 "Received an invalid value for argument `target_mask`, "
                 f"expected shape {expected} to match `cost` of shape "

@@ -13,22 +13,16 @@ seconds.
 
 import numpy as np
 
+from keras_attention._validation import invalid
 from keras_attention.datasets.graphs import GraphData
 from keras_attention.datasets.graphs import _edges_from_pairs
-
-
-def _invalid(argument, expected, value):
-    return ValueError(
-        f"Received an invalid value for argument `{argument}`, expected "
-        f"{expected}. Received: {argument}={value!r}"
-    )
 
 
 def _positive_int(argument, value):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (
         value <= 0
     ):
-        raise _invalid(argument, "a positive integer", value)
+        raise invalid(argument, "a positive integer", value)
     return int(value)
 
 
@@ -36,7 +30,7 @@ def _fraction(argument, value):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
         0.0 <= value <= 1.0
     ):
-        raise _invalid(argument, "a float in [0, 1]", value)
+        raise invalid(argument, "a float in [0, 1]", value)
     return float(value)
 
 
@@ -104,22 +98,22 @@ def make_graph(
     feature_dim = _positive_int("feature_dim", feature_dim)
     num_classes = _positive_int("num_classes", num_classes)
     if num_classes > num_nodes:
-        raise _invalid(
+        raise invalid(
             "num_classes", f"at most num_nodes={num_nodes}", num_classes
         )
     if isinstance(avg_degree, bool) or not isinstance(
         avg_degree, (int, float, np.integer)
     ) or not 0 < avg_degree < num_nodes:
-        raise _invalid(
+        raise invalid(
             "avg_degree", f"a number in (0, num_nodes={num_nodes})", avg_degree
         )
     if kind not in ("sbm", "power_law"):
-        raise _invalid("kind", "one of 'sbm', 'power_law'", kind)
+        raise invalid("kind", "one of 'sbm', 'power_law'", kind)
     homophily = _fraction("homophily", homophily)
     train_fraction = _fraction("train_fraction", train_fraction)
     val_fraction = _fraction("val_fraction", val_fraction)
     if train_fraction + val_fraction > 1.0:
-        raise _invalid(
+        raise invalid(
             "val_fraction",
             f"at most 1 - train_fraction = {1.0 - train_fraction}",
             val_fraction,
@@ -127,7 +121,7 @@ def make_graph(
     if isinstance(feature_noise, bool) or not isinstance(
         feature_noise, (int, float)
     ) or feature_noise < 0:
-        raise _invalid("feature_noise", "a non-negative float", feature_noise)
+        raise invalid("feature_noise", "a non-negative float", feature_noise)
 
     rng = np.random.default_rng(seed)
     labels = rng.integers(num_classes, size=num_nodes).astype(np.int32)

@@ -27,6 +27,9 @@ import collections
 
 import numpy as np
 
+from keras_attention._validation import check_ids_in_range
+from keras_attention._validation import invalid
+
 SampledGraph = collections.namedtuple(
     "SampledGraph", ["nodes", "edges", "num_seeds", "edges_per_layer"]
 )
@@ -42,13 +45,6 @@ Fields:
 """
 
 
-def _invalid(argument, expected, value):
-    return ValueError(
-        f"Received an invalid value for argument `{argument}`, expected "
-        f"{expected}. Received: {argument}={value!r}"
-    )
-
-
 def check_fanouts(fanouts):
     """`fanouts` as a tuple of positive ints, or a ValueError naming it."""
     if isinstance(fanouts, (int, np.integer)) and not isinstance(fanouts, bool):
@@ -57,7 +53,7 @@ def check_fanouts(fanouts):
         isinstance(f, bool) or not isinstance(f, (int, np.integer)) or f <= 0
         for f in fanouts
     ):
-        raise _invalid(
+        raise invalid(
             "fanouts", "a non-empty list of positive integers (one per layer)", fanouts
         )
     return tuple(int(f) for f in fanouts)
@@ -77,14 +73,9 @@ def check_edges(edges, num_nodes, argument="edges"):
             f"integer node ids. Received: {argument}.dtype={array.dtype}"
         )
     array = array.astype(np.int64, copy=False)
-    if array.size:
-        low, high = int(array.min()), int(array.max())
-        if low < 0 or high >= num_nodes:
-            raise ValueError(
-                f"Received an invalid value for argument `{argument}`, expected "
-                f"node ids in [0, {num_nodes}) for num_nodes={num_nodes}. "
-                f"Received: {argument} with values in [{low}, {high}]"
-            )
+    check_ids_in_range(
+        argument, array, num_nodes, "node ids", f"num_nodes={num_nodes}"
+    )
     return array
 
 
@@ -98,20 +89,15 @@ def check_seeds(seeds, num_nodes):
             f"seeds.dtype={array.dtype}"
         )
     array = array.astype(np.int64, copy=False)
-    if array.size:
-        low, high = int(array.min()), int(array.max())
-        if low < 0 or high >= num_nodes:
-            raise ValueError(
-                "Received an invalid value for argument `seeds`, expected node "
-                f"ids in [0, {num_nodes}) for num_nodes={num_nodes}. Received: "
-                f"seeds with values in [{low}, {high}]"
-            )
-        if len(np.unique(array)) != len(array):
-            raise ValueError(
-                "Received an invalid value for argument `seeds`, expected "
-                f"distinct node ids. Received: {len(array)} seeds of which "
-                f"{len(array) - len(np.unique(array))} repeat an earlier one"
-            )
+    check_ids_in_range(
+        "seeds", array, num_nodes, "node ids", f"num_nodes={num_nodes}"
+    )
+    if len(np.unique(array)) != len(array):
+        raise ValueError(
+            "Received an invalid value for argument `seeds`, expected "
+            f"distinct node ids. Received: {len(array)} seeds of which "
+            f"{len(array) - len(np.unique(array))} repeat an earlier one"
+        )
     return array
 
 
@@ -177,7 +163,7 @@ class NeighborSampler:
         if isinstance(num_nodes, bool) or not isinstance(
             num_nodes, (int, np.integer)
         ) or num_nodes <= 0:
-            raise _invalid("num_nodes", "a positive integer", num_nodes)
+            raise invalid("num_nodes", "a positive integer", num_nodes)
         self.num_nodes = int(num_nodes)
         self.fanouts = check_fanouts(fanouts)
         edges = check_edges(edges, self.num_nodes)

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention._validation import check_ids_in_range
 from keras_attention._validation import shape_fits
 from keras_attention.layers import base
 
@@ -106,14 +107,8 @@ def check_graph_inputs(features, edges, edge_features):
                 f"edge_features.shape={tuple(edge_features.shape)}"
             )
         values = _known_values(edges)
-        if values is not None and values.size and n is not None:
-            low, high = int(values.min()), int(values.max())
-            if low < 0 or high >= n:
-                raise ValueError(
-                    "Received an invalid value for argument `edges`, "
-                    f"expected node indices in [0, {n}) for N={n} nodes. "
-                    f"Received: edges with values in [{low}, {high}]"
-                )
+        if values is not None and n is not None:
+            check_ids_in_range("edges", values, n, "node indices", f"N={n} nodes")
         return "edge_list"
     if dtype != "bool" and "float" not in dtype:
         raise ValueError(

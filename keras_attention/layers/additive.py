@@ -4,7 +4,6 @@ from keras import ops
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import check_rate
 from keras_attention._validation import shape_fits
-from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.registry import register
 
@@ -88,9 +87,7 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
         super().__init__(**kwargs)
         self.units = check_positive_int("units", units)
         self.dropout = check_rate("dropout", dropout)
-        self.use_bias = bool(use_bias)
-        base.keep_keras_objects(self, locals())
-        base.keep_seed(self, seed)
+        base.keep_weight_arguments(self, locals())
 
     def _initializer(self):
         return base.clone_initializer(self.kernel_initializer)
@@ -200,30 +197,21 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
         # one-dimensional heads); the weights come back before dropout.
         batch, t_len = ops.shape(scores)[0], ops.shape(scores)[1]
         s_len = ops.shape(scores)[2]
-        output, weights = attention_ops.dot_product_attention(
-            ops.zeros((batch, t_len, 1, 1), value.dtype),
-            ops.zeros((batch, s_len, 1, 1), value.dtype),
-            value[:, :, None, :],
-            attention_mask=combined,
-            bias=scores[:, None, :, :],
-            dropout_rate=self.dropout,
-            seed=self.seed_generator,
-            training=training,
+        output, weights = self.attend_one_head(
+            ops.zeros((batch, t_len, 1), value.dtype),
+            ops.zeros((batch, s_len, 1), value.dtype),
+            value,
+            combined,
+            training,
             return_weights=True,
+            bias=scores[:, None, :, :],
         )
-        output = output[:, :, 0, :]  # (B, T, Dv)
-        weights = ops.cast(weights[:, 0], self.compute_dtype)  # (B, T, S)
+        weights = ops.cast(weights, self.compute_dtype)  # (B, T, S)
         if one_step:
             output, weights = output[:, 0], weights[:, 0]
         if return_attention_scores:
             return output, weights
         return output
-
-    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
-        query_shape, value_shape, _ = base.split_shapes(
-            query_shape, value_shape, key_shape
-        )
-        return tuple(query_shape[:-1]) + (value_shape[-1],)
 
     def legacy_variables(self):
         return (

@@ -10,49 +10,12 @@ from keras import ops
 
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
-from keras_attention._validation import shape_fits
 from keras_attention.layers import base
+from keras_attention.layers._feature_maps import NEG_INF
+from keras_attention.layers._feature_maps import FeatureMapAttention
+from keras_attention.layers._feature_maps import check_feature_map
+from keras_attention.layers._feature_maps import check_position_mask
 from keras_attention.registry import register
-
-# Masked positions never win a max-pool (float32 pooling only).
-NEG_INF = -1e30
-
-
-def check_feature_map(shape, min_rank=3, max_rank=None):
-    """Raise the keras-worded error for a feature map of the wrong rank."""
-    rank = len(shape)
-    if rank < min_rank or (max_rank is not None and rank > max_rank):
-        expected = (
-            f"a tensor of rank {min_rank} or more (B, ..., C)"
-            if max_rank is None
-            else "a rank-3, 4 or 5 tensor (B, L, C), (B, H, W, C) or "
-            "(B, D, H, W, C)"
-        )
-        raise ValueError(
-            "Received an invalid value for argument `inputs`, expected "
-            f"{expected}. Received: inputs.shape={tuple(shape)}"
-        )
-    if shape[-1] is None:
-        raise ValueError(
-            "The channel (last) dimension of `inputs` must be known. "
-            f"Received: inputs.shape={tuple(shape)}"
-        )
-
-
-def check_position_mask(mask, inputs):
-    """A Keras mask of the positions, `(B, ...)` = `inputs.shape[:-1]`."""
-    if mask is None:
-        return None
-    expected = tuple(inputs.shape[:-1])
-    shape = tuple(mask.shape)
-    if not shape_fits(shape, expected):
-        raise ValueError(
-            "Received an invalid value for argument `mask`, expected a "
-            f"boolean tensor of shape {expected} (the positions of "
-            f"`inputs`). Received: mask.shape={shape}"
-        )
-    return ops.cast(mask, "bool")
-
 
 def _check_kernel_size(kernel_size):
     if (
@@ -67,14 +30,9 @@ def _check_kernel_size(kernel_size):
     return kernel_size
 
 
-_WEIGHT_ARGUMENTS = (
-    "use_bias", "kernel_initializer", "bias_initializer", "kernel_regularizer",
-    "bias_regularizer",
-)
-
-
-class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
-    """What the CBAM layers share: arguments of their weights, masks, specs."""
+class _ImageAttention(FeatureMapAttention):
+    """What the CBAM layers share: the arguments of their weights, and
+    their convolutions."""
 
     def __init__(
         self,
@@ -86,18 +44,7 @@ class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.use_bias = bool(use_bias)
-        base.keep_keras_objects(self, locals())
-        self.supports_masking = True
-
-    def _sublayer_kwargs(self, name):
-        return base.sublayer_kwargs(self, name)
-
-    def _dense(self, name, units, input_dim):
-        """A built `keras.layers.Dense` projection (LoRA, quantization)."""
-        dense = keras.layers.Dense(units, **self._sublayer_kwargs(name))
-        dense.build((None, input_dim))
-        return dense
+        base.keep_weight_arguments(self, locals())
 
     def _conv(self, name, input_shape, filters, kernel_size):
         """A built same-padded `keras.layers.Conv{1,2,3}D` (LoRA)."""
@@ -111,24 +58,13 @@ class _ImageAttention(base.ProjectionMixin, keras.layers.Layer):
             kernel_size,
             padding="same",
             data_format="channels_last",
-            **self._sublayer_kwargs(name),
+            **base.sublayer_kwargs(self, name),
         )
         conv.build(tuple(input_shape))
         return conv
 
-    def compute_output_spec(self, *args, **kwargs):
-        # Trace `call`, so `return_attention_scores=True` gives the right
-        # structure in a functional model too.
-        return super(keras.layers.Layer, self).compute_output_spec(
-            *args, **kwargs
-        )
-
-    def compute_mask(self, inputs, mask=None):
-        # The refined map is aligned with the input: same positions.
-        return mask
-
     def _weights_config(self):
-        return base.arguments_config(self, _WEIGHT_ARGUMENTS)
+        return base.arguments_config(self, base.WEIGHT_ARGUMENTS)
 
 
 @register("channel", input_kind="grid")
@@ -179,14 +115,15 @@ class ChannelAttention(_ImageAttention):
           https://arxiv.org/abs/1807.06521
     """
 
-    config_arguments = ("reduction",) + _WEIGHT_ARGUMENTS
+    config_arguments = ("reduction",) + base.WEIGHT_ARGUMENTS
+    _max_rank = None  # pooled over all positions: any rank
 
     def __init__(self, reduction=16, **kwargs):
         super().__init__(**kwargs)
         self.reduction = check_positive_int("reduction", reduction)
 
     def build(self, input_shape):
-        check_feature_map(input_shape)
+        check_feature_map(input_shape, max_rank=self._max_rank)
         channels = input_shape[-1]
         if channels % self.reduction:
             raise invalid(
@@ -237,10 +174,6 @@ class ChannelAttention(_ImageAttention):
         if return_attention_scores:
             return outputs, weights
         return outputs
-
-    def compute_output_shape(self, input_shape):
-        check_feature_map(input_shape)
-        return tuple(input_shape)
 
     def legacy_variables(self):
         return self.hidden_dense.weights + self.output_dense.weights
@@ -295,14 +228,14 @@ class SpatialAttention(_ImageAttention):
           https://arxiv.org/abs/1807.06521
     """
 
-    config_arguments = ("kernel_size",) + _WEIGHT_ARGUMENTS
+    config_arguments = ("kernel_size",) + base.WEIGHT_ARGUMENTS
 
     def __init__(self, kernel_size=7, **kwargs):
         super().__init__(**kwargs)
         self.kernel_size = _check_kernel_size(kernel_size)
 
     def build(self, input_shape):
-        check_feature_map(input_shape, max_rank=5)
+        check_feature_map(input_shape, max_rank=self._max_rank)
         # Kernel (k, ..., k, 2 pooled maps, 1 output channel).
         pooled_shape = tuple(input_shape[:-1]) + (2,)
         self.conv = self._conv("conv", pooled_shape, 1, self.kernel_size)
@@ -324,10 +257,6 @@ class SpatialAttention(_ImageAttention):
         if return_attention_scores:
             return outputs, attention_map
         return outputs
-
-    def compute_output_shape(self, input_shape):
-        check_feature_map(input_shape, max_rank=5)
-        return tuple(input_shape)
 
     def legacy_variables(self):
         return self.conv.weights
@@ -381,7 +310,7 @@ class CBAM(_ImageAttention):
           https://arxiv.org/abs/1807.06521
     """
 
-    config_arguments = ("reduction", "kernel_size") + _WEIGHT_ARGUMENTS
+    config_arguments = ("reduction", "kernel_size") + base.WEIGHT_ARGUMENTS
 
     def __init__(self, reduction=16, kernel_size=7, **kwargs):
         super().__init__(**kwargs)
@@ -389,7 +318,7 @@ class CBAM(_ImageAttention):
         self.kernel_size = _check_kernel_size(kernel_size)
 
     def build(self, input_shape):
-        check_feature_map(input_shape, max_rank=5)
+        check_feature_map(input_shape, max_rank=self._max_rank)
         weights_config = self._weights_config()
         self.channel_attention = ChannelAttention(
             reduction=self.reduction,
@@ -417,7 +346,3 @@ class CBAM(_ImageAttention):
         if return_attention_scores:
             return outputs, (channel_weights, spatial_map)
         return outputs
-
-    def compute_output_shape(self, input_shape):
-        check_feature_map(input_shape, max_rank=5)
-        return tuple(input_shape)

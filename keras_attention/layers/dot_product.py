@@ -4,7 +4,6 @@ import keras
 
 from keras_attention._validation import check_rate
 from keras_attention._validation import invalid
-from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.registry import register
 
@@ -81,8 +80,7 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
         self.score_mode = score_mode
         self.dropout = check_rate("dropout", dropout)
         self.use_causal_mask = bool(use_causal_mask)
-        base.keep_keras_objects(self, locals())
-        base.keep_seed(self, seed)
+        base.keep_weight_arguments(self, locals())
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         query_shape, value_shape, key_shape = base.split_shapes(
@@ -141,28 +139,10 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
             if self.score_mode == "scaled_dot"
             else 1.0
         )
-        # One head: (B, T, D) -> (B, T, 1, D).
-        result = attention_ops.dot_product_attention(
-            query[:, :, None, :],
-            key[:, :, None, :],
-            value[:, :, None, :],
-            attention_mask=combined,
+        return self.attend_one_head(
+            query, key, value, combined, training, return_attention_scores,
             scale=scale,
-            dropout_rate=self.dropout,
-            seed=self.seed_generator,
-            training=training,
-            return_weights=return_attention_scores,
         )
-        if return_attention_scores:
-            output, weights = result
-            return output[:, :, 0, :], weights[:, 0]
-        return result[:, :, 0, :]
-
-    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
-        query_shape, value_shape, _ = base.split_shapes(
-            query_shape, value_shape, key_shape
-        )
-        return tuple(query_shape[:-1]) + (value_shape[-1],)
 
     def legacy_variables(self):
         return None if self.general_dense is None else self.general_dense.weights

@@ -207,9 +207,7 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         if version not in ("v1", "v2"):
             raise invalid("version", "one of 'v1', 'v2'", version)
         self.version = version
-        self.use_bias = bool(use_bias)
-        base.keep_keras_objects(self, locals())
-        base.keep_seed(self, seed)
+        base.keep_weight_arguments(self, locals())
 
     @property
     def output_dim(self):
@@ -476,16 +474,15 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         # scores enter as its bias (the dot-product term is zero, heads of
         # size one); the coefficients come back before dropout.
         zeros = ops.zeros_like(values[..., :1])  # (B, N, H, 1)
-        heads, alpha = attention_ops.dot_product_attention(
+        heads, alpha = base.attend(
+            self,
             zeros,
             zeros,
             values,
-            attention_mask=mask[:, None, :, :],
-            bias=scores,
-            dropout_rate=self.dropout,
-            seed=self.seed_generator,
-            training=training,
+            mask[:, None, :, :],
+            training,
             return_weights=True,
+            bias=scores,
         )  # (B, N, H, C), (B, H, N, N)
         alpha = ops.cast(alpha, scores.dtype)
         out = self._finish(heads)

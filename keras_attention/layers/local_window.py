@@ -9,7 +9,6 @@ from keras import ops
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import check_rate
 from keras_attention._validation import invalid
-from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.registry import register
 
@@ -112,7 +111,9 @@ def shifted_window_mask(height, width, window, shift):
 
 
 @register("local_window", input_kind="grid")
-class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
+class LocalWindowAttention(
+    base.ProjectionMixin, base.TracedOutputSpec, keras.layers.Layer
+):
     """Window attention with shifted windows (Liu et al., 2021, Swin).
 
     The image `(B, height, width, C)` is split into non-overlapping
@@ -183,9 +184,9 @@ class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
     """
 
     config_arguments = (
-        "num_heads", "window_size", "shift_size", "key_dim", "dropout",
-        "use_bias", "kernel_initializer", "bias_initializer",
-        "kernel_regularizer", "bias_regularizer", "seed",
+        ("num_heads", "window_size", "shift_size", "key_dim", "dropout")
+        + base.WEIGHT_ARGUMENTS
+        + ("seed",)
     )
 
     def __init__(
@@ -220,9 +221,7 @@ class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
         self.shift_size = shift_size
         self.key_dim = check_positive_int("key_dim", key_dim, allow_none=True)
         self.dropout = check_rate("dropout", dropout)
-        self.use_bias = bool(use_bias)
-        base.keep_keras_objects(self, locals())
-        base.keep_seed(self, seed)
+        base.keep_weight_arguments(self, locals())
 
     def _check_shape(self, shape, need_spatial):
         shape = tuple(shape)
@@ -300,17 +299,16 @@ class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
             # (nW, 1, T, T) repeated for each image: (B * nW, 1, T, T).
             mask = ops.convert_to_tensor(mask[:, None])
             mask = ops.tile(mask, (ops.shape(inputs)[0], 1, 1, 1))
-        result = attention_ops.dot_product_attention(
+        result = base.attend(
+            self,
             q,
             k,
             v,
-            attention_mask=mask,
+            mask,
+            training,
+            return_attention_scores,
             bias=self.relative_position_bias(window),
             scale=1.0 / math.sqrt(d),
-            dropout_rate=self.dropout,
-            seed=self.seed_generator,
-            training=training,
-            return_weights=return_attention_scores,
         )
         out, weights = result if return_attention_scores else (result, None)
         out = self.output_dense(ops.reshape(out, (-1, t, heads * d)))
@@ -326,10 +324,3 @@ class LocalWindowAttention(base.ProjectionMixin, keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return self._check_shape(input_shape, need_spatial=False)
-
-    def compute_output_spec(self, *args, **kwargs):
-        # Trace `call` symbolically, so `return_attention_scores=True` gives
-        # the (output, scores) pair in a functional model too.
-        return super(keras.layers.Layer, self).compute_output_spec(
-            *args, **kwargs
-        )

@@ -346,13 +346,17 @@ class MultiHeadAttention(
         heads_shape[-1] = self._value_dim
         self._output_dense.build(tuple(heads_shape))
 
-    def _check_shapes(self, query_shape, value_shape, key_shape):
+    @staticmethod
+    def _check_value_key(value_shape, key_shape):
         if tuple(value_shape[1:-1]) != tuple(key_shape[1:-1]):
             raise ValueError(
                 "All dimensions of `value` and `key`, except the last one, "
                 f"must be equal. Received: value_shape={tuple(value_shape)} "
                 f"and key_shape={tuple(key_shape)}"
             )
+
+    def _check_shapes(self, query_shape, value_shape, key_shape):
+        self._check_value_key(value_shape, key_shape)
         for name, shape in (
             ("query", query_shape),
             ("value", value_shape),
@@ -504,12 +508,7 @@ class MultiHeadAttention(
         query_shape, value_shape, key_shape = base.split_shapes(
             query_shape, value_shape, key_shape
         )
-        if tuple(value_shape[1:-1]) != tuple(key_shape[1:-1]):
-            raise ValueError(
-                "All dimensions of `value` and `key`, except the last one, "
-                f"must be equal. Received: value_shape={tuple(value_shape)} "
-                f"and key_shape={tuple(key_shape)}"
-            )
+        self._check_value_key(value_shape, key_shape)
         if self._output_shape:
             return tuple(query_shape[:-1]) + tuple(self._output_shape)
         return tuple(query_shape)

@@ -7,9 +7,10 @@ from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
-from keras_attention.layers.cbam import NEG_INF
-from keras_attention.layers.cbam import check_feature_map
-from keras_attention.layers.cbam import check_position_mask
+from keras_attention.layers._feature_maps import NEG_INF
+from keras_attention.layers._feature_maps import FeatureMapAttention
+from keras_attention.layers._feature_maps import check_feature_map
+from keras_attention.layers._feature_maps import check_position_mask
 from keras_attention.registry import register
 
 MODES = ("gaussian", "embedded_gaussian", "dot", "concatenation")
@@ -42,7 +43,7 @@ def _weight(sublayer, name):
 
 
 @register("non_local", input_kind="grid")
-class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
+class NonLocalBlock(FeatureMapAttention):
     """Non-local block (Wang et al., 2018), for 1D, 2D and 3D feature maps.
 
     Every position `i` of the map aggregates the features of all positions
@@ -125,9 +126,8 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
 
     config_arguments = (
         "mode", "inter_channels", "sub_sample", "use_batch_norm",
-        "zero_init_residual", "use_bias", "kernel_initializer",
-        "bias_initializer", "kernel_regularizer", "bias_regularizer",
-    )
+        "zero_init_residual",
+    ) + base.WEIGHT_ARGUMENTS
 
     def __init__(
         self,
@@ -155,9 +155,7 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
         self.sub_sample = _check_sub_sample(sub_sample)
         self.use_batch_norm = bool(use_batch_norm)
         self.zero_init_residual = bool(zero_init_residual)
-        self.use_bias = bool(use_bias)
-        base.keep_keras_objects(self, locals())
-        self.supports_masking = True
+        base.keep_weight_arguments(self, locals())
 
     def pool_size(self, spatial_rank):
         """The max-pool size of `phi` and `g`, or `None` for no pooling."""
@@ -187,17 +185,8 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
             regularizer=self.kernel_regularizer,
         )
 
-    def _projection(self, name, units, input_dim, initializer=None):
-        """A 1x1 convolution as a built `keras.layers.Dense` (on the last
-        axis of `(B, ..., C)`): LoRA, quantization, keras weight files."""
-        dense = keras.layers.Dense(
-            units, **base.sublayer_kwargs(self, name, initializer)
-        )
-        dense.build((None, input_dim))
-        return dense
-
     def build(self, input_shape):
-        check_feature_map(input_shape, max_rank=5)
+        check_feature_map(input_shape, max_rank=self._max_rank)
         self.pool_size(len(input_shape) - 2)  # validates `sub_sample`
         channels = input_shape[-1]
         inter = self.inter_channels or max(1, channels // 2)
@@ -205,14 +194,14 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
         self.concat_kernel = None
         # Made in the order the former raw kernels drew their values.
         if self.mode != "gaussian":  # gaussian compares raw inputs
-            self.theta = self._projection("theta", inter, channels)
-            self.phi = self._projection("phi", inter, channels)
+            self.theta = self._dense("theta", inter, channels)
+            self.phi = self._dense("phi", inter, channels)
         if self.mode == "concatenation":
             # w_f of the paper: [w_theta; w_phi], one score per pair.
             self.concat_kernel = self._add_kernel("concat_kernel", (2 * inter,))
-        self.g = self._projection("g", inter, channels)
+        self.g = self._dense("g", inter, channels)
         zero_kernel = self.zero_init_residual and not self.use_batch_norm
-        self.output_dense = self._projection(
+        self.output_dense = self._dense(
             "output",
             channels,
             inter,
@@ -354,19 +343,6 @@ class NonLocalBlock(base.ProjectionMixin, keras.layers.Layer):
         y = ops.matmul(weights, v)  # (B, T, Dv)
         weights = weights[:, None, :, :] if return_weights else None
         return ops.cast(y, out_dtype), weights
-
-    def compute_output_shape(self, input_shape):
-        check_feature_map(input_shape, max_rank=5)
-        return tuple(input_shape)
-
-    def compute_output_spec(self, *args, **kwargs):
-        # Trace `call`: the weights' shape depends on the sub-sampling.
-        return super(keras.layers.Layer, self).compute_output_spec(
-            *args, **kwargs
-        )
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
 
     def legacy_variables(self):
         variables = []

@@ -1,4 +1,5 @@
-"""Tokens <-> patch grid, and resizing maps to an image."""
+"""Tokens <-> patch grid, resizing maps to an image, and the check of a
+batch of images."""
 
 
 import keras
@@ -85,3 +86,14 @@ def normalize_maps(maps):
     low = maps.min(axis=axes, keepdims=True)
     span = maps.max(axis=axes, keepdims=True) - low
     return np.where(span > 0, (maps - low) / np.where(span > 0, span, 1), 0.0)
+
+
+def check_image_batch(images):
+    """Raise unless the array `images` is a batch `(B, height, width,
+    channels)`."""
+    if images.ndim != 4:
+        raise ValueError(
+            "Received an invalid value for argument `images`, expected a "
+            "batch (B, height, width, channels). Received: "
+            f"images.shape={images.shape}"
+        )

@@ -557,12 +557,7 @@ def _quiet_predict():
 
 def _check_images(images):
     images = np.asarray(keras.ops.convert_to_numpy(images), "float32")
-    if images.ndim != 4:
-        raise ValueError(
-            "Received an invalid value for argument `images`, expected a "
-            "batch (B, height, width, channels). Received: "
-            f"images.shape={images.shape}"
-        )
+    _grid.check_image_batch(images)
     return images
 
 

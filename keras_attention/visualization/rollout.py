@@ -145,12 +145,7 @@ def attention_rollout(
     """
     _check_options(head_fusion, discard_ratio)
     images = np.asarray(images)
-    if images.ndim != 4:
-        raise ValueError(
-            "Received an invalid value for argument `images`, expected a "
-            "batch (B, height, width, channels). Received: "
-            f"images.shape={images.shape}"
-        )
+    _grid.check_image_batch(images)
     if layers is None:
         layers = [
             path

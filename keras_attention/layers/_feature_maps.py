@@ -1,0 +1,73 @@
+"""What the attention layers over channels-last feature maps `(B, ..., C)`
+share (CBAM's layers, `NonLocalBlock`): input and mask checks, their
+`Dense` projections, shapes and specs."""
+
+import keras
+from keras import ops
+
+from keras_attention.layers import base
+
+# Masked positions never win a max-pool (float32 pooling only).
+NEG_INF = -1e30
+
+
+def check_feature_map(shape, min_rank=3, max_rank=None):
+    """Raise the keras-worded error for a feature map of the wrong rank."""
+    rank = len(shape)
+    if rank < min_rank or (max_rank is not None and rank > max_rank):
+        expected = (
+            f"a tensor of rank {min_rank} or more (B, ..., C)"
+            if max_rank is None
+            else "a rank-3, 4 or 5 tensor (B, L, C), (B, H, W, C) or "
+            "(B, D, H, W, C)"
+        )
+        raise ValueError(
+            "Received an invalid value for argument `inputs`, expected "
+            f"{expected}. Received: inputs.shape={tuple(shape)}"
+        )
+    if shape[-1] is None:
+        raise ValueError(
+            "The channel (last) dimension of `inputs` must be known. "
+            f"Received: inputs.shape={tuple(shape)}"
+        )
+
+
+def check_position_mask(mask, inputs):
+    """A Keras mask of the positions, `(B, ...)` = `inputs.shape[:-1]`."""
+    if mask is None:
+        return None
+    base.check_mask_shape(
+        "mask", mask, tuple(inputs.shape[:-1]), " (the positions of `inputs`)"
+    )
+    return ops.cast(mask, "bool")
+
+
+class FeatureMapAttention(
+    base.ProjectionMixin, base.TracedOutputSpec, keras.layers.Layer
+):
+    """Base of a layer that refines a feature map `(B, ..., C)`: its output
+    has the input's shape and positions (so its Keras mask)."""
+
+    # The largest rank of the inputs (`None`: any): 1-, 2- or 3-D maps.
+    _max_rank = 5
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def _dense(self, name, units, input_dim, kernel_initializer=None):
+        """A built `keras.layers.Dense` projection on the channels (a 1x1
+        convolution; LoRA, quantization, keras weight files)."""
+        dense = keras.layers.Dense(
+            units, **base.sublayer_kwargs(self, name, kernel_initializer)
+        )
+        dense.build((None, input_dim))
+        return dense
+
+    def compute_mask(self, inputs, mask=None):
+        # The refined map is aligned with the input: same positions.
+        return mask
+
+    def compute_output_shape(self, input_shape):
+        check_feature_map(input_shape, max_rank=self._max_rank)
+        return tuple(input_shape)

@@ -1,0 +1,411 @@
+"""The keras projection sublayers of the attention layers: their weight
+arguments (stored, serialized, passed on), LoRA (`enable_lora`),
+quantization and the configs (`ProjectionMixin`)."""
+
+import keras
+
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import invalid
+
+
+# keras's layers whose kernels take LoRA (`enable_lora`) and, the dense
+# ones, quantization (`quantize`): the projections of every layer here.
+_LORA_LAYERS = (
+    keras.layers.Dense,
+    keras.layers.EinsumDense,
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.Conv3D,
+)
+
+
+# What `Dense.quantize` takes per layer ("gptq" and "awq" work on a model).
+LAYER_QUANTIZATION_MODES = ("int8", "int4", "float8")
+
+
+def projection_sublayers(layer):
+    """`{name: sublayer}` of the keras projections inside `layer`.
+
+    Nested keras_attention layers are searched too (`CBAM`'s channel MLP),
+    named by their path below `layer` (`"channel_attention/hidden"`).
+    """
+    found = {}
+    prefix = layer.path + "/" if getattr(layer, "path", None) else ""
+    for sub in layer._flatten_layers(include_self=False, recursive=True):
+        if isinstance(sub, _LORA_LAYERS):
+            name = sub.path[len(prefix):] if sub.path.startswith(prefix) else sub.name
+            found[name] = sub
+    return found
+
+
+def _check_lora_alpha(lora_alpha):
+    if lora_alpha is not None and (
+        isinstance(lora_alpha, bool)
+        or not isinstance(lora_alpha, (int, float))
+        or lora_alpha <= 0
+    ):
+        raise invalid("lora_alpha", "a positive number or None", lora_alpha)
+
+
+def enable_lora_on(layer, rank, lora_alpha=None, target_names=None):
+    """`enable_lora(rank)` on `layer`'s projections, all or nothing.
+
+    Every argument and every target is checked before the first sublayer
+    changes, so a bad call leaves the layer exactly as it was.
+    """
+    check_positive_int("rank", rank)
+    _check_lora_alpha(lora_alpha)
+    if not layer.built:
+        raise ValueError(
+            f"Cannot enable LoRA on the layer {layer.name!r} before it is "
+            f"built: call it once or `build` it first. Received: rank={rank}"
+        )
+    targets = projection_sublayers(layer)
+    if target_names is not None:
+        names = [target_names] if isinstance(target_names, str) else list(target_names)
+        unknown = [n for n in names if not any(
+            key == n or key.endswith("/" + n) for key in targets
+        )]
+        if unknown or not names:
+            raise invalid(
+                "target_names",
+                f"names among {sorted(targets)}",
+                target_names,
+            )
+        targets = {
+            key: sub for key, sub in targets.items()
+            if any(key == n or key.endswith("/" + n) for n in names)
+        }
+    if not targets:
+        raise ValueError(
+            f"The layer {layer.name!r} has no projection kernels to adapt "
+            f"with LoRA. Received: rank={rank}"
+        )
+    enabled = sorted(k for k, sub in targets.items() if sub.lora_enabled)
+    if enabled:
+        raise ValueError(
+            f"LoRA is already enabled on {enabled} of the layer "
+            f"{layer.name!r}; it can be enabled once. Received: rank={rank}"
+        )
+    constrained = sorted(
+        k for k, sub in targets.items() if getattr(sub, "kernel_constraint", None)
+    )
+    if constrained:
+        raise ValueError(
+            f"LoRA is incompatible with kernel constraints, set on "
+            f"{constrained} of the layer {layer.name!r}. Received: rank={rank}"
+        )
+    for sub in targets.values():
+        sub.enable_lora(rank, lora_alpha=lora_alpha)
+
+
+def enable_lora(model, rank, lora_alpha=None, target_names=("query", "value")):
+    """LoRA fine-tuning of a model's attention layers, as keras-hub's
+    `Backbone.enable_lora`: the named projections get trainable low-rank
+    updates and every other weight of `model` is frozen.
+
+    Args:
+        model: a built `keras.Model` or layer (a backbone) holding
+            keras_attention layers.
+        rank: the rank of the updates, a positive integer.
+        lora_alpha: the updates' scale numerator; defaults to `rank`.
+        target_names: the projection names to adapt in every attention
+            layer that has them (`"query"`, `"value"` of the multi-head
+            layers by default, as keras-hub; see `projection_sublayers`).
+
+    Returns:
+        The adapted projection sublayers, `{path: layer}`.
+
+    Raises:
+        ValueError: for a bad argument, an unbuilt model, no matching
+            projection, or LoRA already enabled on one; nothing changes then.
+
+    Example:
+
+    ```python
+    model = VisionTransformer.from_preset("vit_digits")
+    enable_lora(model.backbone, rank=4)
+    model.compile("adam", "sparse_categorical_crossentropy")  # head + LoRA train
+    ```
+    """
+    check_positive_int("rank", rank)
+    names = [target_names] if isinstance(target_names, str) else list(target_names)
+    if not names or not all(isinstance(n, str) for n in names):
+        raise invalid("target_names", "a non-empty list of names", target_names)
+    if not model.built:
+        raise ValueError(
+            f"Cannot enable LoRA on {model.name!r} before it is built. "
+            f"Received: rank={rank}"
+        )
+    owners = [
+        layer for layer in model._flatten_layers(include_self=True)
+        if isinstance(layer, ProjectionMixin)
+    ]
+    targets, seen = {}, set()
+    for layer in owners:
+        for key, sub in projection_sublayers(layer).items():
+            if id(sub) in seen:
+                continue  # a nested attention layer (CBAM's parts)
+            if key.split("/")[-1] in names:
+                targets[sub.path] = sub
+                seen.add(id(sub))
+    if not targets:
+        raise invalid(
+            "target_names",
+            f"names of projections in {model.name!r}'s attention layers",
+            target_names,
+        )
+    # Check everything before the first change (all or nothing).
+    for sub in targets.values():
+        if sub.lora_enabled:
+            raise ValueError(
+                f"LoRA is already enabled on {sub.path!r}; it can be "
+                f"enabled once. Received: rank={rank}"
+            )
+        if getattr(sub, "kernel_constraint", None):
+            raise ValueError(
+                f"LoRA is incompatible with the kernel constraint of "
+                f"{sub.path!r}. Received: rank={rank}"
+            )
+    _check_lora_alpha(lora_alpha)
+    for sub in targets.values():
+        sub.enable_lora(rank, lora_alpha=lora_alpha)
+    target_ids = {id(sub) for sub in targets.values()}
+    for layer in model._flatten_layers(include_self=True):
+        if id(layer) in target_ids:
+            continue  # keras froze its kernel; its factors and bias train
+        if not list(layer._flatten_layers(include_self=False)):
+            layer.trainable = False  # a leaf (BatchNormalization: inference)
+        else:
+            # A container of targets: freeze only its own weights.
+            for variable in layer._trainable_variables:
+                variable.trainable = False
+    return targets
+
+
+# The keras objects a layer takes by name or instance and serializes.
+_KERAS_OBJECTS = {
+    "activation": keras.activations,
+    "kernel_initializer": keras.initializers,
+    "bias_initializer": keras.initializers,
+    "kernel_regularizer": keras.regularizers,
+    "bias_regularizer": keras.regularizers,
+    "kernel_constraint": keras.constraints,
+    "bias_constraint": keras.constraints,
+}
+
+
+# The arguments of the projection sublayers' weights that the layers with
+# keras sublayers take (in this order in their configs).
+WEIGHT_ARGUMENTS = (
+    "use_bias", "kernel_initializer", "bias_initializer", "kernel_regularizer",
+    "bias_regularizer",
+)
+
+
+def keep_weight_arguments(layer, arguments):
+    """Store the weight arguments among a constructor's `arguments` (its
+    `locals()`) on `layer` under their own names: `use_bias` as a bool, each
+    keras object as keras's `get` returns it (`kernel_initializer`,
+    `bias_regularizer`, `activation`, ...), and a `seed` with the generator
+    of the dropout (`keep_seed`: `layer.dropout` is set first)."""
+    if "use_bias" in arguments:
+        layer.use_bias = bool(arguments["use_bias"])
+    for name, module in _KERAS_OBJECTS.items():
+        if name in arguments:
+            setattr(layer, name, module.get(arguments[name]))
+    if "seed" in arguments:
+        keep_seed(layer, arguments["seed"])
+
+
+def arguments_config(layer, names):
+    """`{name: value}` of `layer`'s constructor arguments `names`, each
+    stored under its own name; keras objects serialized."""
+    config = {}
+    for name in names:
+        value = getattr(layer, name)
+        if name in _KERAS_OBJECTS:
+            value = _KERAS_OBJECTS[name].serialize(value)
+        config[name] = value
+    return config
+
+
+def clone_initializer(initializer):
+    """A fresh copy per weight, so seeded initializers are not shared."""
+    return initializer.__class__.from_config(initializer.get_config())
+
+
+def sublayer_kwargs(layer, name, kernel_initializer=None):
+    """Keyword arguments of a keras projection sublayer (`Dense`, `Conv`)
+    of `layer`: its `use_bias`, a copy of each initializer (of
+    `kernel_initializer` when given), its regularizers, dtype policy and
+    `name`."""
+    return dict(
+        use_bias=layer.use_bias,
+        kernel_initializer=clone_initializer(
+            kernel_initializer or layer.kernel_initializer
+        ),
+        bias_initializer=clone_initializer(layer.bias_initializer),
+        kernel_regularizer=layer.kernel_regularizer,
+        bias_regularizer=layer.bias_regularizer,
+        dtype=layer.dtype_policy,
+        name=name,
+    )
+
+
+def keep_seed(layer, seed):
+    """`layer.seed`, and the generator of its dropout (none without one)."""
+    layer.seed = seed
+    layer.seed_generator = (
+        keras.random.SeedGenerator(seed) if layer.dropout > 0 else None
+    )
+
+
+class ProjectionMixin:
+    """`enable_lora` for a layer whose kernels live in keras sublayers, and
+    its config.
+
+    `config_arguments` names the constructor arguments the class adds to
+    its parent's config; each is stored under its own name (keras objects
+    serialized), so `get_config` is written once for every layer.
+    """
+
+    config_arguments = ()
+
+    def enable_lora(self, rank, lora_alpha=None, target_names=None):
+        """LoRA on the layer's projections (Hu et al., 2021).
+
+        The base kernels are frozen and a trainable low-rank update
+        `A B * lora_alpha / rank` is added to each, as keras's
+        `Dense.enable_lora` does; saving merges the update into the kernel.
+
+        Args:
+            rank: the rank of the updates, a positive integer.
+            lora_alpha: the updates' scale numerator; defaults to `rank`.
+            target_names: the projections to adapt (sublayer names, see
+                `keras_attention.layers.base.projection_sublayers`); all by
+                default.
+
+        Raises:
+            ValueError: for a bad `rank`, `lora_alpha` or `target_names`, an
+                unbuilt layer, or LoRA already enabled; nothing changes then.
+        """
+        enable_lora_on(self, rank, lora_alpha, target_names)
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        """Quantize the layer's dense projections (keras's `Dense.quantize`).
+
+        `model.quantize(mode)` does this for every layer of a model; this is
+        the same for one layer. Convolutions stay float (keras quantizes
+        none).
+
+        Args:
+            mode: `"int8"`, `"int4"` or `"float8"`.
+            type_check, config: as for `keras.layers.Dense.quantize`.
+
+        Raises:
+            ValueError: for another mode, an unbuilt or already quantized
+                layer, or a layer without dense projections; nothing changes
+                then.
+        """
+        if mode not in LAYER_QUANTIZATION_MODES:
+            raise invalid(
+                "mode", f"one of {LAYER_QUANTIZATION_MODES}", mode
+            )
+        if not self.built:
+            raise ValueError(
+                f"Cannot quantize the layer {self.name!r} before it is built. "
+                f"Received: mode={mode!r}"
+            )
+        targets = [
+            sub for sub in projection_sublayers(self).values()
+            if isinstance(sub, (keras.layers.Dense, keras.layers.EinsumDense))
+        ]
+        if not targets:
+            raise ValueError(
+                f"The layer {self.name!r} has no dense projections to "
+                f"quantize. Received: mode={mode!r}"
+            )
+        done = sorted(s.path for s in targets if s.quantization_mode is not None)
+        if done:
+            raise ValueError(
+                f"The projections {done} of the layer {self.name!r} are "
+                f"already quantized. Received: mode={mode!r}"
+            )
+        for sub in targets:
+            sub.quantize(mode, type_check=type_check, config=config)
+
+    def legacy_variables(self):
+        """The variables in the order the layer held them as raw weights,
+        before its projections became keras sublayers (`None`: no change).
+
+        Lets `.weights.h5` and `.keras` files saved with the former layout
+        load (see `load_own_variables`).
+        """
+        return None
+
+    def load_own_variables(self, store):
+        legacy = self.legacy_variables()
+        own = self._trainable_variables + self._non_trainable_variables
+        count = len(store.keys())
+        if legacy is None or count == len(own) or count != len(legacy):
+            return super().load_own_variables(store)
+        # A file of the former layout: this layer's entries hold its
+        # sublayers' weights too, and the sublayers have none of their own.
+        for i, variable in enumerate(legacy):
+            variable.assign(store[str(i)])
+        legacy_ids = {id(v) for v in legacy}
+        for sub in projection_sublayers(self).values():
+            if any(id(v) in legacy_ids for v in sub.weights):
+                _skip_next_load(sub)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(arguments_config(self, self.config_arguments))
+        policy = quantized_policy_map(self)
+        if policy is not None:
+            config["dtype"] = keras.dtype_policies.serialize(policy)
+        return config
+
+
+def _skip_next_load(layer):
+    """Make `layer`'s next `load_own_variables` a no-op (its parent loaded
+    it from a file of the former layout), then restore the method."""
+
+    def skip(store):
+        del layer.__dict__["load_own_variables"]
+
+    object.__setattr__(layer, "load_own_variables", skip)
+
+
+def quantized_policy_map(layer):
+    """A `DTypePolicyMap` of `layer`'s quantized projections, or `None`.
+
+    `model.quantize("int8")` changes the dtype policy of the projection
+    sublayers only, which a layer's config does not hold: rebuilt from its
+    config, the layer would make float kernels and could not load the
+    quantized ones (keras's own `MultiHeadAttention` has this problem).
+    Saving the sublayers' policies in a map under their paths, as keras's
+    `test_dtype_policy_map` builds one by hand, makes the rebuilt sublayers
+    quantized again, so a `.keras` file of a quantized model loads.
+    """
+    quantized = {
+        sub.path: sub.dtype_policy
+        for sub in projection_sublayers(layer).values()
+        if sub.quantization_mode is not None
+    }
+    if not quantized:
+        return None
+    own = layer._dtype_policy
+    if isinstance(own, keras.dtype_policies.DTypePolicyMap):
+        policy = keras.dtype_policies.DTypePolicyMap(
+            default_policy=own.default_policy
+        )
+        for path, item in own.items():
+            policy[path] = item
+    else:
+        policy = keras.dtype_policies.DTypePolicyMap(default_policy=own)
+    for path, item in quantized.items():
+        if path not in policy:
+            policy[path] = item
+    return policy
