@@ -72,11 +72,6 @@ class CausalLMBackbone(app_base.Backbone):
     ```
     """
 
-    config_keys = (
-        "vocabulary_size", "hidden_dim", "depth", "num_heads",
-        "num_key_value_heads", "mlp_dim", "dropout", "sliding_window",
-        "position_encoding", "tie_weights", "attention", "attention_kwargs",
-    )
     scored_blocks = (TransformerEncoderBlock,)
 
     def __init__(
