@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_attention import _validation as base
 from keras_attention import registry
+from keras_attention.applications.config import ArgumentConfig
 from keras_attention.applications.blocks.attention_call import accepted_call_arguments
 from keras_attention.applications.blocks.attention_call import call_attention
 from keras_attention.applications.blocks.attention_call import call_self_attention
@@ -32,7 +33,7 @@ def check_dropout_kind(value):
     return value
 
 
-class _TransformerBlock(keras.layers.Layer):
+class _TransformerBlock(ArgumentConfig, keras.layers.Layer):
     """What both Transformer blocks share: arguments, norms, MLP, dropout."""
 
     def __init__(
@@ -152,23 +153,6 @@ class _TransformerBlock(keras.layers.Layer):
             return None
         return mask
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "mlp_dim": self.mlp_dim,
-                "dropout": self.dropout,
-                "attention_dropout": self.attention_dropout,
-                "attention": self.attention,
-                "attention_kwargs": self.attention_kwargs,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "norm_first": self.norm_first,
-                "activation": self.activation,
-                "dropout_kind": self.dropout_kind,
-            }
-        )
-        return config
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -226,33 +210,13 @@ class TransformerEncoderBlock(_TransformerBlock):
         self,
         num_heads,
         mlp_dim,
-        dropout=0.0,
-        attention_dropout=0.0,
-        attention="multi_head",
-        attention_kwargs=None,
         grid_shape=None,
         window_size=None,
         shift_size=0,
-        layer_norm_epsilon=1e-6,
-        norm_first=True,
-        activation="gelu",
-        dropout_kind="keras",
         attention_name="attention",
         **kwargs,
     ):
-        super().__init__(
-            num_heads,
-            mlp_dim,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            attention=attention,
-            attention_kwargs=attention_kwargs,
-            layer_norm_epsilon=layer_norm_epsilon,
-            norm_first=norm_first,
-            activation=activation,
-            dropout_kind=dropout_kind,
-            **kwargs,
-        )
+        super().__init__(num_heads, mlp_dim, **kwargs)
         self.grid_shape = (
             None if grid_shape is None else base.check_pair("grid_shape", grid_shape)
         )
@@ -349,17 +313,6 @@ class TransformerEncoderBlock(_TransformerBlock):
         )
         return self._mlp_residual(x, training), cache
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "grid_shape": self.grid_shape,
-                "window_size": self.window_size,
-                "shift_size": self.shift_size,
-                "attention_name": self.attention_name,
-            }
-        )
-        return config
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
