@@ -29,7 +29,6 @@ from keras_attention import _validation
 from keras_attention.layers import base as layer_base
 from keras_attention.applications import presets as preset_registry
 from keras_attention.applications.config import FunctionalConfig
-from keras_attention.applications.config import constructor_arguments
 
 PACKAGE = preset_registry.PACKAGE
 
@@ -275,6 +274,29 @@ class Backbone(FunctionalConfig, InputChecks, keras.Model):
         ).backbone
 
 
+def make_backbone(task_name, backbone_class, arguments, hint=""):
+    """A `backbone_class` named `"backbone"`, built from `arguments`.
+
+    The backbone's arguments without a default must be in `arguments`;
+    else a `ValueError` says that the task `task_name` needs them (or
+    `hint`, what else gives them, or a `backbone`).
+    """
+    parameters = inspect.signature(backbone_class.__init__).parameters
+    required = [
+        name
+        for name in backbone_class.config_keys
+        if parameters[name].default is inspect.Parameter.empty
+    ]
+    if any(arguments.get(name) is None for name in required):
+        raise ValueError(
+            f"{task_name} needs "
+            + " and ".join(f"`{name}`" for name in required)
+            + f" (or {hint}a `backbone`). Received: "
+            + ", ".join(f"{name}={arguments.get(name)}" for name in required)
+        )
+    return backbone_class(**arguments, name="backbone")
+
+
 class ImageBackbone(Backbone):
     """A backbone of images `(B, *image_size, num_channels)`."""
 
@@ -360,25 +382,15 @@ class Classifier(PresetMixin, CompileDefaults, InputChecks, keras.Model):
         a default must be given); with a `backbone` they are ignored. The
         others are returned for `keras.Model` (`name`, `dtype`, ...).
         """
-        names = constructor_arguments(cls.backbone_class)
+        names = cls.backbone_class.config_keys
         arguments = {k: v for k, v in kwargs.items() if k in names}
         rest = {k: v for k, v in kwargs.items() if k not in names}
         if backbone is not None:
             return backbone, rest
-        parameters = inspect.signature(cls.backbone_class.__init__).parameters
-        required = [
-            name
-            for name in names
-            if parameters[name].default is inspect.Parameter.empty
-        ]
-        if any(arguments.get(name) is None for name in required):
-            raise ValueError(
-                f"{cls.__name__} needs "
-                + " and ".join(f"`{name}`" for name in required)
-                + f" (or {cls.backbone_hint}a `backbone`). Received: "
-                + ", ".join(f"{name}={arguments.get(name)}" for name in required)
-            )
-        return cls.backbone_class(**arguments, name="backbone"), rest
+        backbone = make_backbone(
+            cls.__name__, cls.backbone_class, arguments, cls.backbone_hint
+        )
+        return backbone, rest
 
     def compile_defaults(self):
         """Adam, the sparse categorical cross-entropy (from logits when the

@@ -278,12 +278,9 @@ class CausalLM(app_base.PresetMixin, app_base.CompileDefaults, keras.Model):
             )
         if preprocessor is not None:
             kwargs.setdefault("vocabulary_size", preprocessor.vocabulary_size)
-        if "vocabulary_size" not in kwargs:
-            raise ValueError(
-                "CausalLM needs `vocabulary_size` (or a `preprocessor` or a "
-                "`backbone`). Received: vocabulary_size=None"
-            )
-        return CausalLMBackbone(name="backbone", **kwargs)
+        return app_base.make_backbone(
+            cls.__name__, CausalLMBackbone, kwargs, "a `preprocessor` or "
+        )
 
     def compile_defaults(self):
         """AdamW, the next-token cross-entropy from logits, its accuracy."""
