@@ -141,6 +141,11 @@ class _TransformerBlock(ArgumentConfig, keras.layers.Layer):
         )
         return x
 
+    def _outputs(self, x, scores, return_scores, training):
+        """The MLP branch on `x`; `(x, scores)` when the scores are asked."""
+        x = self._mlp_residual(x, training)
+        return (x, scores) if return_scores else x
+
     def compute_output_shape(self, input_shape, *args, **kwargs):
         return tuple(input_shape)
 
@@ -289,10 +294,7 @@ class TransformerEncoderBlock(_TransformerBlock):
             self.attention_norm,
             training,
         )
-        x = self._mlp_residual(x, training)
-        if return_attention_scores:
-            return x, scores
-        return x
+        return self._outputs(x, scores, return_attention_scores, training)
 
     def _call_cached(self, tokens, cache, cache_update_index, training):
         """Decoding against the attention layer's public key/value cache."""
@@ -422,10 +424,7 @@ class TransformerDecoderBlock(_TransformerBlock):
             self.cross_attention_norm,
             training,
         )
-        x = self._mlp_residual(x, training)
-        if return_attention_scores:
-            return x, weights
-        return x
+        return self._outputs(x, weights, return_attention_scores, training)
 
     def compute_mask(self, inputs, mask=None):
         # The outputs are the decoder's own positions; a caller that wants
