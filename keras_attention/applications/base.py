@@ -187,6 +187,41 @@ class InputChecks:
         return super().call(inputs, training=training, mask=mask)
 
 
+class TaskConfig:
+    """`get_config` and `from_config` of a task built on a `backbone`.
+
+    The config holds the backbone (serialized), the task's own
+    `task_arguments()`, its `preprocessor` (serialized, or `None`) when the
+    task has one, its name and trainability; `from_config` deserializes the
+    backbone and calls the constructor.
+    """
+
+    def task_arguments(self):
+        """The task's own constructor arguments, as its config holds them."""
+        return {}
+
+    def get_config(self):
+        config = {
+            "backbone": keras.layers.serialize(self.backbone),
+            **self.task_arguments(),
+        }
+        if hasattr(self, "preprocessor"):
+            config["preprocessor"] = (
+                None
+                if self.preprocessor is None
+                else keras.saving.serialize_keras_object(self.preprocessor)
+            )
+        config.update(name=self.name, trainable=self.trainable)
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("backbone"), dict):
+            config["backbone"] = keras.layers.deserialize(config["backbone"])
+        return cls(**config)
+
+
 class Backbone(FunctionalConfig, InputChecks, keras.Model):
     """A functional model from the inputs to one feature vector per sample.
 
@@ -306,7 +341,9 @@ class ImageBackbone(Backbone):
         )
 
 
-class Classifier(PresetMixin, CompileDefaults, InputChecks, keras.Model):
+class Classifier(
+    TaskConfig, PresetMixin, CompileDefaults, InputChecks, keras.Model
+):
     """A head (dropout, `Dense(num_classes)`) on a `Backbone`.
 
     Args:
@@ -406,22 +443,12 @@ class Classifier(PresetMixin, CompileDefaults, InputChecks, keras.Model):
             ],
         }
 
-    def get_config(self):
+    def task_arguments(self):
         return {
-            "backbone": keras.layers.serialize(self.backbone),
             "num_classes": self.num_classes,
             "activation": keras.activations.serialize(self.activation),
             "head_dropout": self.head_dropout,
-            "name": self.name,
-            "trainable": self.trainable,
         }
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        if isinstance(config.get("backbone"), dict):
-            config["backbone"] = keras.layers.deserialize(config["backbone"])
-        return cls(**config)
 
     def with_head(self, num_classes, **kwargs):
         """A classifier of this class sharing this backbone, with a new head.

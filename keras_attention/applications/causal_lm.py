@@ -190,7 +190,10 @@ class CausalLMBackbone(app_base.Backbone):
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class CausalLM(app_base.PresetMixin, app_base.CompileDefaults, keras.Model):
+class CausalLM(
+    app_base.TaskConfig, app_base.PresetMixin, app_base.CompileDefaults,
+    keras.Model,
+):
     """Decoder-only language model: `CausalLMBackbone` and next-token logits.
 
     Trained with `fit(x, y)` on token ids `x` `(B, T)` and the next ids
@@ -473,20 +476,6 @@ class CausalLM(app_base.PresetMixin, app_base.CompileDefaults, keras.Model):
         return decoded[0] if single else decoded
 
     # Config ------------------------------------------------------------------
-
-    def get_config(self):
-        return {
-            "backbone": keras.layers.serialize(self.backbone),
-            "preprocessor": None
-            if self.preprocessor is None
-            else keras.saving.serialize_keras_object(self.preprocessor),
-            "name": self.name,
-            "trainable": self.trainable,
-        }
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, preprocessor=None, **kwargs):

@@ -494,14 +494,6 @@ class TextClassifier(app_base.Classifier):
             sequence_length=sequence_length, **kwargs,
         )
 
-    def get_config(self):
-        config = super().get_config()
-        if self._preprocessor is not None:
-            config["preprocessor"] = keras.saving.serialize_keras_object(
-                self._preprocessor
-            )
-        return config
-
 
 presets.register_preset(
     "text_sentiment_small",
