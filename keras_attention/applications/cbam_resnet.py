@@ -147,7 +147,8 @@ class CBAMResNet(app_base.Classifier):
     """Image classifier: a `CBAMResNetBackbone` and a dense head.
 
     Args:
-        image_size: the backbone's required argument.
+        image_size: the image side (see `CBAMResNetBackbone`); needed
+            unless `backbone` is given.
         num_classes: number of classes.
         backbone: an existing `CBAMResNetBackbone` (fine-tuning).
         **kwargs: the head's `activation` (`None` gives logits) and

@@ -338,8 +338,9 @@ class TextClassifier(app_base.Classifier):
     `explain` take strings, and the `.keras` file keeps the vocabulary.
 
     Args:
-        vocabulary_size, sequence_length: the backbone's required
-            arguments; with a `preprocessor`, they default to its own.
+        vocabulary_size, sequence_length: see `TextClassifierBackbone`;
+            needed unless `backbone` is given, with a `preprocessor` they
+            default to its own.
         num_classes: number of classes.
         preprocessor: an optional `TextClassifierPreprocessor`.
         backbone: an existing `TextClassifierBackbone` (fine-tuning).

@@ -255,7 +255,8 @@ class VisionTransformer(app_base.Classifier):
     num_classes=2)`, with `backbone.trainable = False` to freeze it).
 
     Args:
-        image_size, patch_size: the backbone's required arguments.
+        image_size, patch_size: the image and patch sides (see
+            `VisionTransformerBackbone`); needed unless `backbone` is given.
         num_classes: number of classes.
         backbone: an existing `VisionTransformerBackbone`.
         **kwargs: the head's `activation` (`None` gives logits) and
