@@ -20,12 +20,15 @@ config.
 
 
 
+import inspect
+
 import keras
 from keras import ops
 
 from keras_attention import _validation
 from keras_attention.layers import base as layer_base
 from keras_attention.applications import presets as preset_registry
+from keras_attention.applications.config import FunctionalConfig
 
 PACKAGE = preset_registry.PACKAGE
 
@@ -184,13 +187,49 @@ class InputChecks:
         return super().call(inputs, training=training, mask=mask)
 
 
-class Backbone(InputChecks, keras.Model):
+class TaskConfig:
+    """`get_config` and `from_config` of a task built on a `backbone`.
+
+    The config holds the backbone (serialized), the task's own
+    `task_arguments()`, its `preprocessor` (serialized, or `None`) when the
+    task has one, its name and trainability; `from_config` deserializes the
+    backbone and calls the constructor.
+    """
+
+    def task_arguments(self):
+        """The task's own constructor arguments, as its config holds them."""
+        return {}
+
+    def get_config(self):
+        config = {
+            "backbone": keras.layers.serialize(self.backbone),
+            **self.task_arguments(),
+        }
+        if hasattr(self, "preprocessor"):
+            config["preprocessor"] = (
+                None
+                if self.preprocessor is None
+                else keras.saving.serialize_keras_object(self.preprocessor)
+            )
+        config.update(name=self.name, trainable=self.trainable)
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("backbone"), dict):
+            config["backbone"] = keras.layers.deserialize(config["backbone"])
+        return cls(**config)
+
+
+class Backbone(FunctionalConfig, InputChecks, keras.Model):
     """A functional model from the inputs to one feature vector per sample.
 
-    Subclasses build their graph in `__init__` and call
-    `super().__init__(inputs=..., outputs=...)`, keep each constructor
-    argument as an attribute and name them in `config_keys`; `get_config`
-    returns them and `from_config` calls the constructor.
+    Subclasses build their graph in `__init__`, call
+    `super().__init__(inputs=..., outputs=...)` and `keep_config(locals())`,
+    which keeps each constructor argument as an attribute; `get_config`
+    returns them and `from_config` calls the constructor
+    (`FunctionalConfig`).
     `from_preset(name)` returns the backbone of a preset's classifier, with
     its weights.
     """
@@ -257,28 +296,6 @@ class Backbone(InputChecks, keras.Model):
             self, rank, lora_alpha=lora_alpha, target_names=target_names
         )
 
-    # The constructor arguments that `get_config` returns; each is kept as an
-    # attribute of the same name.
-    config_keys = ()
-
-    def keep_config(self, arguments):
-        """Keeps each of `config_keys` from `arguments` (the constructor's
-        `locals()`) as an attribute; `attention_kwargs` as a new dict."""
-        for key in self.config_keys:
-            value = arguments[key]
-            if key == "attention_kwargs":
-                value = dict(value or {})
-            setattr(self, key, value)
-
-    def get_config(self):
-        config = {"name": self.name, "trainable": self.trainable}
-        config.update({key: getattr(self, key) for key in self.config_keys})
-        return config
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
-
     @classmethod
     def presets(cls):
         """`{name: description}` of the presets holding this backbone."""
@@ -292,6 +309,29 @@ class Backbone(InputChecks, keras.Model):
         ).backbone
 
 
+def make_backbone(task_name, backbone_class, arguments, hint=""):
+    """A `backbone_class` named `"backbone"`, built from `arguments`.
+
+    The backbone's arguments without a default must be in `arguments`;
+    else a `ValueError` says that the task `task_name` needs them (or
+    `hint`, what else gives them, or a `backbone`).
+    """
+    parameters = inspect.signature(backbone_class.__init__).parameters
+    required = [
+        name
+        for name in backbone_class.config_keys
+        if parameters[name].default is inspect.Parameter.empty
+    ]
+    if any(arguments.get(name) is None for name in required):
+        raise ValueError(
+            f"{task_name} needs "
+            + " and ".join(f"`{name}`" for name in required)
+            + f" (or {hint}a `backbone`). Received: "
+            + ", ".join(f"{name}={arguments.get(name)}" for name in required)
+        )
+    return backbone_class(**arguments, name="backbone")
+
+
 class ImageBackbone(Backbone):
     """A backbone of images `(B, *image_size, num_channels)`."""
 
@@ -301,21 +341,29 @@ class ImageBackbone(Backbone):
         )
 
 
-class Classifier(PresetMixin, CompileDefaults, InputChecks, keras.Model):
+class Classifier(
+    TaskConfig, PresetMixin, CompileDefaults, InputChecks, keras.Model
+):
     """A head (dropout, `Dense(num_classes)`) on a `Backbone`.
 
     Args:
-        backbone: a `Backbone` instance.
+        backbone: a `Backbone` instance; `None` builds a `backbone_class`
+            from the backbone's arguments among `**kwargs`.
         num_classes: number of classes, a positive integer.
         activation: activation of the output layer; `None` (the default)
             gives logits, for `from_logits=True` losses.
         head_dropout: dropout rate before the output layer.
+        **kwargs: the arguments of `backbone_class` (ignored when
+            `backbone` is given), and `keras.Model`'s (`name`, `dtype`, ...).
 
-    Subclasses take their backbone's arguments in their constructor and
-    build the backbone when `backbone` is not given.
+    Subclasses name their backbone's required arguments first (so that
+    they can be given by position) and pass them on with the rest.
     """
 
     backbone_class = Backbone
+    # What else than a `backbone` gives the backbone's required arguments
+    # (for the error message).
+    backbone_hint = ""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -326,13 +374,17 @@ class Classifier(PresetMixin, CompileDefaults, InputChecks, keras.Model):
             cls.backbone_class.classifier_class = cls
 
     def __init__(
-        self, backbone, num_classes, activation=None, head_dropout=0.0, **kwargs
+        self,
+        backbone=None,
+        num_classes=None,
+        activation=None,
+        head_dropout=0.0,
+        **kwargs,
     ):
+        backbone, kwargs = self.backbone_from(backbone, kwargs)
         if not isinstance(backbone, keras.Model):
-            raise ValueError(
-                "Received an invalid value for argument `backbone`, expected "
-                f"a {self.backbone_class.__name__}. Received: "
-                f"backbone={backbone!r}"
+            raise _validation.invalid(
+                "backbone", f"a {self.backbone_class.__name__}", backbone
             )
         _validation.check_positive_int("num_classes", num_classes)
         _validation.check_rate("head_dropout", head_dropout)
@@ -359,34 +411,23 @@ class Classifier(PresetMixin, CompileDefaults, InputChecks, keras.Model):
         return self.backbone.attention_scores(inputs)
 
     @classmethod
-    def backbone_from(cls, backbone, arguments, required, hint=""):
-        """`backbone`, or a new `backbone_class` from a constructor's `arguments`.
+    def backbone_from(cls, backbone, kwargs):
+        """`(backbone, rest)`: the backbone, and the arguments it left.
 
-        A subclass's constructor takes its backbone's arguments as well; it
-        passes `locals()` here, and the ones the backbone's constructor names
-        build it. `required` are those that have no default.
+        The arguments of `kwargs` that the constructor of `backbone_class`
+        names build a new backbone when `backbone` is `None` (those without
+        a default must be given); with a `backbone` they are ignored. The
+        others are returned for `keras.Model` (`name`, `dtype`, ...).
         """
+        names = cls.backbone_class.config_keys
+        arguments = {k: v for k, v in kwargs.items() if k in names}
+        rest = {k: v for k, v in kwargs.items() if k not in names}
         if backbone is not None:
-            return backbone
-        missing = [name for name in required if arguments.get(name) is None]
-        if missing:
-            raise ValueError(
-                f"{cls.__name__} needs "
-                + " and ".join(f"`{name}`" for name in required)
-                + f" (or {hint}a `backbone`). Received: "
-                + ", ".join(f"{name}={arguments.get(name)}" for name in required)
-            )
-        import inspect
-
-        parameters = inspect.signature(cls.backbone_class.__init__).parameters
-        return cls.backbone_class(
-            **{
-                name: arguments[name]
-                for name in parameters
-                if name in arguments and name not in ("self", "kwargs")
-            },
-            name="backbone",
+            return backbone, rest
+        backbone = make_backbone(
+            cls.__name__, cls.backbone_class, arguments, cls.backbone_hint
         )
+        return backbone, rest
 
     def compile_defaults(self):
         """Adam, the sparse categorical cross-entropy (from logits when the
@@ -402,22 +443,12 @@ class Classifier(PresetMixin, CompileDefaults, InputChecks, keras.Model):
             ],
         }
 
-    def get_config(self):
+    def task_arguments(self):
         return {
-            "backbone": keras.layers.serialize(self.backbone),
             "num_classes": self.num_classes,
             "activation": keras.activations.serialize(self.activation),
             "head_dropout": self.head_dropout,
-            "name": self.name,
-            "trainable": self.trainable,
         }
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        if isinstance(config.get("backbone"), dict):
-            config["backbone"] = keras.layers.deserialize(config["backbone"])
-        return cls(**config)
 
     def with_head(self, num_classes, **kwargs):
         """A classifier of this class sharing this backbone, with a new head.

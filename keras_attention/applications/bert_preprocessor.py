@@ -16,6 +16,7 @@ from keras import ops
 
 from keras_attention import _validation as base
 from keras_attention.applications import base as app_base
+from keras_attention.applications.config import ArgumentConfig
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -27,7 +28,7 @@ def read_vocabulary(path):
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class BertPreprocessor:
+class BertPreprocessor(ArgumentConfig):
     """Texts to BERT's `{"token_ids", "token_type_ids"}`, with keras-hub.
 
     Args:
@@ -112,16 +113,3 @@ class BertPreprocessor:
             "token_ids": ops.convert_to_numpy(token_ids).astype("int32"),
             "token_type_ids": ops.convert_to_numpy(token_type_ids).astype("int32"),
         }
-
-    def get_config(self):
-        return {
-            "vocabulary": self.vocabulary,
-            "sequence_length": self.sequence_length,
-            "lowercase": self.lowercase,
-            "strip_accents": self.strip_accents,
-        }
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
-

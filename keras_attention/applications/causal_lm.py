@@ -72,11 +72,6 @@ class CausalLMBackbone(app_base.Backbone):
     ```
     """
 
-    config_keys = (
-        "vocabulary_size", "hidden_dim", "depth", "num_heads",
-        "num_key_value_heads", "mlp_dim", "dropout", "sliding_window",
-        "position_encoding", "tie_weights", "attention", "attention_kwargs",
-    )
     scored_blocks = (TransformerEncoderBlock,)
 
     def __init__(
@@ -195,7 +190,10 @@ class CausalLMBackbone(app_base.Backbone):
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class CausalLM(app_base.PresetMixin, app_base.CompileDefaults, keras.Model):
+class CausalLM(
+    app_base.TaskConfig, app_base.PresetMixin, app_base.CompileDefaults,
+    keras.Model,
+):
     """Decoder-only language model: `CausalLMBackbone` and next-token logits.
 
     Trained with `fit(x, y)` on token ids `x` `(B, T)` and the next ids
@@ -283,12 +281,9 @@ class CausalLM(app_base.PresetMixin, app_base.CompileDefaults, keras.Model):
             )
         if preprocessor is not None:
             kwargs.setdefault("vocabulary_size", preprocessor.vocabulary_size)
-        if "vocabulary_size" not in kwargs:
-            raise ValueError(
-                "CausalLM needs `vocabulary_size` (or a `preprocessor` or a "
-                "`backbone`). Received: vocabulary_size=None"
-            )
-        return CausalLMBackbone(name="backbone", **kwargs)
+        return app_base.make_backbone(
+            cls.__name__, CausalLMBackbone, kwargs, "a `preprocessor` or "
+        )
 
     def compile_defaults(self):
         """AdamW, the next-token cross-entropy from logits, its accuracy."""
@@ -481,20 +476,6 @@ class CausalLM(app_base.PresetMixin, app_base.CompileDefaults, keras.Model):
         return decoded[0] if single else decoded
 
     # Config ------------------------------------------------------------------
-
-    def get_config(self):
-        return {
-            "backbone": keras.layers.serialize(self.backbone),
-            "preprocessor": None
-            if self.preprocessor is None
-            else keras.saving.serialize_keras_object(self.preprocessor),
-            "name": self.name,
-            "trainable": self.trainable,
-        }
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, preprocessor=None, **kwargs):

@@ -14,6 +14,7 @@ import numpy as np
 
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
+from keras_attention.applications.config import ArgumentConfig
 
 PACKAGE = "keras_attention"
 _NEWLINE = 10
@@ -21,7 +22,7 @@ _FIRST_PRINTABLE = 32
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class CausalLMPreprocessor:
+class CausalLMPreprocessor(ArgumentConfig):
     """Character ids for a causal language model.
 
     Args:
@@ -110,10 +111,3 @@ class CausalLMPreprocessor:
         starts = np.arange(0, len(ids) - sequence_length, stride)
         windows = ids[starts[:, None] + np.arange(sequence_length + 1)]
         return windows[:, :-1], windows[:, 1:]
-
-    def get_config(self):
-        return {"vocabulary_size": self.vocabulary_size}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)

@@ -65,11 +65,6 @@ class CBAMResNetBackbone(app_base.ImageBackbone):
     """
 
     scored_blocks = (ResidualAttentionBlock,)
-    config_keys = (
-        "image_size", "num_channels", "filters", "blocks_per_stage",
-        "stem_filters", "stem_strides", "attention", "attention_kwargs",
-        "weight_decay",
-    )
 
     def __init__(
         self,
@@ -152,14 +147,14 @@ class CBAMResNet(app_base.Classifier):
     """Image classifier: a `CBAMResNetBackbone` and a dense head.
 
     Args:
-        image_size, num_channels, filters, blocks_per_stage, stem_filters,
-        stem_strides, attention, attention_kwargs, weight_decay: the
-            backbone's arguments (see `CBAMResNetBackbone`); ignored when
-            `backbone` is given.
+        image_size: the image side (see `CBAMResNetBackbone`); needed
+            unless `backbone` is given.
         num_classes: number of classes.
         backbone: an existing `CBAMResNetBackbone` (fine-tuning).
-        activation: output activation; `None` gives logits.
-        head_dropout: dropout rate before the output layer.
+        **kwargs: the head's `activation` (`None` gives logits) and
+            `head_dropout` (see `Classifier`), and the other arguments of
+            `CBAMResNetBackbone` (`num_channels`, `filters`, `attention`,
+            ...; see it), ignored when `backbone` is given.
 
     Call arguments:
         images: `(B, H, W, num_channels)`.
@@ -185,43 +180,22 @@ class CBAMResNet(app_base.Classifier):
 
     backbone_class = CBAMResNetBackbone
 
-    def __init__(
-        self,
-        image_size=None,
-        num_classes=None,
-        num_channels=3,
-        filters=(32, 64, 128),
-        blocks_per_stage=1,
-        stem_filters=None,
-        stem_strides=1,
-        attention="cbam",
-        attention_kwargs=None,
-        weight_decay=0.0,
-        backbone=None,
-        activation=None,
-        head_dropout=0.0,
-        **kwargs,
-    ):
-        backbone = self.backbone_from(backbone, locals(), ("image_size",))
-        super().__init__(
-            backbone,
-            num_classes,
-            activation=activation,
-            head_dropout=head_dropout,
-            **kwargs,
-        )
+    def __init__(self, image_size=None, num_classes=None, backbone=None, **kwargs):
+        super().__init__(backbone, num_classes, image_size=image_size, **kwargs)
 
 
+# The network of the digit presets (CBAM in each of 3 blocks), for one
+# image size or another.
+_DIGITS_RESNET = dict(
+    num_channels=1,
+    num_classes=10,
+    filters=(32, 64, 128),
+    attention="cbam",
+)
 presets.register_preset(
     "cbam_resnet_digits",
     "CBAMResNet",
-    dict(
-        image_size=8,
-        num_channels=1,
-        num_classes=10,
-        filters=(32, 64, 128),
-        attention="cbam",
-    ),
+    dict(image_size=8, **_DIGITS_RESNET),
     weights="cbam_resnet_digits.weights.h5",
     description="ResNet with CBAM in each of 3 blocks (32, 64, 128 "
     "channels), trained on scikit-learn's 8x8 digits.",
@@ -229,14 +203,7 @@ presets.register_preset(
 presets.register_preset(
     "cbam_resnet_mnist",
     "CBAMResNet",
-    dict(
-        image_size=28,
-        num_channels=1,
-        num_classes=10,
-        filters=(32, 64, 128),
-        stem_strides=2,
-        attention="cbam",
-    ),
+    dict(image_size=28, stem_strides=2, **_DIGITS_RESNET),
     description="ResNet with CBAM in each of 3 blocks and a strided stem "
     "for 28x28 MNIST digits (configuration only).",
 )

@@ -27,6 +27,7 @@ from keras_attention import registry
 from keras_attention.applications import detection_loss
 from keras_attention.applications import presets
 from keras_attention.applications.base import PresetMixin
+from keras_attention.applications.config import ArgumentConfig
 from keras_attention.applications.blocks import TransformerDecoderBlock
 from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention.applications.detection_loss import validate_targets
@@ -71,21 +72,10 @@ _LOSS_SETTINGS = (
     "num_classes", "eos_coef", "class_loss_weight", "bbox_loss_weight",
     "giou_loss_weight", "class_cost", "bbox_cost", "giou_cost",
 )
-# The constructor arguments `get_config` returns, each kept as an attribute.
-_CONFIG = (
-    "num_classes", "num_queries", "hidden_dim", "num_heads",
-    "num_encoder_layers", "num_decoder_layers", "feedforward_dim", "dropout",
-    "norm_first", "backbone_type", "resnet_depths", "resnet_block",
-    "backbone_filters", "blocks_per_stage", "stem_strides",
-    "attention_module", "attention_kwargs", "transformer_attention",
-    "transformer_attention_kwargs", "aux_loss", "eos_coef",
-    "class_loss_weight", "bbox_loss_weight", "giou_loss_weight",
-    "class_cost", "bbox_cost", "giou_cost",
-)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class DETR(PresetMixin, DETRConverters, keras.Model):
+class DETR(ArgumentConfig, PresetMixin, DETRConverters, keras.Model):
     """DETR: end-to-end object detection with transformers (Carion, 2020).
 
     `backbone -> 1x1 projection to D -> encoder (self-attention with 2-D
@@ -566,10 +556,6 @@ class DETR(PresetMixin, DETRConverters, keras.Model):
             outputs, (height, width), score_threshold, upsample_attention
         )
 
-    def get_config(self):
-        config = super().get_config()
-        config.update({name: getattr(self, name) for name in _CONFIG})
-        return config
 
 
 presets.register_preset(

@@ -16,6 +16,7 @@ from keras import ops
 
 from keras_attention import _validation as base
 from keras_attention.applications.blocks import ResidualAttentionBlock
+from keras_attention.applications.config import ArgumentConfig
 
 PACKAGE = "keras_attention"
 
@@ -138,7 +139,7 @@ def feature_positions(pixel_mask, images, height, width, dim):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class DETRBackbone(keras.layers.Layer):
+class DETRBackbone(ArgumentConfig, keras.layers.Layer):
     """A small residual CNN: a stem, then one stride-2 stage per filter count.
 
     `(B, height, width, C) -> (B, height / r, width / r, filters[-1])`,
@@ -215,16 +216,3 @@ class DETRBackbone(keras.layers.Layer):
                     shape[axis] = -(-shape[axis] // strides)
         shape[-1] = self.filters[-1]
         return tuple(shape)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "filters": self.filters,
-                "blocks_per_stage": self.blocks_per_stage,
-                "stem_strides": self.stem_strides,
-                "attention_module": self.attention_module,
-                "attention_kwargs": self.attention_kwargs,
-            }
-        )
-        return config

@@ -13,6 +13,7 @@ from keras import ops
 
 from keras_attention import _validation as base
 from keras_attention.applications.detection_layers import DETRBackbone
+from keras_attention.applications.config import ArgumentConfig
 
 PACKAGE = "keras_attention"
 
@@ -42,7 +43,7 @@ def check_resnet_depths(depths, argument="resnet_depths"):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class ResNetBackbone(keras.layers.Layer):
+class ResNetBackbone(ArgumentConfig, keras.layers.Layer):
     """ResNet-18/34/50/101/152 (He, 2016) with frozen batch norm, DETR's backbone.
 
     A 7x7 stride-2 stem, a 3x3 stride-2 max pool, then one stage per entry
@@ -204,18 +205,6 @@ class ResNetBackbone(keras.layers.Layer):
                 shape[axis] = size
         shape[-1] = self.output_channels
         return tuple(shape)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "depths": self.depths,
-                "block": self.block,
-                "width": self.width,
-                "batch_norm_epsilon": self.batch_norm_epsilon,
-            }
-        )
-        return config
 
 
 BACKBONE_TYPES = ("small", "resnet")

@@ -25,7 +25,9 @@ from keras_attention.applications.text_classifier import TextClassifierBackbone
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class MaskedLanguageModel(app_base.CompileDefaults, keras.Model):
+class MaskedLanguageModel(
+    app_base.TaskConfig, app_base.CompileDefaults, keras.Model
+):
     """A text backbone and a masked-LM head (BERT's pretraining task).
 
     Args:
@@ -122,21 +124,8 @@ class MaskedLanguageModel(app_base.CompileDefaults, keras.Model):
         kwargs.setdefault("preprocessor", self.preprocessor)
         return TextClassifier(backbone=self.backbone, num_classes=num_classes, **kwargs)
 
-    def get_config(self):
-        return {
-            "backbone": keras.layers.serialize(self.backbone),
-            "mask_length": self.mask_length,
-            "preprocessor": None if self.preprocessor is None
-            else keras.saving.serialize_keras_object(self.preprocessor),
-            "name": self.name,
-            "trainable": self.trainable,
-        }
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["backbone"] = keras.layers.deserialize(config["backbone"])
-        return cls(**config)
+    def task_arguments(self):
+        return {"mask_length": self.mask_length}
 
 
 def _no_mask(*args, **kwargs):

@@ -22,6 +22,7 @@ from keras import ops
 from keras_attention import registry
 from keras_attention.applications import base as app_base
 from keras_attention.applications import presets
+from keras_attention.applications.config import FunctionalConfig
 from keras_attention import _validation as base
 from keras_attention.layers.dropout import HashDropout
 
@@ -113,6 +114,7 @@ def _is_symbolic(x):
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class GATNodeClassifier(
+    FunctionalConfig,
     app_base.PresetMixin,
     app_base.CompileDefaults,
     app_base.InputChecks,
@@ -240,18 +242,7 @@ class GATNodeClassifier(
         super().__init__(inputs=[features, edges], outputs=outputs, **kwargs)
         self.input_spec = None
 
-        self.num_features = num_features
-        self.num_classes = num_classes
-        self.hidden_units = hidden_units
-        self.num_heads = num_heads
-        self.output_heads = output_heads
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.weight_decay = weight_decay
-        self.activation = activation
-        self.version = version
-        self.attention = attention
-        self.attention_kwargs = dict(attention_kwargs or {})
+        self.keep_config(locals())
 
     def call(self, inputs, training=None, mask=None):
         if (
@@ -347,28 +338,6 @@ class GATNodeClassifier(
             [x, edges], return_attention_scores=True
         )
         return [first, second]
-
-    def get_config(self):
-        return {
-            "num_features": self.num_features,
-            "num_classes": self.num_classes,
-            "hidden_units": self.hidden_units,
-            "num_heads": self.num_heads,
-            "output_heads": self.output_heads,
-            "dropout": self.dropout,
-            "attention_dropout": self.attention_dropout,
-            "weight_decay": self.weight_decay,
-            "activation": self.activation,
-            "version": self.version,
-            "attention": self.attention,
-            "attention_kwargs": self.attention_kwargs,
-            "name": self.name,
-            "trainable": self.trainable,
-        }
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
 
 
 class GATEarlyStopping(keras.callbacks.Callback):

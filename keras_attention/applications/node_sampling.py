@@ -24,6 +24,15 @@ from keras_attention.datasets.sampling import NeighborSampler
 from keras_attention.datasets.sampling import check_edges
 from keras_attention.datasets.sampling import check_seeds
 from keras_attention.datasets.sampling import csr_by_target
+from keras_attention._validation import invalid
+
+
+def _check_count(argument, value):
+    """A positive Python or NumPy integer, else keras's `ValueError`."""
+    if isinstance(value, bool) or not isinstance(
+        value, (int, np.integer)
+    ) or value <= 0:
+        raise invalid(argument, "a positive integer", value)
 
 
 def _seed_ids(seeds, num_nodes):
@@ -98,13 +107,7 @@ def sampled_node_dataset(
     features = np.asarray(graph.features, np.float32)
     labels = np.asarray(graph.labels)
     num_nodes = len(features)
-    if isinstance(batch_size, bool) or not isinstance(
-        batch_size, (int, np.integer)
-    ) or batch_size <= 0:
-        raise ValueError(
-            "Received an invalid value for argument `batch_size`, expected a "
-            f"positive integer. Received: batch_size={batch_size!r}"
-        )
+    _check_count("batch_size", batch_size)
     if sampler is None:
         sampler = NeighborSampler(graph.edges, num_nodes, fanouts)
     seeds = _seed_ids(seeds, num_nodes)
@@ -214,13 +217,7 @@ def layerwise_predict(model, features, edges, chunk_size=4096):
             "Received an invalid value for argument `features`, expected a "
             f"(N, F) array. Received: features.shape={features.shape}"
         )
-    if isinstance(chunk_size, bool) or not isinstance(
-        chunk_size, (int, np.integer)
-    ) or chunk_size <= 0:
-        raise ValueError(
-            "Received an invalid value for argument `chunk_size`, expected a "
-            f"positive integer. Received: chunk_size={chunk_size!r}"
-        )
+    _check_count("chunk_size", chunk_size)
     num_nodes = len(features)
     edges = check_edges(edges, num_nodes)
     indptr, indices = csr_by_target(edges, num_nodes)

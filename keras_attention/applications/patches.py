@@ -7,10 +7,11 @@ from keras import ops
 
 from keras_attention import _validation as base
 from keras_attention.applications import base as app_base
+from keras_attention.applications.config import ArgumentConfig
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class PatchEmbedding(keras.layers.Layer):
+class PatchEmbedding(ArgumentConfig, keras.layers.Layer):
     """Patch embedding of ViT, with an optional class token.
 
     A `Conv2D` with kernel and stride `patch_size` projects each patch to
@@ -121,23 +122,9 @@ class PatchEmbedding(keras.layers.Layer):
         n = (height // ph) * (width // pw) + int(self.use_class_token)
         return (input_shape[0], n, self.hidden_dim)
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "hidden_dim": self.hidden_dim,
-                "patch_size": self.patch_size,
-                "use_class_token": self.use_class_token,
-                "embed_class_token": self.embed_class_token,
-                "use_position_embedding": self.use_position_embedding,
-                "patch_norm_epsilon": self.patch_norm_epsilon,
-            }
-        )
-        return config
-
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class PatchMerging(keras.layers.Layer):
+class PatchMerging(ArgumentConfig, keras.layers.Layer):
     """Swin's patch merging: 2x2 neighbouring tokens -> one token of `2 C`.
 
     The tokens `(B, h * w, C)` are seen as the grid `(B, h, w, C)` (padded
@@ -190,14 +177,9 @@ class PatchMerging(keras.layers.Layer):
         oh, ow = self.output_grid_shape
         return (input_shape[0], oh * ow, 2 * input_shape[-1])
 
-    def get_config(self):
-        config = super().get_config()
-        config.update({"grid_shape": self.grid_shape})
-        return config
-
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class TokenPooling(keras.layers.Layer):
+class TokenPooling(ArgumentConfig, keras.layers.Layer):
     """`(B, N, C) -> (B, C)`: the first (class) token, or the mean of all."""
 
     def __init__(self, mode="cls", **kwargs):
@@ -213,8 +195,3 @@ class TokenPooling(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])
-
-    def get_config(self):
-        config = super().get_config()
-        config.update({"mode": self.mode})
-        return config

@@ -25,13 +25,14 @@ from keras_attention import registry
 from keras_attention.applications.text_layers import AttentionPooling
 from keras_attention.applications.text_layers import ClassTokenPooler
 from keras_attention.applications.text_layers import TokenAndPositionEmbedding
+from keras_attention.applications.config import ArgumentConfig
 
 PAD, UNK = "[PAD]", "[UNK]"
 POOLINGS = ("attention", "cls")
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class TextClassifierPreprocessor:
+class TextClassifierPreprocessor(ArgumentConfig):
     """Texts to padded WordPiece token ids, with keras-hub's tokenizer.
 
     Args:
@@ -120,17 +121,6 @@ class TextClassifierPreprocessor:
         ids = self(texts)
         return [[self.vocabulary[i] for i in row if i != 0] for row in ids]
 
-    def get_config(self):
-        return {
-            "vocabulary": self.vocabulary,
-            "sequence_length": self.sequence_length,
-            "lowercase": self.lowercase,
-        }
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
-
 
 def _batches(inputs, batch_size):
     """Slices of `batch_size` rows of an array or a dict of arrays."""
@@ -197,14 +187,6 @@ class TextClassifierBackbone(app_base.Backbone):
           Classification, 2016. https://aclanthology.org/N16-1174
         - Devlin et al., BERT, 2019. https://arxiv.org/abs/1810.04805
     """
-
-    config_keys = (
-        "vocabulary_size", "sequence_length", "hidden_dim", "depth",
-        "num_heads", "mlp_dim", "dropout", "attention", "attention_kwargs",
-        "pooling_units", "attention_dropout", "token_types", "max_positions",
-        "embedding_norm", "layer_norm_epsilon", "norm_first", "final_norm",
-        "pooling",
-    )
 
     def __init__(
         self,
@@ -356,16 +338,16 @@ class TextClassifier(app_base.Classifier):
     `explain` take strings, and the `.keras` file keeps the vocabulary.
 
     Args:
-        vocabulary_size, sequence_length, hidden_dim, depth, num_heads,
-        mlp_dim, dropout, attention, attention_kwargs, pooling_units: the
-            backbone's arguments (see `TextClassifierBackbone`); ignored when
-            `backbone` is given. With a `preprocessor`, `vocabulary_size`
-            and `sequence_length` default to its own.
+        vocabulary_size, sequence_length: see `TextClassifierBackbone`;
+            needed unless `backbone` is given, with a `preprocessor` they
+            default to its own.
         num_classes: number of classes.
         preprocessor: an optional `TextClassifierPreprocessor`.
         backbone: an existing `TextClassifierBackbone` (fine-tuning).
-        activation: output activation; `None` gives logits.
-        head_dropout: dropout rate before the output layer.
+        **kwargs: the head's `activation` (`None` gives logits) and
+            `head_dropout` (see `Classifier`), and the other arguments of
+            `TextClassifierBackbone` (`hidden_dim`, `depth`, ...; see it),
+            ignored when `backbone` is given.
 
     Call arguments:
         token_ids: int `(B, T)`, 0 for padding.
@@ -392,24 +374,15 @@ class TextClassifier(app_base.Classifier):
     """
 
     backbone_class = TextClassifierBackbone
+    backbone_hint = "a `preprocessor`, or "
 
     def __init__(
         self,
         vocabulary_size=None,
         sequence_length=None,
         num_classes=None,
-        hidden_dim=64,
-        depth=2,
-        num_heads=4,
-        mlp_dim=128,
-        dropout=0.1,
-        attention="multi_head",
-        attention_kwargs=None,
-        pooling_units=64,
         preprocessor=None,
         backbone=None,
-        activation=None,
-        head_dropout=0.0,
         **kwargs,
     ):
         if isinstance(preprocessor, dict):
@@ -417,12 +390,14 @@ class TextClassifier(app_base.Classifier):
         if backbone is None and preprocessor is not None:
             vocabulary_size = vocabulary_size or preprocessor.vocabulary_size
             sequence_length = sequence_length or preprocessor.sequence_length
-        backbone = self.backbone_from(
+        super().__init__(
             backbone,
-            locals(),
-            ("vocabulary_size", "sequence_length"),
-            hint="a `preprocessor`, or ",
+            num_classes,
+            vocabulary_size=vocabulary_size,
+            sequence_length=sequence_length,
+            **kwargs,
         )
+        backbone = self.backbone
         if preprocessor is not None and (
             preprocessor.sequence_length != backbone.sequence_length
             or preprocessor.vocabulary_size > backbone.vocabulary_size
@@ -434,13 +409,6 @@ class TextClassifier(app_base.Classifier):
                 f"Received: sequence_length={preprocessor.sequence_length}, "
                 f"vocabulary_size={preprocessor.vocabulary_size}"
             )
-        super().__init__(
-            backbone,
-            num_classes,
-            activation=activation,
-            head_dropout=head_dropout,
-            **kwargs,
-        )
         self._preprocessor = preprocessor
 
     @property
@@ -526,14 +494,6 @@ class TextClassifier(app_base.Classifier):
             cls, source, num_classes=num_classes,
             sequence_length=sequence_length, **kwargs,
         )
-
-    def get_config(self):
-        config = super().get_config()
-        if self._preprocessor is not None:
-            config["preprocessor"] = keras.saving.serialize_keras_object(
-                self._preprocessor
-            )
-        return config
 
 
 presets.register_preset(

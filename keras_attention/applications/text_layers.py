@@ -12,10 +12,11 @@ from keras import ops
 from keras_attention import _validation as base
 from keras_attention.applications import base as app_base
 from keras_attention.layers.additive import AdditiveAttention
+from keras_attention.applications.config import ArgumentConfig
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class TokenAndPositionEmbedding(keras.layers.Layer):
+class TokenAndPositionEmbedding(ArgumentConfig, keras.layers.Layer):
     """Token embedding plus a learned position embedding; id 0 is masked.
 
     `x = E_token[ids] + E_position[:T] (+ E_type[token_type_ids])`, then
@@ -79,29 +80,33 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 
         input_shape = tuple(token_ids_shape)
         initializer = keras.initializers.RandomNormal(stddev=0.02)
+
+        def embedding(layer_class, rows, name):
+            layer = layer_class(
+                rows,
+                self.hidden_dim,
+                embeddings_initializer=initializer,
+                name=name,
+                dtype=self.dtype_policy,
+            )
+            layer.build(input_shape)
+            return layer
+
         # Reversible: a masked-LM head reuses it as its output projection.
-        self.token_embedding = keras_hub.layers.ReversibleEmbedding(
+        self.token_embedding = embedding(
+            keras_hub.layers.ReversibleEmbedding,
             self.vocabulary_size,
-            self.hidden_dim,
-            embeddings_initializer=initializer,
-            name="token_embedding",
-            dtype=self.dtype_policy,
+            "token_embedding",
         )
-        self.token_embedding.build(input_shape)
         self.position_embedding = self.add_weight(
             name="position_embedding",
             shape=(self.max_positions or self.sequence_length, self.hidden_dim),
             initializer=initializer,
         )
         if self.token_types:
-            self.token_type_embedding = keras.layers.Embedding(
-                self.token_types,
-                self.hidden_dim,
-                embeddings_initializer=initializer,
-                name="token_type_embedding",
-                dtype=self.dtype_policy,
+            self.token_type_embedding = embedding(
+                keras.layers.Embedding, self.token_types, "token_type_embedding"
             )
-            self.token_type_embedding.build(input_shape)
         if self.normalize:
             self.norm = keras.layers.LayerNormalization(
                 epsilon=self.layer_norm_epsilon, name="norm", dtype=self.dtype_policy
@@ -127,21 +132,6 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     def compute_output_shape(self, token_ids_shape, token_type_ids_shape=None):
         return tuple(token_ids_shape) + (self.hidden_dim,)
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "vocabulary_size": self.vocabulary_size,
-                "sequence_length": self.sequence_length,
-                "hidden_dim": self.hidden_dim,
-                "max_positions": self.max_positions,
-                "token_types": self.token_types,
-                "normalize": self.normalize,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-            }
-        )
-        return config
-
 
 def check_max_positions(value, sequence_length):
     if value is None:
@@ -162,7 +152,7 @@ def check_token_types(value):
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class AttentionPooling(keras.layers.Layer):
+class AttentionPooling(ArgumentConfig, keras.layers.Layer):
     """Pools tokens with a learned query and additive attention.
 
     `c = sum_t a_t x_t`, `a = softmax_t(v^T tanh(W1 q + W2 x_t))` where the
@@ -222,11 +212,6 @@ class AttentionPooling(keras.layers.Layer):
 
     def compute_mask(self, inputs, mask=None):
         return None
-
-    def get_config(self):
-        config = super().get_config()
-        config.update({"units": self.units})
-        return config
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)

@@ -19,6 +19,7 @@ import numpy as np
 
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
+from keras_attention.applications.config import ArgumentConfig
 
 PAD, UNK, START, END = "[PAD]", "[UNK]", "[START]", "[END]"
 RESERVED_TOKENS = (PAD, UNK, START, END)
@@ -59,7 +60,7 @@ def _check_sentences(argument, sentences):
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TranslationPreprocessor:
+class TranslationPreprocessor(ArgumentConfig):
     """Sentence pairs to padded token ids and generated ids to sentences.
 
     Wraps two keras-hub tokenizers, one per language. With
@@ -401,21 +402,6 @@ class TranslationPreprocessor:
         return out
 
     # Serialization -----------------------------------------------------------
-
-    def get_config(self):
-        return {
-            "tokenizer": self.tokenizer,
-            "source_vocabulary": self.source_vocabulary,
-            "target_vocabulary": self.target_vocabulary,
-            "source_length": self.source_length,
-            "target_length": self.target_length,
-            "lowercase_source": self.lowercase_source,
-            "character_vocabulary_size": self.character_vocabulary_size,
-        }
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
 
 
 def corpus_bleu(references, hypotheses):

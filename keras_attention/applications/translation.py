@@ -35,6 +35,7 @@ from keras_attention.applications.text_preprocessing import corpus_bleu
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
 from keras_attention.applications.base import CompileDefaults
+from keras_attention.applications.config import ArgumentConfig
 from keras_attention.applications.base import PresetMixin
 from keras_attention.applications.translation_decoding import SearchDecoding
 from keras_attention.applications.translation_metrics import TokenAccuracy
@@ -101,7 +102,9 @@ def _next_power_of_two(n):
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-class Translator(PresetMixin, CompileDefaults, SearchDecoding, keras.Model):
+class Translator(
+    ArgumentConfig, PresetMixin, CompileDefaults, SearchDecoding, keras.Model
+):
     """Base of the translators: preprocessing, training defaults, decoding.
 
     Not used directly; see `Seq2SeqTranslator` and `TransformerTranslator`.

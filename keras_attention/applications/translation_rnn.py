@@ -285,21 +285,6 @@ class Seq2SeqTranslator(Translator):
         )
         return logits, state, weights
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "embedding_dim": self.embedding_dim,
-                "hidden_dim": self.hidden_dim,
-                "cell": self.cell,
-                "attention": self.attention,
-                "attention_units": self.attention_units,
-                "attention_kwargs": self.attention_kwargs,
-                "dropout": self.dropout,
-            }
-        )
-        return config
-
 
 presets.register_preset(
     "seq2seq_tiny",

@@ -256,21 +256,6 @@ class TransformerTranslator(Translator):
         logits = self.output_projection(self.decoder_norm(x))[:, 0]
         return logits, new_cache, ops.mean(weights, axis=1)[:, 0]
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_layers": self.num_layers,
-                "hidden_dim": self.hidden_dim,
-                "num_heads": self.num_heads,
-                "intermediate_dim": self.intermediate_dim,
-                "dropout": self.dropout,
-                "attention": self.attention,
-                "attention_kwargs": self.attention_kwargs,
-            }
-        )
-        return config
-
 
 presets.register_preset(
     "transformer_tiny",

@@ -124,13 +124,6 @@ class VisionTransformerBackbone(app_base.ImageBackbone):
     """
 
     scored_blocks = (TransformerEncoderBlock,)
-    config_keys = (
-        "image_size", "patch_size", "hidden_dim", "depth", "num_heads",
-        "mlp_dim", "dropout", "attention_dropout", "attention",
-        "attention_kwargs", "window_size", "pooling", "num_channels",
-        "layer_norm_epsilon", "final_norm", "embed_class_token",
-        "use_position_embedding", "patch_norm",
-    )
 
     def __init__(
         self,
@@ -157,10 +150,8 @@ class VisionTransformerBackbone(app_base.ImageBackbone):
         image_size = base.check_pair("image_size", image_size)
         patch_size = base.check_pair("patch_size", patch_size)
         if any(i % p for i, p in zip(image_size, patch_size)):
-            raise ValueError(
-                "Received an invalid value for argument `patch_size`, "
-                f"expected a divisor of image_size={image_size}. Received: "
-                f"patch_size={patch_size}"
+            raise base.invalid(
+                "patch_size", f"a divisor of image_size={image_size}", patch_size
             )
         base.check_positive_int("hidden_dim", hidden_dim)
         base.check_positive_int("num_channels", num_channels)
@@ -186,11 +177,11 @@ class VisionTransformerBackbone(app_base.ImageBackbone):
         if pooling not in ("cls", "mean"):
             raise base.invalid("pooling", "'cls', 'mean' or 'auto'", pooling)
         if pooling == "cls" and (grid_attention or len(depths) > 1):
-            raise ValueError(
-                "Received an invalid value for argument `pooling`, expected "
+            raise base.invalid(
+                "pooling",
                 f"'mean' with the grid attention {attention!r} or with patch "
-                "merging (the class token is not part of the patch grid). "
-                f"Received: pooling={pooling!r}"
+                "merging (the class token is not part of the patch grid)",
+                pooling,
             )
 
         inputs = keras.Input(
@@ -264,16 +255,14 @@ class VisionTransformer(app_base.Classifier):
     num_classes=2)`, with `backbone.trainable = False` to freeze it).
 
     Args:
-        image_size, patch_size, hidden_dim, depth, num_heads, mlp_dim,
-        dropout, attention_dropout, attention, attention_kwargs,
-        window_size, pooling, num_channels, layer_norm_epsilon, final_norm,
-        embed_class_token, use_position_embedding, patch_norm: the
-            backbone's arguments (see
-            `VisionTransformerBackbone`); ignored when `backbone` is given.
+        image_size, patch_size: the image and patch sides (see
+            `VisionTransformerBackbone`); needed unless `backbone` is given.
         num_classes: number of classes.
         backbone: an existing `VisionTransformerBackbone`.
-        activation: output activation; `None` gives logits.
-        head_dropout: dropout rate before the output layer.
+        **kwargs: the head's `activation` (`None` gives logits) and
+            `head_dropout` (see `Classifier`), and the other arguments of
+            `VisionTransformerBackbone` (`hidden_dim`, `depth`, ...; see
+            it), ignored when `backbone` is given.
 
     Call arguments:
         images: `(B, H, W, num_channels)`.
@@ -309,35 +298,14 @@ class VisionTransformer(app_base.Classifier):
         image_size=None,
         patch_size=None,
         num_classes=None,
-        hidden_dim=64,
-        depth=4,
-        num_heads=4,
-        mlp_dim=128,
-        dropout=0.0,
-        attention_dropout=0.0,
-        attention="multi_head",
-        attention_kwargs=None,
-        window_size=4,
-        pooling="auto",
-        num_channels=3,
-        layer_norm_epsilon=1e-6,
-        final_norm="tokens",
-        embed_class_token=True,
-        use_position_embedding=True,
-        patch_norm=False,
         backbone=None,
-        activation=None,
-        head_dropout=0.0,
         **kwargs,
     ):
-        backbone = self.backbone_from(
-            backbone, locals(), ("image_size", "patch_size")
-        )
         super().__init__(
             backbone,
             num_classes,
-            activation=activation,
-            head_dropout=head_dropout,
+            image_size=image_size,
+            patch_size=patch_size,
             **kwargs,
         )
 
@@ -469,19 +437,21 @@ class VisionTransformer(app_base.Classifier):
         )
 
 
+# The ViT of the digit presets (4x4 patches, 4 blocks of width 64), for
+# one image size or another.
+_DIGITS_VIT = dict(
+    patch_size=4,
+    num_classes=10,
+    hidden_dim=64,
+    depth=4,
+    num_heads=4,
+    mlp_dim=128,
+    num_channels=1,
+)
 presets.register_preset(
     "vit_digits",
     "VisionTransformer",
-    dict(
-        image_size=16,
-        patch_size=4,
-        num_classes=10,
-        hidden_dim=64,
-        depth=4,
-        num_heads=4,
-        mlp_dim=128,
-        num_channels=1,
-    ),
+    dict(image_size=16, **_DIGITS_VIT),
     weights="vit_digits.weights.h5",
     description="ViT, 16 patches of 4x4, 4 blocks of width 64, trained on "
     "scikit-learn's 8x8 digits resized to 16x16 (bilinear; "
@@ -508,16 +478,7 @@ presets.register_preset(
 presets.register_preset(
     "vit_mnist",
     "VisionTransformer",
-    dict(
-        image_size=28,
-        patch_size=4,
-        num_classes=10,
-        hidden_dim=64,
-        depth=4,
-        num_heads=4,
-        mlp_dim=128,
-        num_channels=1,
-    ),
+    dict(image_size=28, **_DIGITS_VIT),
     description="ViT, 49 patches of 4x4, for 28x28 MNIST digits "
     "(configuration only).",
 )

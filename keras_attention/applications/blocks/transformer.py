@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_attention import _validation as base
 from keras_attention import registry
+from keras_attention.applications.config import ArgumentConfig
 from keras_attention.applications.blocks.attention_call import accepted_call_arguments
 from keras_attention.applications.blocks.attention_call import call_attention
 from keras_attention.applications.blocks.attention_call import call_self_attention
@@ -32,7 +33,7 @@ def check_dropout_kind(value):
     return value
 
 
-class _TransformerBlock(keras.layers.Layer):
+class _TransformerBlock(ArgumentConfig, keras.layers.Layer):
     """What both Transformer blocks share: arguments, norms, MLP, dropout."""
 
     def __init__(
@@ -140,6 +141,11 @@ class _TransformerBlock(keras.layers.Layer):
         )
         return x
 
+    def _outputs(self, x, scores, return_scores, training):
+        """The MLP branch on `x`; `(x, scores)` when the scores are asked."""
+        x = self._mlp_residual(x, training)
+        return (x, scores) if return_scores else x
+
     def compute_output_shape(self, input_shape, *args, **kwargs):
         return tuple(input_shape)
 
@@ -152,23 +158,6 @@ class _TransformerBlock(keras.layers.Layer):
             return None
         return mask
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "mlp_dim": self.mlp_dim,
-                "dropout": self.dropout,
-                "attention_dropout": self.attention_dropout,
-                "attention": self.attention,
-                "attention_kwargs": self.attention_kwargs,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "norm_first": self.norm_first,
-                "activation": self.activation,
-                "dropout_kind": self.dropout_kind,
-            }
-        )
-        return config
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -226,33 +215,13 @@ class TransformerEncoderBlock(_TransformerBlock):
         self,
         num_heads,
         mlp_dim,
-        dropout=0.0,
-        attention_dropout=0.0,
-        attention="multi_head",
-        attention_kwargs=None,
         grid_shape=None,
         window_size=None,
         shift_size=0,
-        layer_norm_epsilon=1e-6,
-        norm_first=True,
-        activation="gelu",
-        dropout_kind="keras",
         attention_name="attention",
         **kwargs,
     ):
-        super().__init__(
-            num_heads,
-            mlp_dim,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            attention=attention,
-            attention_kwargs=attention_kwargs,
-            layer_norm_epsilon=layer_norm_epsilon,
-            norm_first=norm_first,
-            activation=activation,
-            dropout_kind=dropout_kind,
-            **kwargs,
-        )
+        super().__init__(num_heads, mlp_dim, **kwargs)
         self.grid_shape = (
             None if grid_shape is None else base.check_pair("grid_shape", grid_shape)
         )
@@ -325,10 +294,7 @@ class TransformerEncoderBlock(_TransformerBlock):
             self.attention_norm,
             training,
         )
-        x = self._mlp_residual(x, training)
-        if return_attention_scores:
-            return x, scores
-        return x
+        return self._outputs(x, scores, return_attention_scores, training)
 
     def _call_cached(self, tokens, cache, cache_update_index, training):
         """Decoding against the attention layer's public key/value cache."""
@@ -349,17 +315,6 @@ class TransformerEncoderBlock(_TransformerBlock):
         )
         return self._mlp_residual(x, training), cache
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "grid_shape": self.grid_shape,
-                "window_size": self.window_size,
-                "shift_size": self.shift_size,
-                "attention_name": self.attention_name,
-            }
-        )
-        return config
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -469,10 +424,7 @@ class TransformerDecoderBlock(_TransformerBlock):
             self.cross_attention_norm,
             training,
         )
-        x = self._mlp_residual(x, training)
-        if return_attention_scores:
-            return x, weights
-        return x
+        return self._outputs(x, weights, return_attention_scores, training)
 
     def compute_mask(self, inputs, mask=None):
         # The outputs are the decoder's own positions; a caller that wants
