@@ -338,6 +338,12 @@ def _dense_attention(q, k, v, mask):
     return attend(q, k, v)
 
 
+# `_keys_product` loops from this many scores per (batch, head) pair: the
+# loop is 1.2x faster at 256 x 256, 3x at 2,048 x 2,048, and 1.5x slower at
+# 65 x 65 (ViT's tokens), where the loop's own cost is not repaid.
+_LOOPED_PRODUCT_SIZE = 256 * 256
+
+
 def _keys_product(p, x):
     """`einsum("bhts,bhtd->bhsd", p, x)`: `dV = P^T dO` and `dK = dS^T Q`.
 
@@ -345,14 +351,19 @@ def _keys_product(p, x):
     product itself and then runs it about 4x slower than the same
     arithmetic with the `(T, S)` operand on the right (`D x T` times
     `T x S`; measured on TF 2.21 and JAX 0.10 CPUs, BENCHMARKS.md "Speed
-    per machine"). There, each `(batch, head)` pair's `x^T p` is computed
-    in a loop, whose body XLA cannot fold the final transpose into; every
-    other backend and mode keeps the single product (oneDNN and cuBLAS run
-    it at full speed, and the loop would cost them).
+    per machine"). There, from `_LOOPED_PRODUCT_SIZE` scores per pair
+    (static lengths), each `(batch, head)` pair's `x^T p` is computed in a
+    loop, whose body XLA cannot fold the final transpose into; every other
+    backend and mode keeps the single product (oneDNN and cuBLAS run it at
+    full speed, and the loop would cost them).
     """
-    if not autotune.xla_on_cpu():
-        return ops.einsum("bhts,bhtd->bhsd", p, x)
     heads, t_len, s_len = p.shape[1], p.shape[2], p.shape[3]
+    if (
+        None in (heads, t_len, s_len)
+        or t_len * s_len < _LOOPED_PRODUCT_SIZE
+        or not autotune.xla_on_cpu()
+    ):
+        return ops.einsum("bhts,bhtd->bhsd", p, x)
     d_len = x.shape[-1]
     p = ops.reshape(p, (-1, t_len, s_len))
     x = ops.reshape(x, (-1, t_len, d_len))
