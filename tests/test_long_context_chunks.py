@@ -225,3 +225,36 @@ def test_chunked_bfloat16_close_to_dense(policy):
             continue  # its gradient is zero up to rounding (softmax shift)
         scale = np.abs(w).max()
         assert np.abs(g - w).max() <= 0.05 * scale, name
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's memory analysis via JAX")
+def test_chunked_backward_keeps_no_length_sized_projection():
+    """XLA's buffer plan of forward + backward at T = 4,096: besides the
+    input and `dx`, the chunked path's temporaries hold about one `(T, dim)`
+    tensor (the output, whose gradient becomes `dx`); the general path's hold
+    q, k, v, their gradients and more."""
+    import jax
+    import jax.numpy as jnp
+
+    length, dim = 4096, 64
+    chunked, _, x = make_pair(length, 16, 64, dim=dim, batch=1)
+    general = MultiHeadAttention.from_config(chunked.get_config())
+    general(x[:, :4])
+    general.set_weights(chunked.get_weights())
+    general._long_context_min_length = 10**9
+    tensors = {}
+    for name, layer in (("chunked", chunked), ("general", general)):
+        trainable = [v.value for v in layer.trainable_variables]
+        fixed = [v.value for v in layer.non_trainable_variables]
+
+        def loss(x, trainable, layer=layer, fixed=fixed):
+            out, _ = layer.stateless_call(trainable, fixed, x)
+            return jnp.mean(out ** 2)
+
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(
+            jnp.asarray(x), trainable
+        ).compile()
+        temp = compiled.memory_analysis().temp_size_in_bytes
+        tensors[name] = temp / (length * dim * 4)
+    assert tensors["chunked"] < 1.5, tensors
+    assert tensors["general"] > 4, tensors
