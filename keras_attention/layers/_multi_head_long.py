@@ -163,16 +163,20 @@ def _backward(x, weights, d_out, chunk_fn, layout):
     d_x = d_out if reuse else ops.zeros(ops.shape(x), x.dtype) + ops.cast(zero, x.dtype)
     d_ws = [ops.zeros(ops.shape(w), "float32") + zero for w in weights]
     c, rows = layout.chunk, layout.rows
+    source = d_x if reuse else d_out
+
+    def rows_of(buffer, i):
+        """Chunk `i`'s rows of the output's gradient `(B, C, *out)`."""
+        return ops.slice(
+            buffer, [0, layout.starts(i)[0]] + out_tail,
+            [batch, c] + list(d_out.shape[2:]),
+        )
 
     def step(i, carry):
-        d_x, d_ws = carry[0], list(carry[1:])
+        d_x, d_y, d_ws = carry[0], carry[1], list(carry[2:])
         q_start, k_start = layout.starts(i)
         # Rows of the last chunk that the one before already covered.
         fresh_q = ops.arange(c) + q_start >= i * c
-        d_y = ops.slice(
-            d_x if reuse else d_out, [0, q_start] + out_tail,
-            [batch, c] + list(d_out.shape[2:]),
-        )
         fresh_shape = (1, c) + (1,) * len(out_tail)
         d_y = ops.where(ops.reshape(fresh_q, fresh_shape), d_y, 0.0)
         x_rows = ops.slice(x, [0, k_start, 0], [batch, rows, dim])
@@ -193,11 +197,17 @@ def _backward(x, weights, d_out, chunk_fn, layout):
         else:
             new = old + g_x
         d_x = ops.slice_update(d_x, [0, k_start, 0], new)
+        # The next chunk's rows are read after the update (they are not
+        # among those written): a read before it, in the same step, makes
+        # XLA copy the whole buffer to update it in place.
+        d_y = rows_of(d_x if reuse else d_out, i + 1)
         d_ws = [a + ops.cast(g, "float32") for a, g in zip(d_ws, grads[1:])]
-        return (d_x, *d_ws)
+        return (d_x, d_y, *d_ws)
 
-    result = ops.fori_loop(0, layout.count, step, (d_x, *d_ws))
-    d_ws = [ops.cast(g, w.dtype) for g, w in zip(result[1:], weights)]
+    result = ops.fori_loop(
+        0, layout.count, step, (d_x, rows_of(source, 0), *d_ws)
+    )
+    d_ws = [ops.cast(g, w.dtype) for g, w in zip(result[2:], weights)]
     return (result[0], *d_ws)
 
 
