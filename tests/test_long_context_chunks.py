@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def make_pair(t, window, chunk, causal=True, dim=16, batch=2, **kwargs):
+def make_pair(t, window, chunk, causal=True, dim=16, batch=2, query_block=None,
+              **kwargs):
     """The same layer twice, equal weights: chunked (blocked) and dense."""
     config = dict(
         num_heads=4, key_dim=8, sliding_window=window, use_causal_mask=causal,
@@ -42,6 +43,7 @@ def make_pair(t, window, chunk, causal=True, dim=16, batch=2, **kwargs):
     chunked.set_weights(weights)
     dense.set_weights(weights)
     chunked._long_context_chunk = chunk
+    chunked._long_context_query_block = query_block or chunk
     chunked._long_context_min_length = 0
     return chunked, dense, x
 
@@ -93,20 +95,24 @@ def assert_same(chunked, dense, x, jit):
 
 
 @pytest.mark.parametrize(
-    "t, window, chunk, causal",
+    "t, window, chunk, query_block, causal",
     [
-        (64, 8, 16, True),
-        (64, 8, 16, False),
-        (70, 20, 16, True),    # T not a multiple of the chunk
-        (70, 20, 16, False),
-        (50, 30, 16, False),   # the band reaches past both ends
-        (96, 1, 32, True),     # only the diagonal
-        (40, 16, 64, True),    # one chunk longer than T
+        (64, 8, 16, None, True),
+        (64, 8, 16, None, False),
+        (70, 20, 16, None, True),   # T not a multiple of the chunk
+        (70, 20, 16, 4, False),
+        (50, 30, 16, None, False),  # the band reaches past both ends
+        (96, 1, 32, 8, True),       # only the diagonal
+        (40, 16, 64, None, True),   # one chunk longer than T
+        (100, 12, 32, 8, True),     # query blocks inside the chunks
+        (100, 12, 32, 8, False),
+        (90, 40, 32, 4, True),      # a window wider than a chunk
+        (64, 10, 16, 5, True),      # a block not dividing the chunk
     ],
 )
 @pytest.mark.parametrize("jit", [False, True])
-def test_chunked_equals_dense(t, window, chunk, causal, jit):
-    chunked, dense, x = make_pair(t, window, chunk, causal)
+def test_chunked_equals_dense(t, window, chunk, query_block, causal, jit):
+    chunked, dense, x = make_pair(t, window, chunk, causal, query_block=query_block)
     assert chunked._long_context_reason(x, None, None) is None
     assert_same(chunked, dense, x, jit)
 
@@ -125,7 +131,7 @@ def test_chunked_equals_dense(t, window, chunk, causal, jit):
 )
 @pytest.mark.parametrize("causal", [True, False])
 def test_chunked_options_equal_dense(options, causal):
-    chunked, dense, x = make_pair(72, 12, 16, causal, **options)
+    chunked, dense, x = make_pair(72, 12, 16, causal, query_block=8, **options)
     assert chunked._long_context_reason(x, None, None) is None
     assert_same(chunked, dense, x, jit=True)
 
@@ -147,9 +153,9 @@ def test_path_is_taken_exactly_when_it_applies(monkeypatch):
     calls = []
     original = _multi_head_long.long_self_attention
 
-    def spy(layer, x, causal, chunk):
+    def spy(layer, x, causal, chunk, query_block):
         calls.append((tuple(x.shape), causal, chunk))
-        return original(layer, x, causal, chunk)
+        return original(layer, x, causal, chunk, query_block)
 
     monkeypatch.setattr(_multi_head_long, "long_self_attention", spy)
     chunked, dense, x = make_pair(64, 8, 16)
@@ -186,6 +192,7 @@ def test_defaults_keep_short_sequences_on_the_general_path():
     x = np.zeros((1, 64, 8), "float32")
     layer(x)
     assert layer._long_context_chunk == _multi_head_long.LONG_CONTEXT_CHUNK == 512
+    assert layer._long_context_query_block == 256
     assert layer._long_context_min_length == 8192
     assert layer._long_context_reason(x, None, None) == "short"
     unwindowed = MultiHeadAttention(num_heads=2, key_dim=4)

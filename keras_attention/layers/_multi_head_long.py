@@ -50,6 +50,7 @@ from keras_attention.ops.masks import MASK_VALUE
 from keras_attention.ops.masks import sliding_window_mask
 
 LONG_CONTEXT_CHUNK = 512
+LONG_CONTEXT_QUERY_BLOCK = 256
 LONG_CONTEXT_MIN_LENGTH = 8192
 
 
@@ -82,16 +83,20 @@ def _project(dense, x, kernel, bias):
 
 
 class _Chunks:
-    """The static layout: `T` rows, chunks of `C` queries reading `L` rows."""
+    """The static layout: `T` rows, chunks of `C` queries reading `L` rows;
+    inside a chunk, query blocks of `sub` rows reading `keys` of them."""
 
-    def __init__(self, length, chunk, window, causal):
+    def __init__(self, length, chunk, window, causal, query_block):
         self.length = length
         self.chunk = min(chunk, length)
         self.window = window
         self.causal = causal
-        reach = (window - 1) * (1 if causal else 2)
-        self.rows = min(length, self.chunk + reach)
+        self.reach = (window - 1) * (1 if causal else 2)
+        self.rows = min(length, self.chunk + self.reach)
         self.count = -(-length // self.chunk)
+        sub = min(query_block or self.chunk, self.chunk)
+        self.sub = sub if self.chunk % sub == 0 else self.chunk
+        self.keys = min(self.rows, self.sub + self.reach)
 
     def starts(self, i):
         """First query row and first input row of chunk `i` (tensors).
@@ -107,15 +112,48 @@ class _Chunks:
         return q_start, k_start
 
 
+def _attend_rows(q, k, v, q_at, k_at, alibi_slopes, layout):
+    """Heads `(B, sub, H, Dv)` of the `sub` queries `q` `(B, sub, H, D)`
+    (scaled) at local row `q_at` of the chunk's keys `k`, `v`; `k_at` is
+    the chunk's first input row (for ALiBi)."""
+    sub, keys = layout.sub, layout.keys
+    heads, kv_heads, size = q.shape[2], k.shape[2], q.shape[3]
+    groups = heads // kv_heads
+    # The keys this block's band reaches, clipped into the chunk's rows.
+    first = ops.clip(q_at - (layout.window - 1), 0, layout.rows - keys)
+    batch = ops.shape(k)[0]
+    k = ops.slice(k, [0, first, 0, 0], [batch, keys, kv_heads, size])
+    v = ops.slice(v, [0, first, 0, 0], [batch, keys, kv_heads, v.shape[-1]])
+    q = ops.reshape(q, (-1, sub, kv_heads, groups, size))
+    s = ops.einsum("bqkgd,bskd->bkgqs", q, k)
+    s = ops.reshape(ops.cast(s, "float32"), (-1, heads, sub, keys))
+    if alibi_slopes is not None:
+        s = s + positions.alibi_bias(
+            alibi_slopes, q_at + k_at, sub, first + k_at, keys
+        )
+    band = sliding_window_mask(
+        sub, keys, layout.window, q_at - first, layout.causal
+    )
+    # Every query sees at least itself, so no row is empty.
+    p = ops.softmax(ops.where(band, s, MASK_VALUE), axis=-1)
+    p = ops.reshape(ops.cast(p, v.dtype), (-1, kv_heads, groups, sub, keys))
+    out = ops.einsum("bkgqs,bskd->bqkgd", p, v)
+    return ops.reshape(out, (-1, sub, heads, v.shape[-1]))
+
+
 def _attend_chunk(layer, denses, x_rows, weights, q_start, k_start, layout):
     """The layer's output `(B, C, *out)` for the `C` queries from `q_start`,
-    from its input rows `x_rows` `(B, L, dim)` starting at `k_start`."""
+    from its input rows `x_rows` `(B, L, dim)` starting at `k_start`.
+
+    The projections run on the whole chunk; the attention on query blocks
+    of `layout.sub` rows, each on the keys its band reaches (its scores
+    stay in cache)."""
     params, at = [], 0
     for dense in denses:
         has_bias = dense.bias is not None
         params.append((weights[at], weights[at + 1] if has_bias else None))
         at += 2 if has_bias else 1
-    c, rows = layout.chunk, layout.rows
+    c, sub = layout.chunk, layout.sub
     offset = q_start - k_start
     x_q = ops.slice(
         x_rows, [0, offset, 0], [ops.shape(x_rows)[0], c, x_rows.shape[-1]]
@@ -124,22 +162,15 @@ def _attend_chunk(layer, denses, x_rows, weights, q_start, k_start, layout):
     k = _project(denses[1], x_rows, *params[1])  # (B, L, K, D)
     v = _project(denses[2], x_rows, *params[2])  # (B, L, K, Dv)
     q, k, extra = layer._encode_positions(q, k, {}, True, q_start, k_start)
-    heads, kv_heads, size = q.shape[2], k.shape[2], q.shape[3]
-    groups = heads // kv_heads
     q = q * ops.cast(layer._inverse_sqrt_key_dim, q.dtype)
-    q = ops.reshape(q, (-1, c, kv_heads, groups, size))
-    s = ops.einsum("bqkgd,bskd->bkgqs", q, k)
-    s = ops.reshape(ops.cast(s, "float32"), (-1, heads, c, rows))
-    if "alibi_slopes" in extra:
-        s = s + positions.alibi_bias(
-            extra["alibi_slopes"], q_start, c, k_start, rows
+    out = [
+        _attend_rows(
+            q[:, j : j + sub], k, v, offset + j, k_start,
+            extra.get("alibi_slopes"), layout,
         )
-    band = sliding_window_mask(c, rows, layout.window, offset, layout.causal)
-    # Every query sees at least itself, so no row is empty.
-    p = ops.softmax(ops.where(band, s, MASK_VALUE), axis=-1)
-    p = ops.reshape(ops.cast(p, v.dtype), (-1, kv_heads, groups, c, rows))
-    out = ops.einsum("bkgqs,bskd->bqkgd", p, v)
-    out = ops.reshape(out, (-1, c, heads, v.shape[-1]))
+        for j in range(0, c, sub)
+    ]
+    out = out[0] if len(out) == 1 else ops.concatenate(out, axis=1)
     if layer._use_gate:
         out = ops.multiply(out, _project(denses[4], x_q, *params[4]))
     return _project(denses[3], out, *params[3])
@@ -211,10 +242,12 @@ def _backward(x, weights, d_out, chunk_fn, layout):
     return (result[0], *d_ws)
 
 
-def long_self_attention(layer, x, causal, chunk):
+def long_self_attention(layer, x, causal, chunk, query_block=None):
     """The layer's self-attention output on `x` `(B, T, dim)`, chunked.
 
-    See the module. `chunk` is the number of queries per chunk.
+    See the module. `chunk` is the number of queries per chunk (their
+    projections run together), `query_block` the number per attention block
+    inside a chunk (a divisor of `chunk`; else the whole chunk).
     """
     x = ops.cast(x, layer.compute_dtype)
     denses = [layer._query_dense, layer._key_dense, layer._value_dense,
@@ -226,7 +259,9 @@ def long_self_attention(layer, x, causal, chunk):
         weights.append(ops.cast(dense.kernel, layer.compute_dtype))
         if dense.bias is not None:
             weights.append(ops.cast(dense.bias, layer.compute_dtype))
-    layout = _Chunks(x.shape[1], chunk, layer._sliding_window, causal)
+    layout = _Chunks(
+        x.shape[1], chunk, layer._sliding_window, causal, query_block
+    )
     out_shape = tuple(
         layer.compute_output_shape(tuple(x.shape))[2:]
     )
@@ -263,6 +298,7 @@ class LongContext:
     """`MultiHeadAttention`'s chunked long-context path (see the module)."""
 
     _long_context_chunk = LONG_CONTEXT_CHUNK
+    _long_context_query_block = LONG_CONTEXT_QUERY_BLOCK
     _long_context_min_length = LONG_CONTEXT_MIN_LENGTH
 
     def _long_context_reason(self, query, value, key, masks=(), training=None,
@@ -299,5 +335,6 @@ class LongContext:
 
     def _long_context_call(self, query, causal):
         return long_self_attention(
-            self, query, causal, int(self._long_context_chunk)
+            self, query, causal, int(self._long_context_chunk),
+            int(self._long_context_query_block),
         )
