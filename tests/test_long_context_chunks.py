@@ -265,3 +265,28 @@ def test_chunked_backward_keeps_no_length_sized_projection():
         tensors[name] = temp / (length * dim * 4)
     assert tensors["chunked"] < 1.5, tensors
     assert tensors["general"] > 4, tensors
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="a TensorFlow graph")
+def test_chunked_in_a_graph_with_an_unknown_batch_size():
+    import tensorflow as tf
+
+    chunked, dense, x = make_pair(70, 12, 16, query_block=8)
+
+    def grads(layer):
+        @tf.function(input_signature=[tf.TensorSpec([None, 70, 16], tf.float32)])
+        def step(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                out = layer(x)
+                loss = tf.reduce_mean(out ** 2)
+            return [out] + tape.gradient(loss, [x] + layer.trainable_weights)
+
+        return step(tf.constant(x))
+
+    for got, want in zip(grads(chunked), grads(dense)):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)
+    model = keras.Sequential([keras.Input((70, 16)), chunked])
+    model.compile("sgd", "mse")
+    history = model.fit(x, np.zeros_like(x), epochs=1, verbose=0, batch_size=2)
+    assert np.isfinite(history.history["loss"][0])
