@@ -290,3 +290,11 @@ def test_chunked_in_a_graph_with_an_unknown_batch_size():
     model.compile("sgd", "mse")
     history = model.fit(x, np.zeros_like(x), epochs=1, verbose=0, batch_size=2)
     assert np.isfinite(history.history["loss"][0])
+
+
+def test_quantized_projections_keep_the_general_path():
+    chunked, _, x = make_pair(48, 8, 16, use_gate=True)
+    model = keras.Sequential([keras.Input((48, 16)), chunked])
+    model.quantize("int8")
+    assert chunked._long_context_reason(x, None, None) == "quantized"
+    assert tuple(model(x).shape) == (2, 48, 16)

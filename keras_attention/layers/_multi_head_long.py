@@ -325,10 +325,11 @@ class LongContext:
             (own_core, "a subclass's _compute_attention"),
             (all(m is None for m in masks), "a mask"),
             (not return_attention_scores, "return_attention_scores"),
-            (not (training and self._dropout > 0), "dropout"),
+            (not (self._dropout > 0 and training), "dropout"),
             (all(getattr(d, "quantization_mode", None) is None
                  for d in (self._query_dense, self._key_dense,
-                           self._value_dense, self._output_dense)),
+                           self._value_dense, self._output_dense,
+                           getattr(self, "_gate_dense", None))),
              "quantized"),
             (isinstance(length, int)
              and length >= self._long_context_min_length, "short"),
