@@ -3,12 +3,17 @@
 `keras_attention.layers.MultiHeadAttention(num_heads=8, key_dim=64,
 sliding_window=W, use_causal_mask=True)` (Mistral's causal window) on one
 sequence (batch 1), forward + backward (gradients of `mean(out ** 2)` with
-respect to the input and every weight), compiled with XLA. The blocked core
-visits only the key blocks each query block's band meets, so time grows
-with `T * W`; without a window (`--full-lengths`) it grows with `T ** 2`.
+respect to the input and every weight), compiled with XLA. From 8,192
+tokens the layer runs its chunked long-context path (the projections inside
+the chunk loop, `keras_attention/layers/_multi_head_long.py`; `--general-path`
+keeps it off: the projections around the blocked core, which visits only the
+key blocks each query block's band meets); either way time grows with
+`T * W`; without a window (`--full-lengths`) it grows with `T ** 2`.
 Each case runs in its own subprocess, so its peak resident memory
 (`ru_maxrss`) is its own. Columns: the first call (compilation included),
-the median of `--repeats` more, the process's peak RSS. `--dtype` is the
+the median of `--repeats` more, the process's peak RSS (each call waits
+for its result by copying one row of it: the input and the step are all
+that the process holds). `--dtype` is the
 layer's dtype policy (`bfloat16`: the input, weights and gradients too;
 `mixed_bfloat16`: float32 input and weights, bfloat16 compute). `--core`
 measures `keras_attention.ops.dot_product_attention` alone on `q, k, v`
@@ -34,7 +39,8 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def _layer_case(length, window, heads, head_dim, position_encoding, dtype):
+def _layer_case(length, window, heads, head_dim, position_encoding, dtype,
+                general_path=False, chunk=None):
     """The layer's input `(1, T, C)` and the layer."""
     import keras
     import numpy as np
@@ -43,8 +49,9 @@ def _layer_case(length, window, heads, head_dim, position_encoding, dtype):
 
     dim = heads * head_dim
     input_dtype = "float32" if dtype.startswith("mixed") else dtype
+    # Drawn in float32: a float64 draw would be the process's peak.
     x = keras.ops.convert_to_tensor(
-        np.random.default_rng(0).standard_normal((1, length, dim)).astype("float32"),
+        np.random.default_rng(0).standard_normal((1, length, dim), np.float32),
         dtype=input_dtype,
     )
     layer = MultiHeadAttention(
@@ -53,6 +60,10 @@ def _layer_case(length, window, heads, head_dim, position_encoding, dtype):
         position_encoding=position_encoding, dtype=dtype,
     )
     layer(keras.ops.zeros((1, 8, dim), input_dtype))  # build
+    if general_path:  # no chunked path: the projections around the core
+        layer._long_context_min_length = float("inf")
+    if chunk:
+        layer._long_context_chunk = chunk
     return [x], layer
 
 
@@ -66,7 +77,7 @@ def _core_case(length, window, heads, head_dim, dtype):
     rng = np.random.default_rng(0)
     inputs = [
         keras.ops.convert_to_tensor(
-            rng.standard_normal((1, length, heads, head_dim)).astype("float32"),
+            rng.standard_normal((1, length, heads, head_dim), np.float32),
             dtype=dtype,
         )
         for _ in range(3)
@@ -125,8 +136,16 @@ def _compiled_step(inputs, forward, layer):
     )
 
 
+def _wait(result):
+    """Block until `result` is computed, copying one row of it (a numpy
+    copy of the whole `dx` would add its size to the peak)."""
+    import keras
+
+    return keras.ops.convert_to_numpy(result[(0,) * (len(result.shape) - 1)])
+
+
 def run_case(length, window, heads, head_dim, repeats, position_encoding,
-             dtype="float32", core=False):
+             dtype="float32", core=False, general_path=False, chunk=None):
     import keras
 
     if core:
@@ -134,18 +153,19 @@ def run_case(length, window, heads, head_dim, repeats, position_encoding,
         layer = None
     else:
         inputs, layer = _layer_case(
-            length, window, heads, head_dim, position_encoding, dtype
+            length, window, heads, head_dim, position_encoding, dtype,
+            general_path, chunk,
         )
         forward = layer
     step = _compiled_step(inputs, forward, layer)
 
     start = time.perf_counter()
-    keras.ops.convert_to_numpy(step())
+    _wait(step())
     first = time.perf_counter() - start
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        keras.ops.convert_to_numpy(step())
+        _wait(step())
         times.append(time.perf_counter() - start)
     return {
         "length": length,
@@ -175,6 +195,11 @@ def main():
     parser.add_argument("--core", action="store_true",
                         help="the core alone: dot_product_attention on (1, T, H, D) "
                         "q, k, v, gradients for the three")
+    parser.add_argument("--general-path", action="store_true",
+                        help="keep the layer off its chunked long-context path "
+                        "(the projections around the blocked core)")
+    parser.add_argument("--chunk", type=int, default=None,
+                        help="queries per chunk of the chunked path (512)")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.core and args.position_encoding:
@@ -183,7 +208,8 @@ def main():
         length, window = json.loads(args.case)
         print(json.dumps(run_case(
             length, window, args.heads, args.head_dim, args.repeats,
-            args.position_encoding, args.dtype, args.core,
+            args.position_encoding, args.dtype, args.core, args.general_path,
+            args.chunk,
         )))
         return
     cases = [(n, args.window) for n in args.lengths]
@@ -196,6 +222,10 @@ def main():
                    "--repeats", str(args.repeats), "--dtype", args.dtype]
         if args.core:
             command.append("--core")
+        if args.general_path:
+            command.append("--general-path")
+        if args.chunk:
+            command += ["--chunk", str(args.chunk)]
         if args.position_encoding:
             command += ["--position-encoding", args.position_encoding]
         # The checkout's package, whichever one is installed.

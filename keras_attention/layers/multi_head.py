@@ -11,6 +11,7 @@ from keras_attention._validation import invalid
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.layers._multi_head_cache import KVCache
+from keras_attention.layers._multi_head_long import LongContext
 from keras_attention.layers._multi_head_masks import KerasMasks
 from keras_attention.layers._multi_head_positions import PositionEncodings
 from keras_attention.layers._multi_head_positions import check_position_arguments
@@ -39,6 +40,7 @@ class MultiHeadAttention(
     base.ProjectionMixin,
     KerasMasks,
     KVCache,
+    LongContext,
     PositionEncodings,
     keras.layers.MultiHeadAttention,
 ):
@@ -446,6 +448,21 @@ class MultiHeadAttention(
                 use_causal_mask,
                 return_attention_scores,
             )
+        causal = self.use_causal_mask if use_causal_mask is None else use_causal_mask
+        causal = bool(causal)
+        # A subclass overriding keras's `_compute_attention` (its older
+        # signature) keeps the general path and gets the masks as tensors.
+        own_core = (
+            type(self)._compute_attention is MultiHeadAttention._compute_attention
+        )
+        if self._long_context_reason(
+            query, value, key,
+            (query_mask, value_mask, key_mask, attention_mask),
+            training, return_attention_scores, own_core,
+        ) is None:
+            # Windowed self-attention on a long sequence: the whole layer in
+            # chunks, projections included (`_multi_head_long.py`).
+            return self._long_context_call(query, causal)
         if value is None:  # self-attention
             value = query
             value_mask = query_mask if value_mask is None else value_mask
@@ -455,14 +472,8 @@ class MultiHeadAttention(
         self._check_masks(
             query, value, query_mask, value_mask, key_mask, attention_mask
         )
-        causal = self.use_causal_mask if use_causal_mask is None else use_causal_mask
-        causal = bool(causal)
         # The core applies the causal mask itself (no (T, S) tensor, and the
-        # blocked path skips nothing it needs), unless a subclass overrides
-        # keras's `_compute_attention` with its older signature.
-        own_core = (
-            type(self)._compute_attention is MultiHeadAttention._compute_attention
-        )
+        # blocked path skips nothing it needs) when `own_core`.
         core_causal = causal and own_core and len(query.shape) == 3
         # Likewise the sliding window: the core's blocked path then skips
         # the key blocks outside the band.
