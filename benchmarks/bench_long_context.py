@@ -56,12 +56,13 @@ def _layer_case(length, window, heads, head_dim, position_encoding, dtype,
     )
     layer = MultiHeadAttention(
         num_heads=heads, key_dim=head_dim, sliding_window=window,
-        use_causal_mask=True, implementation="blocked",
+        use_causal_mask=True,
+        # "auto" takes the chunked path from 8,192 tokens; "blocked" keeps
+        # the projections around the blocked core (the general path).
+        implementation="blocked" if general_path else "auto",
         position_encoding=position_encoding, dtype=dtype,
     )
     layer(keras.ops.zeros((1, 8, dim), input_dtype))  # build
-    if general_path:  # no chunked path: the projections around the core
-        layer._long_context_min_length = float("inf")
     if chunk:
         layer._long_context_chunk = chunk
     return [x], layer

@@ -24,12 +24,12 @@ pytestmark = pytest.mark.skipif(
 
 def make_pair(t, window, chunk, causal=True, dim=16, batch=2, query_block=None,
               **kwargs):
-    """The same layer twice, equal weights: chunked (blocked) and dense."""
+    """The same layer twice, equal weights: chunked ("auto") and dense."""
     config = dict(
         num_heads=4, key_dim=8, sliding_window=window, use_causal_mask=causal,
         **kwargs,
     )
-    chunked = MultiHeadAttention(implementation="blocked", **config)
+    chunked = MultiHeadAttention(implementation="auto", **config)
     dense = MultiHeadAttention(implementation="dense", **config)
     x = np.random.default_rng(t + window).standard_normal((batch, t, dim))
     x = x.astype("float32")
@@ -198,6 +198,15 @@ def test_defaults_keep_short_sequences_on_the_general_path():
     unwindowed = MultiHeadAttention(num_heads=2, key_dim=4)
     unwindowed(x)
     assert unwindowed._long_context_reason(x, None, None) == "no sliding_window"
+    # "blocked" asks for the blocked core around the projections: the
+    # general path, whatever the length.
+    blocked = MultiHeadAttention(
+        num_heads=2, key_dim=4, sliding_window=8, use_causal_mask=True,
+        implementation="blocked",
+    )
+    blocked(x)
+    blocked._long_context_min_length = 16
+    assert blocked._long_context_reason(x, None, None) == "implementation"
 
 
 def test_dropout_and_subclass_keep_the_general_path():
