@@ -338,10 +338,11 @@ def _dense_attention(q, k, v, mask):
     return attend(q, k, v)
 
 
-# `_keys_product` loops from this many scores per (batch, head) pair: the
-# loop is 1.2x faster at 256 x 256, 3x at 2,048 x 2,048, and 1.5x slower at
-# 65 x 65 (ViT's tokens), where the loop's own cost is not repaid.
-_LOOPED_PRODUCT_SIZE = 256 * 256
+# `_keys_product` loops from this many scores per (batch, head) pair
+# (`benchmarks/bench_xla_products.py`, idle AVX-512 CPU): the loop is 2.2x
+# faster at 2,048 x 2,048, 1.85x at 1,024, 1.08x at 512, even at 256 and
+# 2x slower at 65 x 65 (ViT's tokens), where its own cost is not repaid.
+_LOOPED_PRODUCT_SIZE = 512 * 512
 
 
 def _keys_product(p, x):
