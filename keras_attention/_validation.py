@@ -5,6 +5,7 @@ for a bad argument: "Received an invalid value for argument `x`, expected
 ... Received: x=...".
 """
 
+import keras
 import numpy as np
 
 
@@ -65,6 +66,35 @@ def shape_fits(shape, expected):
     return len(shape) == len(expected) and all(
         d is None or e is None or d == e for d, e in zip(shape, expected)
     )
+
+
+def check_dtype(argument, x, kind, expected):
+    """`x`'s dtype as keras names it (`"int32"`), or a ValueError naming
+    `argument` unless the name contains `kind` (`"int"`, `"float"`);
+    `expected` says what was expected (`"integer node ids"`)."""
+    try:
+        dtype = keras.backend.standardize_dtype(x.dtype)
+    except ValueError:  # NumPy strings and objects have no keras dtype
+        dtype = str(x.dtype)
+    if kind not in dtype:
+        raise ValueError(
+            f"Received an invalid value for argument `{argument}`, expected "
+            f"{expected}. Received: {argument}.dtype={dtype}"
+        )
+    return dtype
+
+
+def check_channels_last(argument, shape):
+    """Raise a ValueError unless `shape` is a feature map `(B, H, W, C)`
+    with known channels `C`."""
+    shape = tuple(shape)
+    if len(shape) != 4 or shape[-1] is None:
+        raise ValueError(
+            f"Received an invalid value for argument `{argument}`, expected "
+            "a rank-4 tensor (B, H, W, C) with known channels. Received: "
+            f"{argument}.shape={shape}"
+        )
+    return shape
 
 
 def check_image_inputs(inputs, image_shape, argument="images"):

@@ -10,9 +10,9 @@ Shape letters: `B` batch, `N` predictions (queries, rows of the cost), `M`
 targets (ground-truth objects, columns of the cost), `N >= M`.
 """
 
-import keras
 from keras import ops
 
+from keras_attention._validation import check_dtype
 from keras_attention._validation import shape_fits
 
 
@@ -26,12 +26,7 @@ def _check_inputs(cost, target_mask):
             "tensor of rank 3 `(B, N, M)` or rank 2 `(N, M)`. "
             f"Received: cost.shape={tuple(cost.shape)}"
         )
-    dtype = keras.backend.standardize_dtype(cost.dtype)
-    if "float" not in dtype:
-        raise ValueError(
-            "Received an invalid value for argument `cost`, expected a "
-            f"floating-point tensor. Received: cost.dtype={dtype}"
-        )
+    dtype = check_dtype("cost", cost, "float", "a floating-point tensor")
     num_predictions, num_targets = cost.shape[-2], cost.shape[-1]
     if num_predictions is None or num_targets is None:
         raise ValueError(

@@ -284,22 +284,13 @@ class GATNodeClassifier(
                 "an edge list of one graph (1, 2, E) (source and target "
                 f"rows). Received: edges.shape={e_shape}"
             )
-        dtype = keras.backend.standardize_dtype(edges.dtype)
-        if "int" not in dtype:
-            raise ValueError(
-                "Received an invalid value for argument `edges`, expected "
-                f"integer node ids. Received: edges.dtype={dtype}"
+        base.check_dtype("edges", edges, "int", "integer node ids")
+        num_nodes = f_shape[1]
+        if isinstance(edges, np.ndarray) and num_nodes is not None:
+            base.check_ids_in_range(
+                "edges", edges, num_nodes, "node ids",
+                f"the {num_nodes} nodes of features.shape={f_shape}",
             )
-        if isinstance(edges, np.ndarray) and edges.size:
-            num_nodes = f_shape[1]
-            low, high = int(edges.min()), int(edges.max())
-            if num_nodes is not None and (low < 0 or high >= num_nodes):
-                raise ValueError(
-                    "Received an invalid value for argument `edges`, expected "
-                    f"node ids in [0, {num_nodes}) for the {num_nodes} nodes "
-                    f"of features.shape={f_shape}. Received: edges with "
-                    f"values in [{low}, {high}]"
-                )
 
     def compile_defaults(self):
         """The paper's: Adam with learning rate 0.005, the sparse categorical

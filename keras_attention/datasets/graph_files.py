@@ -70,6 +70,24 @@ def _read(path, dtype):
     return array
 
 
+def _check_node_ids(path, ids, num_nodes, expected="integer node ids"):
+    """Raise a ValueError naming the file `path` unless the array `ids`
+    holds integer node ids in `[0, num_nodes)`; `expected`: what the
+    file should hold, said when its dtype is not an integer."""
+    if not ids.size:
+        return
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(
+            f"{path} should hold {expected}. Received: "
+            f"dtype={ids.dtype}"
+        )
+    if ids.min() < 0 or ids.max() >= num_nodes:
+        raise ValueError(
+            f"{path} lists node ids outside [0, {num_nodes}): values in "
+            f"[{int(ids.min())}, {int(ids.max())}]"
+        )
+
+
 def _ids_or_mask(path, num_nodes):
     array = _read(path, np.int64)
     if array.dtype == bool:
@@ -80,16 +98,9 @@ def _ids_or_mask(path, num_nodes):
             )
         return array
     array = np.asarray(array).reshape(-1)
-    if array.size and not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(
-            f"{path} should hold integer node ids or a boolean mask. "
-            f"Received: dtype={array.dtype}"
-        )
-    if array.size and (array.min() < 0 or array.max() >= num_nodes):
-        raise ValueError(
-            f"{path} lists node ids outside [0, {num_nodes}): values in "
-            f"[{int(array.min())}, {int(array.max())}]"
-        )
+    _check_node_ids(
+        path, array, num_nodes, "integer node ids or a boolean mask"
+    )
     mask = np.zeros(num_nodes, bool)
     mask[array] = True
     return mask
@@ -152,18 +163,8 @@ def load_graph_files(path, undirected=True, normalize_features=False):
             f"{found['edges']} should hold an edge list (E, 2) (or (2, E) in "
             f".npy). Received: shape={edges.shape}"
         )
-    if edges.size and not np.issubdtype(edges.dtype, np.integer):
-        raise ValueError(
-            f"{found['edges']} should hold integer node ids. Received: "
-            f"dtype={edges.dtype}"
-        )
+    _check_node_ids(found["edges"], edges, num_nodes)
     edges = edges.astype(np.int64)
-    if edges.size and (edges.min() < 0 or edges.max() >= num_nodes):
-        raise ValueError(
-            f"{found['edges']} has edges outside the node range [0, "
-            f"{num_nodes}) of {found['features']}: node ids in "
-            f"[{int(edges.min())}, {int(edges.max())}]"
-        )
     if undirected:
         edges = _edges_from_pairs(edges.T, num_nodes)
     else:

@@ -27,6 +27,7 @@ import collections
 
 import numpy as np
 
+from keras_attention._validation import check_dtype
 from keras_attention._validation import check_ids_in_range
 from keras_attention._validation import invalid
 
@@ -67,11 +68,8 @@ def check_edges(edges, num_nodes, argument="edges"):
             f"Received an invalid value for argument `{argument}`, expected an "
             f"edge list of shape (2, E). Received: {argument}.shape={array.shape}"
         )
-    if array.size and not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(
-            f"Received an invalid value for argument `{argument}`, expected "
-            f"integer node ids. Received: {argument}.dtype={array.dtype}"
-        )
+    if array.size:
+        check_dtype(argument, array, "int", "integer node ids")
     array = array.astype(np.int64, copy=False)
     check_ids_in_range(
         argument, array, num_nodes, "node ids", f"num_nodes={num_nodes}"

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention._validation import check_channels_last
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import check_rate
 from keras_attention._validation import invalid
@@ -224,13 +225,7 @@ class LocalWindowAttention(
         base.keep_weight_arguments(self, locals())
 
     def _check_shape(self, shape, need_spatial):
-        shape = tuple(shape)
-        if len(shape) != 4 or shape[-1] is None:
-            raise ValueError(
-                "Received an invalid value for argument `inputs`, expected a "
-                "rank-4 tensor (B, height, width, channels) with known "
-                f"channels. Received: inputs.shape={shape}"
-            )
+        shape = check_channels_last("inputs", shape)
         if need_spatial and (shape[1] is None or shape[2] is None):
             raise ValueError(
                 "Received an invalid value for argument `inputs`, expected a "

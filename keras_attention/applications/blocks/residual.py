@@ -96,13 +96,7 @@ class ResidualAttentionBlock(keras.layers.Layer):
         return norm
 
     def build(self, input_shape):
-        input_shape = tuple(input_shape)
-        if len(input_shape) != 4 or input_shape[-1] is None:
-            raise ValueError(
-                "Received an invalid value for argument `inputs`, expected a "
-                "rank-4 tensor (B, H, W, C) with known channels. Received: "
-                f"inputs.shape={input_shape}"
-            )
+        input_shape = base.check_channels_last("inputs", input_shape)
         self.conv1 = self._conv("conv1", 3, self.strides)
         self.conv1.build(input_shape)
         out_shape = self.compute_output_shape(input_shape)

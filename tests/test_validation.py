@@ -1,0 +1,49 @@
+"""The package's shared argument checks (`keras_attention._validation`)."""
+
+import re
+
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_attention import _validation
+
+
+@pytest.mark.parametrize(
+    "x", [np.zeros(3, "int64"), np.zeros(3, "uint8"), ops.zeros(3, "int32")]
+)
+def test_check_dtype_returns_keras_dtype_name(x):
+    dtype = _validation.check_dtype("edges", x, "int", "integer node ids")
+    assert "int" in dtype and dtype == str(np.dtype(dtype))
+
+
+@pytest.mark.parametrize(
+    "x, received",
+    [
+        (np.zeros(3, "float32"), "float32"),
+        (np.zeros(3, bool), "bool"),
+        (np.array(["a"]), "<U1"),
+        (np.array([None]), "object"),
+    ],
+)
+def test_check_dtype_names_the_argument(x, received):
+    with pytest.raises(
+        ValueError,
+        match=rf"argument `edges`, expected integer node ids\. "
+        rf"Received: edges\.dtype={received}$",
+    ):
+        _validation.check_dtype("edges", x, "int", "integer node ids")
+
+
+def test_check_channels_last():
+    assert _validation.check_channels_last("inputs", [None, 4, 4, 3]) == (
+        None, 4, 4, 3
+    )
+    for shape in ((2, 4, 3), (2, 4, 4, None), (2, 1, 4, 4, 3)):
+        with pytest.raises(
+            ValueError,
+            match=r"argument `inputs`, expected a rank-4 tensor \(B, H, W, C\) "
+            r"with known channels\. Received: inputs\.shape="
+            + re.escape(str(shape)),
+        ):
+            _validation.check_channels_last("inputs", shape)
