@@ -108,11 +108,11 @@ def explore(
     Example:
 
     ```python
-    model = keras.Sequential([
-        keras.Input((6, 8)),
-        keras_attention.layers.MultiHeadAttention(2, 4, name="mha_1"),
-        keras_attention.layers.MultiHeadAttention(2, 4, name="mha_2"),
-    ])
+    inputs = keras.Input((6, 8))
+    x = keras_attention.layers.ScaledDotProductAttention(use_causal_mask=True)(
+        inputs
+    )
+    model = keras.Model(inputs, keras_attention.layers.MultiHeadAttention(2, 4)(x))
     explore(model, np.random.rand(1, 6, 8), "attention.html",
             tokens=["the", "cat", "sat", "on", "the", "mat"])
     ```
