@@ -16,7 +16,7 @@ from keras import ops
 
 from keras_attention import _validation as base
 from keras_attention.applications import base as app_base
-from keras_attention.applications.config import ArgumentConfig
+from keras_attention.applications.word_pieces import WordPiecePreprocessor
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -28,7 +28,7 @@ def read_vocabulary(path):
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class BertPreprocessor(ArgumentConfig):
+class BertPreprocessor(WordPiecePreprocessor):
     """Texts to BERT's `{"token_ids", "token_type_ids"}`, with keras-hub.
 
     Args:
@@ -63,20 +63,8 @@ class BertPreprocessor(ArgumentConfig):
 
         if isinstance(vocabulary, (str, os.PathLike)):
             vocabulary = read_vocabulary(vocabulary)
-        vocabulary = list(vocabulary)
-        missing = [t for t in SPECIAL_TOKENS[:4] if t not in vocabulary]
-        if missing or vocabulary[0] != "[PAD]":
-            raise base.invalid(
-                "vocabulary",
-                "a WordPiece vocabulary with [PAD] at id 0 and [UNK], [CLS], "
-                f"[SEP] (missing: {missing})",
-                vocabulary[:5],
-            )
-        self.vocabulary = vocabulary
-        self.sequence_length = base.check_positive_int(
-            "sequence_length", sequence_length
-        )
-        self.lowercase = bool(lowercase)
+        super().__init__(vocabulary, sequence_length, lowercase)
+        vocabulary = self.vocabulary
         self.strip_accents = self.lowercase if strip_accents is None else bool(strip_accents)
         self.tokenizer = keras_hub.tokenizers.WordPieceTokenizer(
             vocabulary=vocabulary,
@@ -95,9 +83,15 @@ class BertPreprocessor(ArgumentConfig):
             pad_value=0,
         )
 
-    @property
-    def vocabulary_size(self):
-        return len(self.vocabulary)
+    def check_vocabulary(self, vocabulary):
+        missing = [t for t in SPECIAL_TOKENS[:4] if t not in vocabulary]
+        if missing or vocabulary[0] != "[PAD]":
+            raise base.invalid(
+                "vocabulary",
+                "a WordPiece vocabulary with [PAD] at id 0 and [UNK], [CLS], "
+                f"[SEP] (missing: {missing})",
+                vocabulary[:5],
+            )
 
     def __call__(self, texts, pairs=None):
         segments = [self.tokenizer(base.check_texts(texts))]

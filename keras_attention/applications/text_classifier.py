@@ -25,14 +25,14 @@ from keras_attention import registry
 from keras_attention.applications.text_layers import AttentionPooling
 from keras_attention.applications.text_layers import ClassTokenPooler
 from keras_attention.applications.text_layers import TokenAndPositionEmbedding
-from keras_attention.applications.config import ArgumentConfig
+from keras_attention.applications.word_pieces import WordPiecePreprocessor
 
 PAD, UNK = "[PAD]", "[UNK]"
 POOLINGS = ("attention", "cls")
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-class TextClassifierPreprocessor(ArgumentConfig):
+class TextClassifierPreprocessor(WordPiecePreprocessor):
     """Texts to padded WordPiece token ids, with keras-hub's tokenizer.
 
     Args:
@@ -63,20 +63,9 @@ class TextClassifierPreprocessor(ArgumentConfig):
     def __init__(self, vocabulary, sequence_length=32, lowercase=True):
         import keras_hub
 
-        vocabulary = list(vocabulary)
-        if vocabulary[:2] != [PAD, UNK]:
-            raise base.invalid(
-                "vocabulary",
-                f"a list starting with {PAD!r}, {UNK!r}",
-                vocabulary[:2],
-            )
-        self.vocabulary = vocabulary
-        self.sequence_length = base.check_positive_int(
-            "sequence_length", sequence_length
-        )
-        self.lowercase = bool(lowercase)
+        super().__init__(vocabulary, sequence_length, lowercase)
         self.tokenizer = keras_hub.tokenizers.WordPieceTokenizer(
-            vocabulary=vocabulary,
+            vocabulary=self.vocabulary,
             sequence_length=sequence_length,
             lowercase=lowercase,
             oov_token=UNK,
@@ -107,9 +96,13 @@ class TextClassifierPreprocessor(ArgumentConfig):
         )
         return cls(vocabulary, sequence_length=sequence_length, lowercase=lowercase)
 
-    @property
-    def vocabulary_size(self):
-        return len(self.vocabulary)
+    def check_vocabulary(self, vocabulary):
+        if vocabulary[:2] != [PAD, UNK]:
+            raise base.invalid(
+                "vocabulary",
+                f"a list starting with {PAD!r}, {UNK!r}",
+                vocabulary[:2],
+            )
 
     def __call__(self, texts):
         if isinstance(texts, (list, tuple, np.ndarray, str)):
