@@ -39,8 +39,9 @@ _RENAMES = [
 ]
 
 
-# DETR argument -> (DetrConfig option, its default).
-_OPTIONS = {
+# DETR argument -> (DetrConfig option, DetrConfig's default): the
+# architecture, whose defaults (DETR-R50's) are not DETR's small ones.
+_ARCHITECTURE = {
     "num_queries": ("num_queries", 100),
     "hidden_dim": ("d_model", 256),
     "num_heads": ("encoder_attention_heads", 8),
@@ -48,12 +49,17 @@ _OPTIONS = {
     "num_decoder_layers": ("decoder_layers", 6),
     "feedforward_dim": ("encoder_ffn_dim", 2048),
     "dropout": ("dropout", 0.1),
-    "eos_coef": ("eos_coefficient", 0.1),
-    "bbox_loss_weight": ("bbox_loss_coefficient", 5.0),
-    "giou_loss_weight": ("giou_loss_coefficient", 2.0),
-    "class_cost": ("class_cost", 1.0),
-    "bbox_cost": ("bbox_cost", 5.0),
-    "giou_cost": ("giou_cost", 2.0),
+}
+# DETR argument -> DetrConfig option: the loss. DetrConfig's defaults are
+# the paper's, as DETR's are, so an option a config leaves out is not
+# passed.
+_LOSS = {
+    "eos_coef": "eos_coefficient",
+    "bbox_loss_weight": "bbox_loss_coefficient",
+    "giou_loss_weight": "giou_loss_coefficient",
+    "class_cost": "class_cost",
+    "bbox_cost": "bbox_cost",
+    "giou_cost": "giou_cost",
 }
 
 
@@ -147,17 +153,20 @@ def detr_arguments(config):
     ):
         if config.get(option, supported) != supported:
             raise _unsupported(option, config[option])
+    defaults = dict(_ARCHITECTURE.values())
     for first, second in (
         ("encoder_attention_heads", "decoder_attention_heads"),
         ("encoder_ffn_dim", "decoder_ffn_dim"),
     ):
-        if config.get(first, 8 if "heads" in first else 2048) != config.get(
-            second, 8 if "heads" in second else 2048
+        if config.get(first, defaults[first]) != config.get(
+            second, defaults[first]
         ):
             raise _unsupported(f"{first} != {second}", config.get(second))
     block, depths, _ = backbone_arguments(config)
     arguments = {ours: config.get(theirs, default)
-                 for ours, (theirs, default) in _OPTIONS.items()}
+                 for ours, (theirs, default) in _ARCHITECTURE.items()}
+    arguments.update({ours: config[theirs]
+                      for ours, theirs in _LOSS.items() if theirs in config})
     return dict(arguments, norm_first=False, backbone_type="resnet",
                 resnet_depths=depths, resnet_block=block)
 
