@@ -2,6 +2,8 @@
 `CachedMultiHeadAttention` convention), ring caches for a sliding window,
 and the projection helpers of decoders that cache."""
 
+from operator import attrgetter
+
 import keras
 from keras import ops
 # No public API sets a tensor's Keras mask; keras's own layer uses this.
@@ -179,19 +181,10 @@ class KVCache:
 
     # ---------------------------------------- helpers of cached decoding
 
-    @property
-    def query_kernel(self):
-        """The query projection (`EinsumDense`), for `project`."""
-        return self._query_dense
-
-    @property
-    def key_kernel(self):
-        return self._key_dense
-
-    @property
-    def value_kernel(self):
-        return self._value_dense
-
+    # The projections (`EinsumDense`, their biases inside), for `project`.
+    query_kernel = property(attrgetter("_query_dense"), doc="The query projection.")
+    key_kernel = property(attrgetter("_key_dense"), doc="The key projection.")
+    value_kernel = property(attrgetter("_value_dense"), doc="The value projection.")
     query_bias = key_bias = value_bias = None
 
     def project(self, x, projection, bias=None):

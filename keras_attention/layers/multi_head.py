@@ -1,4 +1,5 @@
 import string
+from operator import attrgetter
 
 import keras
 from keras import ops
@@ -295,17 +296,11 @@ class MultiHeadAttention(
         """The number of key/value heads `K`."""
         return self.num_key_value_heads or self._num_heads
 
-    @property
-    def head_value_dim(self):
-        return self._value_dim
-
-    @property
-    def sliding_window(self):
-        return self._sliding_window
-
-    @property
-    def use_gate(self):
-        return self._use_gate
+    head_value_dim = property(attrgetter("_value_dim"), doc="The value head size.")
+    sliding_window = property(
+        attrgetter("_sliding_window"), doc="The `sliding_window` argument."
+    )
+    use_gate = property(attrgetter("_use_gate"), doc="The `use_gate` argument.")
 
     # --------------------------------------------------------------- build
 
