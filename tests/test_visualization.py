@@ -269,11 +269,13 @@ def test_grad_cam_tape_path_matches_tf_keras_vis(method):
     target = vis.find_cam_target(model, x)
     assert target.path == "cbam" and cam_lib._tf_keras_vis_applies(model, target)
     indices = cam_lib.class_indices(model, x)
-    for options in (dict(), dict(expand=False, normalize=False)):
+    for options in (
+        cam_lib.CamOptions(), cam_lib.CamOptions(expand=False, normalize=False)
+    ):
         reference = cam_lib.tf_keras_vis_cam(
-            model, x, indices, target, method, **options
+            model, x, indices, target, method, options
         )
-        got = cam_lib.tape_cam(model, x, indices, target, method, **options)
+        got = cam_lib.tape_cam(model, x, indices, target, method, options)
         scale = max(float(np.abs(reference).max()), 1e-12)
         np.testing.assert_allclose(got / scale, reference / scale, atol=1e-4)
     assert model.get_layer("logits").activation is keras.activations.softmax

@@ -21,6 +21,7 @@ linear here instead, only while the map is computed, and restored after.
 Its `Scorecam` calls `model.predict`, whose progress bar is silenced.
 """
 
+import collections
 import contextlib
 import inspect
 import warnings
@@ -33,6 +34,15 @@ from keras_attention.visualization import _hooks
 from keras_attention.visualization import maps as maps_lib
 
 METHODS = ("gradcam", "gradcam++", "scorecam")
+
+# The options of the maps (`grad_cam`'s arguments of the same names), for
+# both engines: tf-keras-vis (`tf_keras_vis_cam`, which reads the first
+# four) and the `GradientTape` (`tape_cam`).
+CamOptions = collections.namedtuple(
+    "CamOptions",
+    "expand normalize max_channels batch_size class_token grid_shape",
+    defaults=(True, True, None, 32, "auto", None),
+)
 
 
 class CamTarget:
@@ -208,24 +218,16 @@ def grad_cam(
     images = _check_images(images)
     target = find_cam_target(model, images, layer)
     indices = class_indices(model, images, class_index)
-    kwargs = dict(
-        expand=expand,
-        normalize=normalize,
-        max_channels=max_channels,
-        batch_size=batch_size,
+    options = CamOptions(
+        expand,
+        normalize,
+        max_channels,
+        batch_size,
+        class_token,
+        target.grid_shape if grid_shape is None else grid_shape,
     )
-    if _tf_keras_vis_applies(model, target):
-        return tf_keras_vis_cam(model, images, indices, target, method, **kwargs)
-    return tape_cam(
-        model,
-        images,
-        indices,
-        target,
-        method,
-        class_token=class_token,
-        grid_shape=target.grid_shape if grid_shape is None else grid_shape,
-        **kwargs,
-    )
+    engine = tf_keras_vis_cam if _tf_keras_vis_applies(model, target) else tape_cam
+    return engine(model, images, indices, target, method, options)
 
 
 def class_indices(model, images, class_index=None):
@@ -249,18 +251,9 @@ def class_indices(model, images, class_index=None):
     return [int(i) for i in values]
 
 
-def tf_keras_vis_cam(
-    model,
-    images,
-    indices,
-    target,
-    method,
-    expand=True,
-    normalize=True,
-    max_channels=None,
-    batch_size=32,
-):
-    """The map from tf-keras-vis, for a top-level 4-D layer of a graph model."""
+def tf_keras_vis_cam(model, images, indices, target, method, options=CamOptions()):
+    """The map from tf-keras-vis, for a top-level 4-D layer of a graph model
+    (`options`: a `CamOptions`)."""
     from tf_keras_vis.gradcam import Gradcam
     from tf_keras_vis.gradcam_plus_plus import GradcamPlusPlus
     from tf_keras_vis.scorecam import Scorecam
@@ -270,16 +263,16 @@ def tf_keras_vis_cam(
     kwargs = dict(
         penultimate_layer=target.layer,
         seek_penultimate_conv_layer=False,
-        expand_cam=expand,
-        normalize_cam=normalize,
+        expand_cam=options.expand,
+        normalize_cam=options.normalize,
     )
     if method == "scorecam":
         with _quiet_predict():
             cam = Scorecam(model)(
                 score,
                 images,
-                max_N=max_channels,
-                batch_size=batch_size,
+                max_N=options.max_channels,
+                batch_size=options.batch_size,
                 **kwargs,
             )
     else:
@@ -308,20 +301,9 @@ def _stream_target(walked, path, layer, classes):
     return CamTarget(layer, path)
 
 
-def tape_cam(
-    model,
-    images,
-    indices,
-    target,
-    method,
-    expand=True,
-    normalize=True,
-    max_channels=None,
-    batch_size=32,
-    class_token="auto",
-    grid_shape=None,
-):
-    """The same maps as tf-keras-vis, for any model, on a `GradientTape`."""
+def tape_cam(model, images, indices, target, method, options=CamOptions()):
+    """The same maps as tf-keras-vis, for any model, on a `GradientTape`
+    (`options`: a `CamOptions`)."""
     import tensorflow as tf
     from scipy.ndimage import zoom
     from tf_keras_vis.utils import normalize as tkv_normalize
@@ -330,8 +312,11 @@ def tape_cam(
     indices = np.asarray(indices)
     if method == "scorecam":
         features = _capture(model, images, target)
-        features = _on_grid(features, images, class_token, grid_shape)
-        cam = _score_cam(model, images, indices, features, max_channels, batch_size)
+        features = _on_grid(features, images, options)
+        cam = _score_cam(
+            model, images, indices, features, options.max_channels,
+            options.batch_size,
+        )
     else:
         tape = tf.GradientTape(watch_accessed_variables=False)
         with tape:
@@ -349,8 +334,8 @@ def tape_cam(
                 f"The class score does not depend on the output of {target}; "
                 "pick another `layer`."
             )
-        features = _on_grid(features, images, class_token, grid_shape)
-        grads = _on_grid(grads, images, class_token, grid_shape)
+        features = _on_grid(features, images, options)
+        grads = _on_grid(grads, images, options)
         if method == "gradcam":
             weights = grads.mean(axis=(1, 2), keepdims=True)
             cam = np.maximum((features * weights).sum(axis=-1), 0.0)
@@ -358,13 +343,12 @@ def tape_cam(
             cam = _grad_cam_plus_plus(
                 features, grads, keras.ops.convert_to_numpy(scores)
             )
-    if not expand:
-        return (tkv_normalize(cam) if normalize else cam).astype("float32")
-    factors = (1,) + tuple(
-        float(s) / float(c) for c, s in zip(cam.shape[1:], images.shape[1:3])
-    )
-    cam = zoom(cam, factors, order=1)
-    return (tkv_normalize(cam) if normalize else cam).astype("float32")
+    if options.expand:
+        factors = (1,) + tuple(
+            float(s) / float(c) for c, s in zip(cam.shape[1:], images.shape[1:3])
+        )
+        cam = zoom(cam, factors, order=1)
+    return (tkv_normalize(cam) if options.normalize else cam).astype("float32")
 
 
 def _grad_cam_plus_plus(features, grads, scores):
@@ -473,8 +457,9 @@ def _watch_first_input(layer, args, kwargs, tape):
     return tuple(args), kwargs, tensor
 
 
-def _on_grid(x, images, class_token, grid_shape):
-    """Features or gradients as `(B, h, w, C)` float32 NumPy."""
+def _on_grid(x, images, options):
+    """Features or gradients as `(B, h, w, C)` float32 NumPy (tokens laid
+    out by `options.class_token` and `options.grid_shape`)."""
     x = np.asarray(keras.ops.convert_to_numpy(x), "float32")
     if x.ndim == 4:
         return x
@@ -484,7 +469,7 @@ def _on_grid(x, images, class_token, grid_shape):
             f"the class activation map. Received: shape={x.shape}"
         )
     (h, w), has_class_token = _grid.token_grid(
-        x.shape[1], images.shape[1:3], grid_shape, class_token
+        x.shape[1], images.shape[1:3], options.grid_shape, options.class_token
     )
     if has_class_token:
         x = x[:, 1:]
