@@ -66,6 +66,19 @@ def check_mask_shape(argument, mask, expected, where=""):
         )
 
 
+def self_attention_defaults(query, value, key, query_mask, value_mask, key_mask):
+    """`(value, key, value_mask, key_mask)` with keras's defaults: `value`
+    is `query` (self-attention) and `key` is `value`, each taking the mask
+    of the tensor it stands for unless its own mask is given."""
+    if value is None:
+        value = query
+        value_mask = query_mask if value_mask is None else value_mask
+    if key is None:
+        key = value
+        key_mask = value_mask if key_mask is None else key_mask
+    return value, key, value_mask, key_mask
+
+
 def attend(layer, query, key, value, mask, training, return_weights, **core):
     """The shared core (`keras_attention.ops.dot_product_attention`) on heads
     `(B, T, H, D)` with `layer`'s dropout (`layer.dropout`, its
@@ -158,14 +171,9 @@ class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
         query, value, key, query_mask, value_mask, key_mask = self.flatten_inputs(
             query, value, key, query_mask, value_mask, key_mask, mask
         )
-        if value is None:  # self-attention
-            value = query
-            if value_mask is None:
-                value_mask = query_mask
-        if key is None:
-            key = value
-            if key_mask is None:
-                key_mask = value_mask
+        value, key, value_mask, key_mask = self_attention_defaults(
+            query, value, key, query_mask, value_mask, key_mask
+        )
         check_rank("query", query.shape)
         check_rank("value", value.shape)
         check_rank("key", key.shape)

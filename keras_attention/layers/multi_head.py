@@ -462,12 +462,9 @@ class MultiHeadAttention(
             # Windowed self-attention on a long sequence: the whole layer in
             # chunks, projections included (`_multi_head_long.py`).
             return self._long_context_call(query, causal)
-        if value is None:  # self-attention
-            value = query
-            value_mask = query_mask if value_mask is None else value_mask
-        if key is None:
-            key = value
-            key_mask = value_mask if key_mask is None else key_mask
+        value, key, value_mask, key_mask = base.self_attention_defaults(
+            query, value, key, query_mask, value_mask, key_mask
+        )
         self._check_masks(
             query, value, query_mask, value_mask, key_mask, attention_mask
         )
