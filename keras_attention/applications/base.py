@@ -187,6 +187,14 @@ class InputChecks:
         return super().call(inputs, training=training, mask=mask)
 
 
+def deserialize_preprocessor(preprocessor):
+    """`preprocessor`, made from its config when a task's config holds it
+    as a dict (`TaskConfig.get_config` serializes it)."""
+    if isinstance(preprocessor, dict):
+        return keras.saving.deserialize_keras_object(preprocessor)
+    return preprocessor
+
+
 class TaskConfig:
     """`get_config` and `from_config` of a task built on a `backbone`.
 

@@ -243,8 +243,7 @@ class CausalLM(
             for k in ("name", "dtype", "trainable")
             if k in backbone_kwargs
         }
-        if isinstance(preprocessor, dict):
-            preprocessor = keras.saving.deserialize_keras_object(preprocessor)
+        preprocessor = app_base.deserialize_preprocessor(preprocessor)
         if preprocessor is not None and not isinstance(
             preprocessor, CausalLMPreprocessor
         ):

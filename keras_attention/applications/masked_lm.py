@@ -65,8 +65,7 @@ class MaskedLanguageModel(
     def __init__(self, backbone, mask_length=None, preprocessor=None, **kwargs):
         import keras_hub
 
-        if isinstance(preprocessor, dict):
-            preprocessor = keras.saving.deserialize_keras_object(preprocessor)
+        preprocessor = app_base.deserialize_preprocessor(preprocessor)
         if not isinstance(backbone, TextClassifierBackbone):
             raise base.invalid("backbone", "a TextClassifierBackbone", backbone)
         length = backbone.sequence_length

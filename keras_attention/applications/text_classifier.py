@@ -378,8 +378,7 @@ class TextClassifier(app_base.Classifier):
         backbone=None,
         **kwargs,
     ):
-        if isinstance(preprocessor, dict):
-            preprocessor = keras.saving.deserialize_keras_object(preprocessor)
+        preprocessor = app_base.deserialize_preprocessor(preprocessor)
         if backbone is None and preprocessor is not None:
             vocabulary_size = vocabulary_size or preprocessor.vocabulary_size
             sequence_length = sequence_length or preprocessor.sequence_length

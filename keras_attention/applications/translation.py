@@ -35,6 +35,7 @@ from keras_attention.applications.text_preprocessing import corpus_bleu
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
 from keras_attention.applications.base import CompileDefaults
+from keras_attention.applications.base import deserialize_preprocessor
 from keras_attention.applications.config import ArgumentConfig
 from keras_attention.applications.base import PresetMixin
 from keras_attention.applications.translation_decoding import SearchDecoding
@@ -120,8 +121,7 @@ class Translator(
         super().__init__(**kwargs)
         if preprocessor is None:
             preprocessor = date_task_preprocessor()
-        elif isinstance(preprocessor, dict):
-            preprocessor = keras.saving.deserialize_keras_object(preprocessor)
+        preprocessor = deserialize_preprocessor(preprocessor)
         if not isinstance(preprocessor, TranslationPreprocessor):
             raise invalid(
                 "preprocessor", "a TranslationPreprocessor", preprocessor
@@ -222,9 +222,7 @@ class Translator(
     @classmethod
     def from_config(cls, config):
         config = dict(config)
-        preprocessor = config.pop("preprocessor", None)
-        if isinstance(preprocessor, dict):
-            preprocessor = keras.saving.deserialize_keras_object(preprocessor)
+        preprocessor = deserialize_preprocessor(config.pop("preprocessor", None))
         return cls(preprocessor=preprocessor, **config)
 
     @classmethod
