@@ -86,7 +86,8 @@ def projection(dense, x):
     full_bias = bias is not None and tuple(bias.shape) == k_shape[n_bound:]
     if full_bias:
         # Its gradient is then a sum over the rows of a 2-D tensor, which
-        # XLA's CPU backend reduces ~4x faster than over two leading axes.
+        # XLA's CPU backend reduces much faster than over two leading axes
+        # (BENCHMARKS.md, "Speed per machine").
         y = y + ops.reshape(bias, (outs,))
     free = len(x.shape) - n_bound
     lead = tuple(ops.shape(x)[i] for i in range(free))
