@@ -3,14 +3,19 @@
 Times each product of the dense core's forward + backward alone, compiled
 by `tf.function` (oneDNN kernels) and by XLA (`jit_compile=True`), on
 `(8, 8, T, T)` weights and `(8, 8, T, 64)` heads; then `dV = P^T dO` as
-the single einsum against `ops/dispatch.py::_keys_product`'s loop over
+the single einsum against `ops/xla_cpu.py::keys_product`'s loop over
 (batch, head) pairs at several lengths; then the whole dense core, forward
-+ backward, under XLA with and without that loop. Figures are CPU time
++ backward, and the whole `MultiHeadAttention` layer (with keras's layer),
+under XLA with each fast form of `ops/xla_cpu.py` added in turn (the loop,
+the unnormalised weights, the flat projections). Figures are CPU time
 (milliseconds summed over threads, best of `--repeats`), which a busy
-machine distorts less than wall time. BENCHMARKS.md, "Speed per machine".
+machine distorts less than wall time, and for the core and the layer also
+the best wall time (round-robin); `--threads 1` measures the work itself.
+BENCHMARKS.md, "Speed per machine".
 
     python benchmarks/bench_xla_products.py
     python benchmarks/bench_xla_products.py --length 1024 --repeats 3
+    python benchmarks/bench_xla_products.py --what core layer --threads 1
 """
 
 import argparse
@@ -94,10 +99,10 @@ def with_loop(flag):
     """`autotune.xla_on_cpu` forced to `flag` and the loop's size floor
     lowered to 1, so the choice is the argument's."""
     from keras_attention.ops import autotune
-    from keras_attention.ops import dispatch
+    from keras_attention.ops import xla_cpu
 
     autotune.xla_on_cpu = lambda: flag
-    dispatch._LOOPED_PRODUCT_SIZE = 1
+    xla_cpu._LOOPED_PRODUCT_SIZE = 1
 
 
 def loop_sizes(lengths, repeats):
@@ -105,9 +110,9 @@ def loop_sizes(lengths, repeats):
     import tensorflow as tf
 
     from keras_attention.ops import autotune
-    from keras_attention.ops import dispatch
+    from keras_attention.ops import xla_cpu
 
-    original = autotune.xla_on_cpu, dispatch._LOOPED_PRODUCT_SIZE
+    original = autotune.xla_on_cpu, xla_cpu._LOOPED_PRODUCT_SIZE
     print("\n## dV = P^T dO under XLA: one einsum against the loop (CPU-ms)\n")
     print("| (batch, head) pairs | T = S | einsum | loop | einsum / loop |")
     print("| ---: | ---: | ---: | ---: | ---: |")
@@ -120,47 +125,154 @@ def loop_sizes(lengths, repeats):
             with_loop(flag)
             # Traced now, under the forced choice.
             step = tf.function(
-                lambda: dispatch._keys_product(p, x), jit_compile=True
+                lambda: xla_cpu.keys_product(p, x), jit_compile=True
             )
             row.append(cpu_ms(step, repeats))
         print(f"| {pairs} | {length} | {row[0]:.1f} | {row[1]:.1f} | "
               f"{row[0] / row[1]:.2f} |", flush=True)
-    autotune.xla_on_cpu, dispatch._LOOPED_PRODUCT_SIZE = original
+    autotune.xla_on_cpu, xla_cpu._LOOPED_PRODUCT_SIZE = original
+
+
+class forced:
+    """The fast forms of `ops/xla_cpu.py` switched on or off while a
+    function is traced (they are read at trace time): `loop` for
+    `keys_product` at any size, `unnormalised` for the dense core, `flat`
+    for the projections."""
+
+    def __init__(self, loop, unnormalised, flat):
+        self.flags = loop, unnormalised, flat
+
+    def __enter__(self):
+        from keras_attention.ops import xla_cpu
+
+        self.saved = (xla_cpu._LOOPED_PRODUCT_SIZE, xla_cpu.takes_unnormalised,
+                      xla_cpu._can_flatten)
+        loop, unnormalised, flat = self.flags
+        xla_cpu._LOOPED_PRODUCT_SIZE = 1 if loop else 2**62
+        if not unnormalised:
+            xla_cpu.takes_unnormalised = lambda q: False
+        if not flat:
+            xla_cpu._can_flatten = lambda dense, x: False
+
+    def __exit__(self, *exc):
+        from keras_attention.ops import xla_cpu
+
+        (xla_cpu._LOOPED_PRODUCT_SIZE, xla_cpu.takes_unnormalised,
+         xla_cpu._can_flatten) = self.saved
+
+
+def interleaved_ms(fns, repeats):
+    """`{name: (best CPU-ms, best wall-ms)}`, the functions timed round-robin
+    after one call each (tracing and compilation)."""
+    import tensorflow as tf
+
+    def run(fn):
+        for x in tf.nest.flatten(fn()):
+            x.numpy()
+
+    for fn in fns.values():
+        run(fn)
+    best = {name: [float("inf"), float("inf")] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            cpu, wall = time.process_time(), time.perf_counter()
+            run(fn)
+            best[name][0] = min(best[name][0], 1000 * (time.process_time() - cpu))
+            best[name][1] = min(best[name][1], 1000 * (time.perf_counter() - wall))
+    return best
+
+
+# (label, jit, loop, unnormalised, flat)
+CORE_ROWS = [
+    ("tf.function", False, False, False, False),
+    ("XLA, einsum dV/dK", True, False, False, False),
+    ("XLA, loop dV/dK (before this session)", True, True, False, False),
+    ("XLA, loop + unnormalised weights (now)", True, True, True, False),
+]
+LAYER_ROWS = [
+    ("ours, tf.function", False, False, False, False),
+    ("ours, XLA, loop dV/dK (before this session)", True, True, False, False),
+    ("ours, XLA, + unnormalised weights", True, True, True, False),
+    ("ours, XLA, + flat projections (now)", True, True, True, True),
+]
 
 
 def core(length, repeats):
     import numpy as np
     import tensorflow as tf
 
-    from keras_attention.ops import autotune
-    from keras_attention.ops import dispatch
     from keras_attention.ops import dot_product_attention
 
-    original = autotune.xla_on_cpu, dispatch._LOOPED_PRODUCT_SIZE
     rng = np.random.default_rng(0)
     q, k, v = [
         tf.constant(rng.standard_normal((8, length, 8, 64)).astype("float32"))
         for _ in range(3)
     ]
-    print(f"\n## Dense core forward + backward, T = {length} (CPU-ms)\n")
-    print("| mode | dV, dK | CPU-ms |")
-    print("| --- | --- | ---: |")
-    for jit, flag in ((False, False), (True, False), (True, True)):
-        with_loop(flag)
 
-        def step(q, k, v):
-            with tf.GradientTape() as tape:
-                tape.watch([q, k, v])
-                out = dot_product_attention(q, k, v, implementation="dense")
-                loss = tf.reduce_sum(out * out)
-            return tape.gradient(loss, [q, k, v])
+    def step(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = dot_product_attention(q, k, v, implementation="dense")
+            loss = tf.reduce_sum(out * out)
+        return tape.gradient(loss, [q, k, v])
 
+    fns = {}
+    for label, jit, *flags in CORE_ROWS:
         compiled = tf.function(step, jit_compile=jit)
-        best = cpu_ms(lambda: compiled(q, k, v), repeats)
-        mode = "XLA" if jit else "tf.function"
-        how = "loop" if flag else "einsum"
-        print(f"| {mode} | {how} | {best:.0f} |", flush=True)
-    autotune.xla_on_cpu, dispatch._LOOPED_PRODUCT_SIZE = original
+        with forced(*flags):
+            compiled.get_concrete_function(q, k, v)  # traced under the flags
+        fns[label] = lambda c=compiled: c(q, k, v)
+    best = interleaved_ms(fns, repeats)
+    print(f"\n## Dense core forward + backward, T = {length}\n")
+    print("| mode | CPU-ms | wall ms |")
+    print("| --- | ---: | ---: |")
+    for label, (cpu, wall) in best.items():
+        print(f"| {label} | {cpu:.0f} | {wall:.0f} |", flush=True)
+
+
+def layer(length, repeats):
+    """The whole `MultiHeadAttention` layer (8 heads of 64, batch 8),
+    forward + backward with every weight's gradient, against keras's."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_attention.layers import MultiHeadAttention
+
+    x = tf.constant(np.random.default_rng(0).standard_normal((8, length, 512)),
+                    "float32")
+
+    def stepper(layer, jit):
+        layer(x, x)
+
+        @tf.function(jit_compile=jit)
+        def step(inputs):
+            with tf.GradientTape() as tape:
+                tape.watch(inputs)
+                loss = tf.reduce_mean(tf.square(layer(inputs, inputs)))
+            grads = tape.gradient(loss, [inputs] + layer.trainable_variables)
+            return tf.add_n([tf.reduce_sum(g) for g in grads])
+
+        return step
+
+    fns = {}
+    for label, jit, *flags in LAYER_ROWS:
+        step = stepper(MultiHeadAttention(8, 64), jit)
+        with forced(*flags):
+            step.get_concrete_function(x)
+        fns[label] = lambda s=step: s(x)
+    for jit in (False, True):
+        step = stepper(keras.layers.MultiHeadAttention(8, 64), jit)
+        fns["keras, " + ("XLA" if jit else "tf.function")] = lambda s=step: s(x)
+    best = interleaved_ms(fns, repeats)
+    keras_best = min(wall for name, (_, wall) in best.items()
+                     if name.startswith("keras"))
+    print(f"\n## MultiHeadAttention forward + backward, T = {length}\n")
+    print("| layer, mode | CPU-ms | wall ms | keras's best wall / this |")
+    print("| --- | ---: | ---: | ---: |")
+    for label, (cpu, wall) in best.items():
+        print(f"| {label} | {cpu:.0f} | {wall:.0f} | {keras_best / wall:.2f} |",
+              flush=True)
 
 
 def main():
@@ -168,12 +280,31 @@ def main():
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--loop-lengths", type=int, nargs="+",
                         default=[256, 512, 1024, 2048])
+    parser.add_argument("--layer-lengths", type=int, nargs="+",
+                        default=[512, 2048])
     parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--what", nargs="+",
+                        choices=["products", "loop", "core", "layer"],
+                        default=["products", "loop", "core", "layer"])
+    parser.add_argument("--threads", type=int, default=0,
+                        help="TensorFlow's intra-op threads (1: the work "
+                        "itself, which a shared machine distorts least)")
     args = parser.parse_args()
-    print("#", describe())
-    products(args.length, args.repeats)
-    loop_sizes(args.loop_lengths, args.repeats)
-    core(args.length, args.repeats)
+    if args.threads:
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    print("#", describe(), f"; threads {args.threads or 'default'}")
+    if "products" in args.what:
+        products(args.length, args.repeats)
+    if "loop" in args.what:
+        loop_sizes(args.loop_lengths, args.repeats)
+    if "core" in args.what:
+        core(args.length, args.repeats)
+    if "layer" in args.what:
+        for length in args.layer_lengths:
+            layer(length, args.repeats)
     print("\n# at the end:", describe())
 
 

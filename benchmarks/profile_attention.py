@@ -20,6 +20,7 @@ score tensors that torch's fused CPU kernel never writes to memory.
     python benchmarks/profile_attention.py --length 512 --what core layer keras
     python benchmarks/profile_attention.py --length 2048 --mode graph \
         --what core keras-core layer keras
+    python benchmarks/profile_attention.py --length 2048 --what layer --threads 1
 """
 
 import argparse
@@ -159,12 +160,20 @@ def main(argv=None):
                              "graph (oneDNN kernels)")
     parser.add_argument("--what", nargs="*", default=["core", "keras-core", "torch"],
                         choices=["core", "keras-core", "layer", "keras", "torch"])
+    parser.add_argument("--threads", type=int, default=0,
+                        help="TensorFlow's intra-op threads; 1 gives each "
+                             "operation's own work, which neither the other "
+                             "thread nor a shared machine blurs")
     args = parser.parse_args(argv)
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
     b, l, h, d = args.batch, args.length, args.heads, args.head_size
     jit = args.mode == "xla"
     mode = "XLA" if jit else "tf.function"
     print(f"# {describe()}")
-    print(f"batch {b}, length {l}, {h} heads of {d}, {mode}")
+    threads = args.threads or "default"
+    print(f"batch {b}, length {l}, {h} heads of {d}, {mode}, threads {threads}")
     rng = np.random.default_rng(0)
     q, k, v = (tf.constant(rng.normal(size=(b, l, h, d)).astype("float32"))
                for _ in range(3))

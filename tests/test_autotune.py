@@ -86,7 +86,9 @@ def test_a_real_measurement_in_graph_and_xla_gives_the_reference_values():
         grads.append(grad.numpy())
     # The gradient through whichever path each mode took is the same.
     np.testing.assert_allclose(grads[0], grads[1], atol=1e-5)
-    choices = attention_ops.dispatch_choices()
+    # (Under XLA the fast forms' rules are listed too: `ops/xla_cpu.py`.)
+    choices = [c for c in attention_ops.dispatch_choices()
+               if c.implementation in ("dense", "blocked")]
     assert [c.key[1] for c in choices] == ["graph", "xla"]
     # Under a gradient tape without training=True: timed as training too.
     with tf.GradientTape() as tape:

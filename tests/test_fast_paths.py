@@ -32,11 +32,11 @@ def _mask(kind, rng, b, t, s):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_dense_custom_gradient_equals_autodiff(monkeypatch, causal, mask_kind, jit, dtype):
     if jit == "looped":
-        # Under XLA on a CPU, long sequences take `_keys_product`'s loop for
-        # dV and dK: taken here at any length.
-        from keras_attention.ops import dispatch
+        # Under XLA on a CPU, long sequences take `xla_cpu.keys_product`'s
+        # loop for dV and dK: taken here at any length.
+        from keras_attention.ops import xla_cpu
 
-        monkeypatch.setattr(dispatch, "_LOOPED_PRODUCT_SIZE", 1)
+        monkeypatch.setattr(xla_cpu, "_LOOPED_PRODUCT_SIZE", 1)
         jit = True
     rng = np.random.default_rng(3)
     b, t, s, h, kv, d, dv = 2, 9, 11, 4, 2, 8, 6
@@ -155,9 +155,9 @@ def test_keys_product_loop_equals_einsum(monkeypatch, jit, dtype):
     a CPU takes for long sequences equals the single product, with the
     batch known only when the function is traced."""
     from keras_attention.ops import autotune
-    from keras_attention.ops import dispatch
+    from keras_attention.ops import xla_cpu
 
-    monkeypatch.setattr(dispatch, "_LOOPED_PRODUCT_SIZE", 1)
+    monkeypatch.setattr(xla_cpu, "_LOOPED_PRODUCT_SIZE", 1)
 
     rng = np.random.default_rng(5)
     p = tf.constant(rng.normal(size=(3, 2, 7, 5)), dtype=dtype)
@@ -173,7 +173,7 @@ def test_keys_product_loop_equals_einsum(monkeypatch, jit, dtype):
     )
     def product(p, x):
         seen.append(autotune.xla_on_cpu())
-        return dispatch._keys_product(p, x)
+        return xla_cpu.keys_product(p, x)
 
     got = product(p, x)
     want = tf.einsum("bhts,bhtd->bhsd", p, x)

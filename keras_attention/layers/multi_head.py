@@ -17,6 +17,7 @@ from keras_attention.layers._multi_head_masks import KerasMasks
 from keras_attention.layers._multi_head_positions import PositionEncodings
 from keras_attention.layers._multi_head_positions import check_position_arguments
 from keras_attention.ops.masks import check_sliding_window
+from keras_attention.ops.xla_cpu import projection
 from keras_attention.registry import register
 
 IMPLEMENTATIONS = ("auto", "dense", "blocked", "fused")
@@ -492,9 +493,9 @@ class MultiHeadAttention(
             set_keras_mask(x, None)
         if self._use_gate:
             gate = self._gate_dense(query)
-        q = self._query_dense(query)
-        k = self._key_dense(key)
-        v = self._value_dense(value)
+        q = projection(self._query_dense, query)
+        k = projection(self._key_dense, key)
+        v = projection(self._value_dense, value)
         extra = {"use_causal_mask": True} if core_causal else {}
         if core_window is not None:
             extra["sliding_window"] = core_window
@@ -504,7 +505,7 @@ class MultiHeadAttention(
         )
         if self._use_gate:
             heads = ops.multiply(heads, gate)
-        output = self._output_dense(heads)
+        output = projection(self._output_dense, heads)
         if return_attention_scores:
             return output, scores
         return output

@@ -83,9 +83,21 @@ def dispatch_choices():
     Each is a `Choice(key, implementation, reason, timings_ms)`: `key` the
     (backend, mode, B, T, S, H, K, D, Dv, dtype, causal, window, masked)
     it holds for, `timings_ms` the measured time of each path (empty when
-    the choice came from a rule).
+    the choice came from a rule). The fast forms that XLA on a CPU takes
+    (`ops/xla_cpu.py`: the looped `dV`/`dK` products, the unnormalised
+    weights, the flat projections) are listed too, once per shape, their
+    key starting with what they replace (e.g. `"keys product"`).
     """
     return list(_CHOICES.values())
+
+
+def record_rule(key, implementation, reason):
+    """Record a choice made by a fixed rule (once per `key`), so that
+    `dispatch_choices()` shows it; the fast forms of `ops/xla_cpu.py` and
+    `ops/dispatch.py` use it."""
+    if key not in _CHOICES:
+        _CHOICES[key] = Choice(key, implementation, reason, {})
+        logger.info("keras_attention: %s for %s (%s)", implementation, key, reason)
 
 
 def clear_dispatch_choices():

@@ -15,6 +15,7 @@ import keras
 from keras import ops
 
 from keras_attention.ops import autotune
+from keras_attention.ops import xla_cpu
 from keras_attention.ops.blocked import DEFAULT_BLOCK_SIZE
 from keras_attention.ops.blocked import DEFAULT_QUERY_BLOCK_SIZE
 from keras_attention.ops.blocked import blocked_heads
@@ -299,9 +300,14 @@ def _dense_attention(q, k, v, mask):
     keep their scores, weights and `dS` in bfloat16 (the backend's fused
     softmax, which accumulates in float32), where float32 copies would
     cost as much as the bfloat16 products save; float16 heads go through
-    float32 (its range is too short for scores).
+    float32 (its range is too short for scores). Under XLA on a CPU,
+    float32 heads take `xla_cpu.unnormalised_attention` (the same values,
+    one pass over the weights fewer) and `dV`, `dK` take
+    `xla_cpu.keys_product`'s loop.
     """
     low = keras.backend.standardize_dtype(q.dtype) == "bfloat16"
+    if xla_cpu.takes_unnormalised(q):
+        return xla_cpu.unnormalised_attention(q, k, v, mask)
 
     @ops.custom_gradient
     def attend(q, k, v):
@@ -320,7 +326,7 @@ def _dense_attention(q, k, v, mask):
                 axis=-1,
                 keepdims=True,
             )
-            d_v = _keys_product(weights, d_out)
+            d_v = xla_cpu.keys_product(weights, d_out)
             d_p = ops.einsum("bhtd,bhsd->bhts", d_out, v)
             if low:
                 d_s = weights * (d_p - ops.cast(delta, d_p.dtype))
@@ -330,54 +336,12 @@ def _dense_attention(q, k, v, mask):
                 )
             d_s = ops.cast(d_s, q.dtype)
             d_q = ops.matmul(d_s, k)
-            d_k = _keys_product(d_s, q)
+            d_k = xla_cpu.keys_product(d_s, q)
             return d_q, d_k, d_v
 
         return out, grad
 
     return attend(q, k, v)
-
-
-# `_keys_product` loops from this many scores per (batch, head) pair
-# (`benchmarks/bench_xla_products.py`, idle AVX-512 CPU): the loop is 2.2x
-# faster at 2,048 x 2,048, 1.85x at 1,024, 1.08x at 512, even at 256 and
-# 2x slower at 65 x 65 (ViT's tokens), where its own cost is not repaid.
-_LOOPED_PRODUCT_SIZE = 512 * 512
-
-
-def _keys_product(p, x):
-    """`einsum("bhts,bhtd->bhsd", p, x)`: `dV = P^T dO` and `dK = dS^T Q`.
-
-    XLA's CPU backend folds any transpose around this product into the
-    product itself and then runs it about 4x slower than the same
-    arithmetic with the `(T, S)` operand on the right (`D x T` times
-    `T x S`; measured on TF 2.21 and JAX 0.10 CPUs, BENCHMARKS.md "Speed
-    per machine"). There, from `_LOOPED_PRODUCT_SIZE` scores per pair
-    (static lengths), each `(batch, head)` pair's `x^T p` is computed in a
-    loop, whose body XLA cannot fold the final transpose into; every other
-    backend and mode keeps the single product (oneDNN and cuBLAS run it at
-    full speed, and the loop would cost them).
-    """
-    heads, t_len, s_len = p.shape[1], p.shape[2], p.shape[3]
-    if (
-        None in (heads, t_len, s_len)
-        or t_len * s_len < _LOOPED_PRODUCT_SIZE
-        or not autotune.xla_on_cpu()
-    ):
-        return ops.einsum("bhts,bhtd->bhsd", p, x)
-    d_len = x.shape[-1]
-    p = ops.reshape(p, (-1, t_len, s_len))
-    x = ops.reshape(x, (-1, t_len, d_len))
-    pairs = ops.shape(p)[0]
-
-    def step(i, result):
-        product = ops.einsum("td,ts->ds", ops.take(x, i, axis=0), ops.take(p, i, axis=0))
-        return ops.slice_update(result, (i, 0, 0), product[None])
-
-    result = ops.fori_loop(
-        0, pairs, step, ops.zeros((pairs, d_len, s_len), dtype=x.dtype)
-    )
-    return ops.reshape(ops.swapaxes(result, 1, 2), (-1, heads, s_len, d_len))
 
 
 def _softmax_in_dtype(scores, mask):

@@ -1,0 +1,206 @@
+"""Forms XLA's CPU backend runs faster than the simple ones.
+
+Each function here computes what its simple counterpart computes (tested
+equal in values and gradients, `tests/test_xla_cpu.py`), and takes its own
+form only inside code that XLA compiles for a CPU (`autotune.xla_on_cpu()`);
+elsewhere it is the simple form. Each choice is recorded once per shape in
+`dispatch_choices()` (BENCHMARKS.md, "Speed per machine").
+"""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_attention.ops import autotune
+from keras_attention.ops.masks import MASK_VALUE
+
+# `keys_product` loops from this many scores per (batch, head) pair
+# (`benchmarks/bench_xla_products.py`, idle AVX-512 CPU): the loop is 2.2x
+# faster at 2,048 x 2,048, 1.85x at 1,024, 1.08x at 512, even at 256 and
+# 2x slower at 65 x 65 (ViT's tokens), where its own cost is not repaid.
+_LOOPED_PRODUCT_SIZE = 512 * 512
+
+
+def _flat_equation(dense):
+    """`(bound, outs)` letter counts when `dense.equation` reads
+    `free + bound, bound + outs -> free + outs` (every projection of the
+    attention layers), else `None`."""
+    equation = getattr(dense, "equation", "")
+    if "->" not in equation or "," not in equation or "." in equation:
+        return None
+    inputs, out = equation.split("->")
+    x_letters, kernel_letters = inputs.split(",")
+    bound = [c for c in kernel_letters if c in x_letters and c not in out]
+    n = len(bound)
+    if n == 0 or len(set(x_letters)) != len(x_letters):
+        return None
+    free, outs = x_letters[: len(x_letters) - n], kernel_letters[n:]
+    if x_letters[len(free):] != kernel_letters[:n] or out != free + outs:
+        return None
+    return n, len(outs)
+
+
+def _can_flatten(dense, x):
+    if not isinstance(dense, keras.layers.EinsumDense) or not dense.built:
+        return False
+    if getattr(dense, "quantization_mode", None) is not None:
+        return False
+    dtype = keras.backend.standardize_dtype(x.dtype)
+    if dtype != dense.compute_dtype or dtype != dense.variable_dtype:
+        return False
+    if _flat_equation(dense) is None:
+        return False
+    return autotune.xla_on_cpu()
+
+
+def projection(dense, x):
+    """`dense(x)` for a built `keras.layers.EinsumDense` projection.
+
+    Under XLA on a CPU, with the layer's dtype and no quantization, the
+    same product as one 2-D matmul, `(N, bound) x (bound, outs)`, plus the
+    bias and the activation: its backward is then two plain 2-D products
+    on the same `(N, outs)` gradient. The einsum's backward is a batched
+    product and a sum, and XLA computes the transpose that feeds the
+    gradient once for each of its two consumers (a `(B, T, H, D)` gradient
+    coming from `(B, H, D, T)` heads is transposed twice); the flat form
+    shares one. `dense.kernel` includes LoRA's update when it is enabled.
+    Elsewhere (another backend or mode, mixed precision, a quantized
+    kernel) this is `dense(x)`.
+    """
+    if not _can_flatten(dense, x):
+        return dense(x)
+    n_bound, n_outs = _flat_equation(dense)
+    kernel = dense.kernel
+    k_shape = tuple(kernel.shape)
+    bound, outs = math.prod(k_shape[:n_bound]), math.prod(k_shape[n_bound:])
+    autotune.record_rule(
+        ("projection", keras.backend.backend(), dense.equation,
+         tuple(x.shape), keras.backend.standardize_dtype(x.dtype)),
+        "flat matmul",
+        "rule: XLA on a CPU computes an EinsumDense projection as one 2-D "
+        "matmul (one transpose for both gradient products)",
+    )
+    y = ops.matmul(ops.reshape(x, (-1, bound)), ops.reshape(kernel, (bound, outs)))
+    bias = dense.bias
+    full_bias = bias is not None and tuple(bias.shape) == k_shape[n_bound:]
+    if full_bias:
+        # Its gradient is then a sum over the rows of a 2-D tensor, which
+        # XLA's CPU backend reduces much faster than over two leading axes
+        # (BENCHMARKS.md, "Speed per machine").
+        y = y + ops.reshape(bias, (outs,))
+    free = len(x.shape) - n_bound
+    lead = tuple(ops.shape(x)[i] for i in range(free))
+    y = ops.reshape(y, lead + k_shape[n_bound:])
+    if bias is not None and not full_bias:
+        y = ops.add(y, bias)  # EinsumDense's broadcast
+    if dense.activation is not None:
+        y = dense.activation(y)
+    return y
+
+
+
+def keys_product(p, x):
+    """`einsum("bhts,bhtd->bhsd", p, x)`: `dV = P^T dO` and `dK = dS^T Q`.
+
+    XLA's CPU backend folds any transpose around this product into the
+    product itself and then runs it about 4x slower than the same
+    arithmetic with the `(T, S)` operand on the right (`D x T` times
+    `T x S`; measured on TF 2.21 and JAX 0.10 CPUs, BENCHMARKS.md "Speed
+    per machine"). There, from `_LOOPED_PRODUCT_SIZE` scores per pair
+    (static lengths), each `(batch, head)` pair's `x^T p` is computed in a
+    loop, whose body XLA cannot fold the final transpose into; every other
+    backend and mode keeps the single product (oneDNN and cuBLAS run it at
+    full speed, and the loop would cost them).
+    """
+    heads, t_len, s_len = p.shape[1], p.shape[2], p.shape[3]
+    if (
+        None in (heads, t_len, s_len)
+        or t_len * s_len < _LOOPED_PRODUCT_SIZE
+        or not autotune.xla_on_cpu()
+    ):
+        return ops.einsum("bhts,bhtd->bhsd", p, x)
+    d_len = x.shape[-1]
+    autotune.record_rule(
+        ("keys product", keras.backend.backend(), heads, t_len, s_len, d_len,
+         keras.backend.standardize_dtype(p.dtype)),
+        "loop over (batch, head) pairs",
+        "rule: XLA on a CPU, from 512 x 512 scores per pair, computes "
+        "dV = P^T dO and dK = dS^T Q pair by pair",
+    )
+    p = ops.reshape(p, (-1, t_len, s_len))
+    x = ops.reshape(x, (-1, t_len, d_len))
+    pairs = ops.shape(p)[0]
+
+    def step(i, result):
+        product = ops.einsum("td,ts->ds", ops.take(x, i, axis=0), ops.take(p, i, axis=0))
+        return ops.slice_update(result, (i, 0, 0), product[None])
+
+    result = ops.fori_loop(
+        0, pairs, step, ops.zeros((pairs, d_len, s_len), dtype=x.dtype)
+    )
+    return ops.reshape(ops.swapaxes(result, 1, 2), (-1, heads, s_len, d_len))
+
+
+def takes_unnormalised(q):
+    """Whether the dense core takes `unnormalised_attention`: float32 heads
+    inside code XLA compiles for a CPU."""
+    return (
+        keras.backend.standardize_dtype(q.dtype) == "float32"
+        and autotune.xla_on_cpu()
+    )
+
+
+def unnormalised_attention(q, k, v, mask):
+    """The dense core `softmax(q k^T, mask) v` with the normalisation
+    deferred to the `(B, H, T, Dv)` output, and its own gradient.
+
+    `q` (scaled), `k`, `v`: `(B, H, T|S, D)` float32 heads; `mask` boolean,
+    broadcastable to `(B, H, T, S)`, or `None`. It keeps
+    `E = exp(s - rowmax(s))` (zero where masked) and `l = rowsum(E)`,
+    returns `(E v) / l` (zero where a query sees no key), and its backward
+    divides the `(B, H, T, D)` tensors by `l` instead of the `(B, H, T, S)`
+    ones: `dV = E^T (dO / l)`, `dS~ = E (dP - delta)` with `dP = dO v^T`,
+    `delta = rowsum(dO * O)`, `dQ = (dS~ k) / l`, `dK = dS~^T (q / l)`.
+    Under XLA on a CPU this saves the softmax's division pass over the
+    `(B, H, T, S)` weights (a write and a read of the largest tensor),
+    which oneDNN's fused softmax does not need in graph mode. Tested
+    equal to autodiff through `masked_softmax` (`tests/test_fast_paths.py`).
+    """
+    autotune.record_rule(
+        ("dense core", keras.backend.backend(), tuple(q.shape), tuple(k.shape),
+         tuple(v.shape), mask is not None),
+        "unnormalised weights",
+        "rule: XLA on a CPU divides the dense core's output by the softmax's "
+        "row sums instead of its (B, H, T, S) weights",
+    )
+
+    @ops.custom_gradient
+    def attend(q, k, v):
+        scores = ops.einsum("bhtd,bhsd->bhts", q, k)
+        if mask is not None:
+            scores = ops.where(mask, scores, MASK_VALUE)
+        e = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
+        if mask is not None:
+            # A query with no key would see exp(0) everywhere: zeros.
+            e = ops.where(mask, e, 0.0)
+        total = ops.sum(e, axis=-1, keepdims=True)
+        inverse = ops.where(total > 0.0, 1.0 / ops.maximum(total, 1e-30), 0.0)
+        out = ops.matmul(e, v) * inverse  # (B, H, T, Dv)
+
+        def grad(*args, upstream=None):
+            d_out = upstream if upstream is not None else args[0]
+            d_out = ops.cast(d_out, v.dtype)
+            delta = ops.sum(d_out * out, axis=-1, keepdims=True)
+            d_v = keys_product(e, d_out * inverse)
+            d_p = ops.einsum("bhtd,bhsd->bhts", d_out, v)
+            # Unscaled by `inverse`, so that XLA computes it once for both
+            # of its products (a row-scaled one is duplicated per consumer).
+            d_s = e * (d_p - delta)
+            d_q = ops.matmul(d_s, k) * inverse
+            d_k = keys_product(d_s, q * inverse)
+            return d_q, d_k, d_v
+
+        return out, grad
+
+    return attend(q, k, v)
