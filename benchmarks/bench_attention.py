@@ -40,6 +40,13 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# torch's OpenMP threads otherwise spin for a while after each of its calls
+# (libgomp's default wait policy), taking cores from the TensorFlow runs
+# interleaved with them in this process: our layer under XLA took 153 ms at
+# 512 with torch's rounds in between and 126 ms without (BENCHMARKS.md,
+# "Speed per machine"); torch's own times do not change. Set before torch
+# loads; an explicit OMP_WAIT_POLICY is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -374,6 +381,7 @@ def main():
     print(f"# {machine()}; keras {keras.__version__}, tensorflow {tf.__version__}"
           + (f", torch {torch.__version__}" if torch is not None else ", no torch"))
     print(f"# TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'default')}; "
+          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; "
           f"B={args.batch}, heads={args.heads}, head size={args.head_dim}, "
           f"dtype={args.dtype}, median of {args.repeats}; load average {load_average()}")
     mm_dtype = "bfloat16" if args.dtype == "bfloat16" else "float32"
