@@ -99,7 +99,6 @@ def projection(dense, x):
     return y
 
 
-
 def keys_product(p, x):
     """`einsum("bhts,bhtd->bhsd", p, x)`: `dV = P^T dO` and `dK = dS^T Q`.
 
