@@ -268,3 +268,100 @@ def test_full_size_bert_base():
     model = TextClassifier.from_transformers(reference, sequence_length=64)
     inputs = _inputs(length=64, vocabulary_size=30522)
     assert _logit_difference(reference, model, inputs) < ATOL
+
+
+# The masked-LM head of BertForMaskedLM / BertForPreTraining.
+
+MASK_POSITIONS = np.array([[1, 5, 11], [2, 3, 7], [0, 3, 4]], "int32")
+
+
+def _masked_lm_difference(reference, model, inputs=None):
+    """The largest difference of the logits at `MASK_POSITIONS` (real
+    tokens of `_inputs()`: rows 1 and 2 are padded from 8 and 5)."""
+    inputs = inputs or _inputs()
+    ours = model({**inputs, "mask_positions": MASK_POSITIONS}, training=False)
+    outputs = _torch_outputs(reference, inputs)
+    logits = getattr(outputs, "prediction_logits", None)
+    logits = (outputs.logits if logits is None else logits).numpy()
+    theirs = np.take_along_axis(logits, MASK_POSITIONS[..., None], axis=1)
+    return np.abs(keras.ops.convert_to_numpy(ours) - theirs).max()
+
+
+@pytest.mark.parametrize("kind", ["BertForMaskedLM", "BertForPreTraining"])
+@pytest.mark.parametrize("as_folder", [False, True])
+def test_masked_lm_head_converts_exactly(kind, as_folder, tmp_path):
+    from keras_attention.applications.masked_lm import MaskedLanguageModel
+
+    reference = _reference(kind, layer_norm_eps=1e-5)
+    source = _save_folder(reference, tmp_path / "bert") if as_folder else reference
+    model = MaskedLanguageModel.from_transformers(
+        source, sequence_length=LENGTH, mask_length=3
+    )
+    assert _masked_lm_difference(reference, model) < ATOL
+    assert model.get_layer("mlm_head")._intermediate_layer_norm.epsilon == 1e-5
+    assert isinstance(model.preprocessor, BertPreprocessor) == as_folder
+
+
+def test_masked_lm_refuses_no_head_and_an_untied_decoder(tmp_path, assigned_variables):
+    from keras_attention.applications.masked_lm import MaskedLanguageModel
+
+    with pytest.raises(ValueError, match="has no masked-LM head"):
+        MaskedLanguageModel.from_transformers(_reference("BertModel"))
+    folder = _save_folder(_reference("BertForSequenceClassification"), tmp_path / "c")
+    with pytest.raises(ValueError, match="has no masked-LM head"):
+        MaskedLanguageModel.from_transformers(folder)
+    untied = _reference("BertForMaskedLM", tie_word_embeddings=False)
+    with pytest.raises(ValueError, match="'cls.predictions.decoder.weight' differs"):
+        MaskedLanguageModel.from_transformers(untied)
+
+    def shift_bias(tensors):
+        tensors["cls.predictions.decoder.bias"] = tensors["cls.predictions.bias"] + 1
+
+    folder = _edit_folder(
+        _save_folder(_reference("BertForMaskedLM"), tmp_path / "m"),
+        edit_tensors=shift_bias,
+    )
+    with pytest.raises(ValueError, match="'cls.predictions.decoder.bias' differs"):
+        MaskedLanguageModel.from_transformers(folder)
+
+    def damage(tensors):
+        del tensors["cls.predictions.transform.dense.bias"]
+        tensors["cls.predictions.extra"] = np.zeros(3, "float32")
+
+    folder = _edit_folder(
+        _save_folder(_reference("BertForMaskedLM"), tmp_path / "d"),
+        edit_tensors=damage,
+    )
+    with pytest.raises(ValueError) as info:
+        MaskedLanguageModel.from_transformers(folder)
+    assert "missing tensor 'cls.predictions.transform.dense.bias'" in str(info.value)
+    assert "unexpected tensor 'cls.predictions.extra'" in str(info.value)
+    assert assigned_variables == []
+
+
+def test_converted_masked_lm_saves_and_fine_tunes(tmp_path):
+    from keras_attention.applications.masked_lm import MaskedLanguageModel
+
+    reference = _reference("BertForPreTraining")
+    folder = _save_folder(reference, tmp_path / "bert")
+    model = MaskedLanguageModel.from_transformers(
+        folder, sequence_length=LENGTH, mask_length=3
+    )
+    path = str(tmp_path / "mlm.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded, MaskedLanguageModel)
+    assert _masked_lm_difference(reference, loaded) < ATOL
+    assert loaded.preprocessor.vocabulary == VOCABULARY
+
+    # The pooler (loaded from BertForPreTraining) matches Hugging Face's.
+    inputs = _inputs()
+    pooled = keras.ops.convert_to_numpy(loaded.backbone(inputs))
+    expected = _torch_outputs(reference.bert, inputs).pooler_output.numpy()
+    assert np.abs(pooled - expected).max() < ATOL
+    classifier = loaded.with_head(num_classes=2)
+    classifier.compile(optimizer=keras.optimizers.Adam(1e-3))
+    pooler = classifier.backbone.get_layer("pooler").dense.kernel
+    before = keras.ops.convert_to_numpy(pooler)
+    classifier.fit(inputs, np.array([0, 1, 1]), epochs=1, verbose=0)
+    assert not np.array_equal(before, keras.ops.convert_to_numpy(pooler))

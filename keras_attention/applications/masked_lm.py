@@ -126,6 +126,58 @@ class MaskedLanguageModel(
     def task_arguments(self):
         return {"mask_length": self.mask_length}
 
+    @classmethod
+    def from_transformers(cls, source, sequence_length=None, mask_length=None, **kwargs):
+        """A Hugging Face `BertForMaskedLM` / `BertForPreTraining`, head too.
+
+        Builds the BERT layout of `TextClassifierBackbone` as
+        `TextClassifier.from_transformers` does and loads the encoder and
+        the masked-LM head (`cls.predictions`: the transform's dense and
+        LayerNorm, the output bias; the decoder is the word embeddings,
+        tied); the logits at `mask_positions` match Hugging Face's within
+        float32 rounding. `BertForPreTraining`'s next-sentence head is left
+        out; `BertForMaskedLM` has no pooler, so the backbone keeps an
+        initial one (unused here, trained by `with_head`). Every tensor is
+        checked first, and on any problem (a missing, extra or misshapen
+        tensor, no `cls.predictions` head, a decoder that differs from the
+        word embeddings) a `ValueError` names it and no weight is assigned.
+
+        Args:
+            source: a `transformers` BERT model, or a local folder of
+                `save_pretrained` / a hub snapshot (`config.json` and
+                `model.safetensors`, read without torch, or
+                `pytorch_model.bin`). A `vocab.txt` there gives the model a
+                `BertPreprocessor`.
+            sequence_length: the input length `T` (default: the config's
+                `max_position_embeddings`).
+            mask_length: positions `P` predicted per example (default:
+                `default_mask_length(T)`).
+            **kwargs: other `TextClassifierBackbone` arguments.
+
+        Returns:
+            A `MaskedLanguageModel` taking `{"token_ids", "token_type_ids",
+            "mask_positions"}`.
+
+        Example:
+
+        ```python
+        from transformers import BertConfig, BertForMaskedLM
+
+        reference = BertForMaskedLM(BertConfig(
+            vocab_size=100, hidden_size=32, num_hidden_layers=2,
+            num_attention_heads=4, intermediate_size=64))
+        model = MaskedLanguageModel.from_transformers(
+            reference, sequence_length=16, mask_length=4)
+        classifier = model.with_head(num_classes=2)  # then fine-tune
+        ```
+        """
+        from keras_attention.applications.converters import bert
+
+        return bert.masked_lm_from_transformers(
+            cls, source, sequence_length=sequence_length,
+            mask_length=mask_length, **kwargs,
+        )
+
 
 def _no_mask(*args, **kwargs):
     return None

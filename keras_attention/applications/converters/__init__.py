@@ -8,7 +8,7 @@ when nothing is missing, extra or misshapen are the variables assigned.
 The applications expose them as class methods
 (`VisionTransformer.from_timm`, `VisionTransformer.from_transformers`,
 `TextClassifier.from_transformers`, `TextClassifierBackbone.from_transformers`,
-`DETR.from_transformers`).
+`MaskedLanguageModel.from_transformers`, `DETR.from_transformers`).
 """
 
 from keras_attention.applications.converters.common import TensorLoader

@@ -1,4 +1,5 @@
-"""Hugging Face BERT checkpoints -> `TextClassifierBackbone` / `TextClassifier`.
+"""Hugging Face BERT checkpoints -> `TextClassifierBackbone` / `TextClassifier`
+/ `MaskedLanguageModel`.
 
 The config becomes the backbone's BERT layout (learned positions with
 `max_position_embeddings` rows, `type_vocab_size` token types, embedding
@@ -6,11 +7,16 @@ LayerNorm, post-norm blocks, exact GELU, the [CLS] pooler, one LayerNorm
 epsilon); each `Linear` weight `(out, in)` becomes a kernel `(in, out)`,
 reshaped to the attention's `EinsumDense` kernels (query/key/value
 `(C, H, D)`, output `(H, D, C)`). Every tensor is checked before any is
-assigned (`common.TensorLoader`).
+assigned (`common.TensorLoader`). The masked-LM head (`cls.predictions.*`)
+maps onto keras-hub's `MaskedLMHead`: `transform.dense` -> its
+`intermediate_dense`, `transform.LayerNorm` -> `intermediate_layer_norm`,
+`bias` -> `output_bias`; the decoder is the word embeddings (tied).
 """
 
 import os
 import re
+
+import numpy as np
 
 from keras_attention.applications.converters import common
 
@@ -22,7 +28,16 @@ ARCHITECTURES = (
 )
 # Pretraining heads (masked LM, next sentence) of a hub snapshot such as
 # bert-base-uncased: known, and not part of the encoder.
+# `MaskedLanguageModel.from_transformers` loads the masked-LM one.
 _HEAD_PREFIXES = ("cls.",)
+_MLM_PREFIX = "cls.predictions."
+_NSP_PREFIX = "cls.seq_relationship."
+# The masked-LM decoder's copies (tied in Hugging Face; `save_pretrained`
+# drops them) and what each must equal.
+_TIED = {
+    _MLM_PREFIX + "decoder.weight": "embeddings.word_embeddings.weight",
+    _MLM_PREFIX + "decoder.bias": _MLM_PREFIX + "bias",
+}
 # Older checkpoints: TensorFlow's LayerNorm names, and position-id buffers.
 _RENAMES = [(r"\.gamma$", ".weight"), (r"\.beta$", ".bias")]
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
@@ -110,8 +125,9 @@ def _canonical(tensors):
     return out
 
 
-def _fill_backbone(backbone, loader):
-    """Queues every variable of a BERT-layout backbone in `loader`."""
+def _fill_backbone(backbone, loader, pooler=True):
+    """Queues every variable of a BERT-layout backbone in `loader` (the
+    pooler's only with `pooler`)."""
     embedding = backbone.get_layer("embedding")
     loader.take("embeddings.word_embeddings.weight", embedding.token_embedding.embeddings)
     loader.take("embeddings.position_embeddings.weight", embedding.position_embedding)
@@ -148,7 +164,8 @@ def _fill_backbone(backbone, loader):
         common.take_linear(loader, prefix + "intermediate.dense", block.mlp_hidden)
         common.take_linear(loader, prefix + "output.dense", block.mlp_output)
         common.take_norm(loader, prefix + "output.LayerNorm", block.mlp_norm)
-    common.take_linear(loader, "pooler.dense", backbone.get_layer("pooler").dense)
+    if pooler:
+        common.take_linear(loader, "pooler.dense", backbone.get_layer("pooler").dense)
 
 
 def _check_config(config, tensors, arguments):
@@ -183,12 +200,14 @@ def _check_config(config, tensors, arguments):
         )
 
 
-def _prepare(source, sequence_length, kwargs):
+def _prepare(source, sequence_length, kwargs, heads=_HEAD_PREFIXES):
+    """The checked config and tensors; `ignore` holds the buffers and the
+    tensors of the pretraining `heads` (name prefixes) left out."""
     config, tensors, name, vocabulary = read_source(source)
     arguments = {**backbone_arguments(config, sequence_length), **kwargs}
     tensors = _canonical(tensors)
     _check_config(config, tensors, arguments)
-    ignore = [n for n in tensors if n.startswith(_HEAD_PREFIXES) or n in _BUFFERS]
+    ignore = [n for n in tensors if n.startswith(heads) or n in _BUFFERS]
     return config, tensors, name, vocabulary, arguments, ignore
 
 
@@ -247,5 +266,62 @@ def classifier_from_transformers(
     _fill_backbone(backbone, loader)
     if load_head:
         common.take_linear(loader, "classifier", model.get_layer("predictions"))
+    loader.load()
+    return model
+
+
+def _check_masked_lm_head(tensors, name):
+    """The tied decoder copies present (checked equal), or a `ValueError`:
+    no masked-LM head, or an untied decoder that differs."""
+    if not any(n.startswith(_MLM_PREFIX) for n in tensors):
+        raise ValueError(
+            f"{name} has no masked-LM head (no '{_MLM_PREFIX}*' tensors; a "
+            "BertModel or BertForSequenceClassification?). "
+            "MaskedLanguageModel.from_transformers needs a BertForMaskedLM "
+            "or BertForPreTraining; TextClassifierBackbone.from_transformers "
+            "takes the encoder alone."
+        )
+    tied = []
+    for copy, original in _TIED.items():
+        if copy not in tensors or original not in tensors:
+            continue  # a missing original is named by the loader
+        a, b = tensors[copy], tensors[original]
+        if a.shape != b.shape or not np.array_equal(a, b):
+            raise ValueError(
+                f"{name}: tensor {copy!r} differs from {original!r}. The "
+                "MaskedLMHead ties its output projection to the word "
+                "embeddings (and its bias to the head's bias); an untied "
+                "decoder is not covered (no weight was assigned)."
+            )
+        tied.append(copy)
+    return tied
+
+
+def masked_lm_from_transformers(
+    cls, source, sequence_length=None, mask_length=None, **kwargs
+):
+    """See `MaskedLanguageModel.from_transformers`."""
+    from keras_attention.applications.text_classifier import TextClassifierBackbone
+
+    config, tensors, name, vocabulary, arguments, ignore = _prepare(
+        source, sequence_length, kwargs, heads=(_NSP_PREFIX,)
+    )
+    ignore += _check_masked_lm_head(tensors, name)
+    backbone = TextClassifierBackbone(**arguments, name="backbone")
+    model = cls(
+        backbone,
+        mask_length=mask_length,
+        preprocessor=_preprocessor(vocabulary, config, arguments),
+    )
+    loader = common.TensorLoader(tensors, name, ignore=ignore)
+    # BertForMaskedLM has no pooler: the backbone keeps its initial one
+    # (the masked LM does not use it; `with_head` fine-tunes it).
+    _fill_backbone(backbone, loader, pooler="pooler.dense.weight" in tensors)
+    head = model.get_layer("mlm_head")
+    common.take_linear(loader, _MLM_PREFIX + "transform.dense", head._intermediate_dense)
+    common.take_norm(
+        loader, _MLM_PREFIX + "transform.LayerNorm", head._intermediate_layer_norm
+    )
+    loader.take(_MLM_PREFIX + "bias", head._bias)
     loader.load()
     return model
