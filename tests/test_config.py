@@ -10,7 +10,9 @@ import pytest
 
 import keras_attention
 from keras_attention import _config
+from keras_attention.applications.blocks.residual import ResidualAttentionBlock
 from keras_attention.applications.blocks.transformer import TransformerEncoderBlock
+from keras_attention.layers import HashDropout
 from tests.harness import load_cases
 from tests.harness import make_layer
 
@@ -103,6 +105,25 @@ def test_application_layer_config_uses_the_same_mechanism():
         "grid_shape", "window_size", "shift_size", "attention_name",
     ]
     assert TransformerEncoderBlock.from_config(config).get_config() == config
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: HashDropout(0.5, seed=1),
+        lambda: ResidualAttentionBlock(
+            8, strides=2, kernel_regularizer=keras.regularizers.L2(0.01),
+            kernel_initializer=keras.initializers.HeNormal(seed=2),
+        ),
+    ],
+    ids=["HashDropout", "ResidualAttentionBlock"],
+)
+def test_other_layers_use_the_same_mechanism(make):
+    layer = make()
+    config = layer.get_config()
+    assert set(config) == signature_arguments(type(layer)) | BASE_KEYS
+    json.dumps(config)
+    assert type(layer).from_config(config).get_config() == config
 
 
 def test_kwargs_never_count():
