@@ -28,7 +28,7 @@ from keras import ops
 from keras_attention import _validation
 from keras_attention.layers import base as layer_base
 from keras_attention.applications import presets as preset_registry
-from keras_attention.applications.config import FunctionalConfig
+from keras_attention._config import FunctionalConfig
 
 PACKAGE = preset_registry.PACKAGE
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
-from keras_attention.applications.config import ArgumentConfig
+from keras_attention._config import ArgumentConfig
 
 PACKAGE = "keras_attention"
 _NEWLINE = 10

@@ -27,7 +27,7 @@ from keras_attention import registry
 from keras_attention.applications import detection_loss
 from keras_attention.applications import presets
 from keras_attention.applications.base import PresetMixin
-from keras_attention.applications.config import ArgumentConfig
+from keras_attention._config import ArgumentConfig
 from keras_attention.applications.blocks import TransformerDecoderBlock
 from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention.applications.detection_loss import validate_targets

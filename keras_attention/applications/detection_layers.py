@@ -16,7 +16,7 @@ from keras import ops
 
 from keras_attention import _validation as base
 from keras_attention.applications.blocks import ResidualAttentionBlock
-from keras_attention.applications.config import ArgumentConfig
+from keras_attention._config import ArgumentConfig
 
 PACKAGE = "keras_attention"
 

@@ -13,7 +13,7 @@ from keras import ops
 
 from keras_attention import _validation as base
 from keras_attention.applications.detection_layers import DETRBackbone
-from keras_attention.applications.config import ArgumentConfig
+from keras_attention._config import ArgumentConfig
 
 PACKAGE = "keras_attention"
 

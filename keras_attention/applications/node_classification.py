@@ -22,7 +22,7 @@ from keras import ops
 from keras_attention import registry
 from keras_attention.applications import base as app_base
 from keras_attention.applications import presets
-from keras_attention.applications.config import FunctionalConfig
+from keras_attention._config import FunctionalConfig
 from keras_attention import _validation as base
 from keras_attention.layers.dropout import HashDropout
 

@@ -12,7 +12,7 @@ from keras import ops
 from keras_attention import _validation as base
 from keras_attention.applications import base as app_base
 from keras_attention.layers.additive import AdditiveAttention
-from keras_attention.applications.config import ArgumentConfig
+from keras_attention._config import ArgumentConfig
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)

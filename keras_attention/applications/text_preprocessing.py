@@ -19,7 +19,7 @@ import numpy as np
 
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
-from keras_attention.applications.config import ArgumentConfig
+from keras_attention._config import ArgumentConfig
 
 PAD, UNK, START, END = "[PAD]", "[UNK]", "[START]", "[END]"
 RESERVED_TOKENS = (PAD, UNK, START, END)

@@ -36,7 +36,7 @@ from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
 from keras_attention.applications.base import CompileDefaults
 from keras_attention.applications.base import deserialize_preprocessor
-from keras_attention.applications.config import ArgumentConfig
+from keras_attention._config import ArgumentConfig
 from keras_attention.applications.base import PresetMixin
 from keras_attention.applications.translation_decoding import SearchDecoding
 from keras_attention.applications.translation_metrics import TokenAccuracy

@@ -3,7 +3,7 @@
 and lowercasing, kept as the constructor's arguments."""
 
 from keras_attention._validation import check_positive_int
-from keras_attention.applications.config import ArgumentConfig
+from keras_attention._config import ArgumentConfig
 
 
 class WordPiecePreprocessor(ArgumentConfig):

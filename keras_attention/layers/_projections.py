@@ -1,9 +1,11 @@
 """The keras projection sublayers of the attention layers: their weight
 arguments (stored, serialized, passed on), LoRA (`enable_lora`),
-quantization and the configs (`ProjectionMixin`)."""
+quantization and the configs (`ProjectionMixin`, on `ArgumentConfig`)."""
 
 import keras
 
+from keras_attention._config import KERAS_OBJECTS
+from keras_attention._config import ArgumentConfig
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
 
@@ -183,20 +185,8 @@ def enable_lora(model, rank, lora_alpha=None, target_names=("query", "value")):
     return targets
 
 
-# The keras objects a layer takes by name or instance and serializes.
-_KERAS_OBJECTS = {
-    "activation": keras.activations,
-    "kernel_initializer": keras.initializers,
-    "bias_initializer": keras.initializers,
-    "kernel_regularizer": keras.regularizers,
-    "bias_regularizer": keras.regularizers,
-    "kernel_constraint": keras.constraints,
-    "bias_constraint": keras.constraints,
-}
-
-
 # The arguments of the projection sublayers' weights that the layers with
-# keras sublayers take (in this order in their configs).
+# keras sublayers take (CBAM passes them on to its two parts).
 WEIGHT_ARGUMENTS = (
     "use_bias", "kernel_initializer", "bias_initializer", "kernel_regularizer",
     "bias_regularizer",
@@ -211,23 +201,11 @@ def keep_weight_arguments(layer, arguments):
     of the dropout (`keep_seed`: `layer.dropout` is set first)."""
     if "use_bias" in arguments:
         layer.use_bias = bool(arguments["use_bias"])
-    for name, module in _KERAS_OBJECTS.items():
+    for name, module in KERAS_OBJECTS.items():
         if name in arguments:
             setattr(layer, name, module.get(arguments[name]))
     if "seed" in arguments:
         keep_seed(layer, arguments["seed"])
-
-
-def arguments_config(layer, names):
-    """`{name: value}` of `layer`'s constructor arguments `names`, each
-    stored under its own name; keras objects serialized."""
-    config = {}
-    for name in names:
-        value = getattr(layer, name)
-        if name in _KERAS_OBJECTS:
-            value = _KERAS_OBJECTS[name].serialize(value)
-        config[name] = value
-    return config
 
 
 def clone_initializer(initializer):
@@ -261,16 +239,15 @@ def keep_seed(layer, seed):
     )
 
 
-class ProjectionMixin:
+class ProjectionMixin(ArgumentConfig):
     """`enable_lora` for a layer whose kernels live in keras sublayers, and
     its config.
 
-    `config_arguments` names the constructor arguments the class adds to
-    its parent's config; each is stored under its own name (keras objects
-    serialized), so `get_config` is written once for every layer.
+    The config is `ArgumentConfig`'s: the constructor's arguments, each
+    stored under its own name (keras objects serialized), added to what the
+    parent's config does not hold yet; and the dtype policies of quantized
+    projections.
     """
-
-    config_arguments = ()
 
     def enable_lora(self, rank, lora_alpha=None, target_names=None):
         """LoRA on the layer's projections (Hu et al., 2021).
@@ -361,7 +338,6 @@ class ProjectionMixin:
 
     def get_config(self):
         config = super().get_config()
-        config.update(arguments_config(self, self.config_arguments))
         policy = quantized_policy_map(self)
         if policy is not None:
             config["dtype"] = keras.dtype_policies.serialize(policy)

@@ -71,10 +71,6 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
           https://arxiv.org/abs/1409.0473
     """
 
-    config_arguments = (
-        "units", "dropout", "use_bias", "kernel_initializer", "seed",
-    )
-
     def __init__(
         self,
         units,

@@ -115,7 +115,6 @@ class ChannelAttention(_ImageAttention):
           https://arxiv.org/abs/1807.06521
     """
 
-    config_arguments = ("reduction",) + base.WEIGHT_ARGUMENTS
     _max_rank = None  # pooled over all positions: any rank
 
     def __init__(self, reduction=16, **kwargs):
@@ -228,8 +227,6 @@ class SpatialAttention(_ImageAttention):
           https://arxiv.org/abs/1807.06521
     """
 
-    config_arguments = ("kernel_size",) + base.WEIGHT_ARGUMENTS
-
     def __init__(self, kernel_size=7, **kwargs):
         super().__init__(**kwargs)
         self.kernel_size = _check_kernel_size(kernel_size)
@@ -309,8 +306,6 @@ class CBAM(_ImageAttention):
         - Woo et al., CBAM: Convolutional Block Attention Module, 2018.
           https://arxiv.org/abs/1807.06521
     """
-
-    config_arguments = ("reduction", "kernel_size") + base.WEIGHT_ARGUMENTS
 
     def __init__(self, reduction=16, kernel_size=7, **kwargs):
         super().__init__(**kwargs)

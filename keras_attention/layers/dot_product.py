@@ -60,11 +60,6 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
           Neural Machine Translation, 2015. https://arxiv.org/abs/1508.04025
     """
 
-    config_arguments = (
-        "score_mode", "dropout", "use_causal_mask", "kernel_initializer",
-        "seed",
-    )
-
     def __init__(
         self,
         score_mode="scaled_dot",

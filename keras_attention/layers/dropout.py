@@ -2,12 +2,13 @@
 
 import keras
 
+from keras_attention._config import ArgumentConfig
 from keras_attention._validation import check_rate
 from keras_attention.ops import hash_dropout
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class HashDropout(keras.layers.Layer):
+class HashDropout(ArgumentConfig, keras.layers.Layer):
     """Dropout with a counter-based mask, fast under XLA (see `hash_dropout`).
 
     A drop-in replacement for `keras.layers.Dropout` (without
@@ -48,8 +49,3 @@ class HashDropout(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return input_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update({"rate": self.rate, "seed": self.seed})
-        return config

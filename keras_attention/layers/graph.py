@@ -158,13 +158,6 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
           ICLR 2022. https://arxiv.org/abs/2105.14491
     """
 
-    config_arguments = (
-        "units", "num_heads", "concat_heads", "negative_slope", "dropout",
-        "add_self_loops", "version", "use_bias", "activation",
-        "kernel_initializer", "bias_initializer", "kernel_regularizer",
-        "bias_regularizer", "kernel_constraint", "bias_constraint", "seed",
-    )
-
     def __init__(
         self,
         units,

@@ -184,12 +184,6 @@ class LocalWindowAttention(
           using Shifted Windows, 2021. https://arxiv.org/abs/2103.14030
     """
 
-    config_arguments = (
-        ("num_heads", "window_size", "shift_size", "key_dim", "dropout")
-        + base.WEIGHT_ARGUMENTS
-        + ("seed",)
-    )
-
     def __init__(
         self,
         num_heads,

@@ -187,12 +187,6 @@ class MultiHeadAttention(
         - Hu et al., LoRA, 2021. https://arxiv.org/abs/2106.09685
     """
 
-    config_arguments = (
-        "flash_attention", "num_key_value_heads", "use_causal_mask",
-        "implementation", "position_encoding", "rope_max_wavelength",
-        "rope_scaling_factor", "alibi_bias_max",
-    )
-
     def __init__(
         self,
         num_heads,

@@ -124,11 +124,6 @@ class NonLocalBlock(FeatureMapAttention):
           https://arxiv.org/abs/1711.07971
     """
 
-    config_arguments = (
-        "mode", "inter_channels", "sub_sample", "use_batch_norm",
-        "zero_init_residual",
-    ) + base.WEIGHT_ARGUMENTS
-
     def __init__(
         self,
         mode="embedded_gaussian",

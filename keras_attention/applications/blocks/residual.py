@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_attention import _validation as base
+from keras_attention._config import ArgumentConfig
 from keras_attention import registry
 from keras_attention.applications.blocks.attention_call import accepted_call_arguments
 from keras_attention.applications.blocks.attention_call import call_attention
@@ -24,7 +25,7 @@ def default_reduction(channels):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class ResidualAttentionBlock(keras.layers.Layer):
+class ResidualAttentionBlock(ArgumentConfig, keras.layers.Layer):
     """A ResNet basic block whose residual branch goes through attention.
 
     `y = ReLU(shortcut(x) + A(BN(Conv3x3(ReLU(BN(Conv3x3(x)))))))`, where
@@ -154,19 +155,3 @@ class ResidualAttentionBlock(keras.layers.Layer):
             None if w is None else -(-w // s),
             self.filters,
         )
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "filters": self.filters,
-                "strides": self.strides,
-                "attention": self.attention,
-                "attention_kwargs": self.attention_kwargs,
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
-                "kernel_initializer": self.kernel_initializer,
-            }
-        )
-        return config

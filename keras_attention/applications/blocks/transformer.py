@@ -5,7 +5,7 @@ from keras import ops
 
 from keras_attention import _validation as base
 from keras_attention import registry
-from keras_attention.applications.config import ArgumentConfig
+from keras_attention._config import ArgumentConfig
 from keras_attention.applications.blocks.attention_call import accepted_call_arguments
 from keras_attention.applications.blocks.attention_call import call_attention
 from keras_attention.applications.blocks.attention_call import call_self_attention

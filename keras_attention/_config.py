@@ -1,13 +1,31 @@
-"""The one way the applications write `get_config` and `from_config`.
+"""The one way the package writes `get_config` and `from_config`.
 
-A layer, model or preprocessor of the applications keeps each argument of
-its constructor (but `**kwargs`) as an attribute of the same name, checked
-or normalized as it likes. `ArgumentConfig` reads the names from the
-constructor's signature (and those of its bases), so `get_config` returns
-them without listing them again, and `from_config` calls the constructor.
+A layer, model or preprocessor keeps each argument of its constructor (but
+`**kwargs`) as an attribute of the same name, checked or normalized as it
+likes. `ArgumentConfig` reads the names from the constructor's signature
+(and those of its bases), so `get_config` returns them without listing them
+again, keras objects serialized, and `from_config` calls the constructor.
+
+The attention layers (`keras_attention.layers`) and the applications both
+use it; it imports only keras, so any module of the package may import it.
 """
 
 import inspect
+
+import keras
+
+
+# The keras objects a class may take by name or instance: stored as keras's
+# `get` returns them, written to a config by the module's `serialize`.
+KERAS_OBJECTS = {
+    "activation": keras.activations,
+    "kernel_initializer": keras.initializers,
+    "bias_initializer": keras.initializers,
+    "kernel_regularizer": keras.regularizers,
+    "bias_regularizer": keras.regularizers,
+    "kernel_constraint": keras.constraints,
+    "bias_constraint": keras.constraints,
+}
 
 
 def constructor_arguments(cls):
@@ -22,6 +40,30 @@ def constructor_arguments(cls):
     )
 
 
+def serialize_argument(name, value):
+    """`value` of the constructor argument `name` as a config holds it.
+
+    A keras object (`KERAS_OBJECTS`) is serialized; a name or config dict
+    that a class kept as given (the Transformer blocks' `activation="gelu"`,
+    which keras's `activations.serialize` rejects) is already its config.
+    """
+    module = KERAS_OBJECTS.get(name)
+    if module is None or value is None or isinstance(value, (str, dict)):
+        return value
+    return module.serialize(value)
+
+
+def arguments_config(obj, names, skip=()):
+    """`{name: value}` of `obj`'s constructor arguments `names`, each read
+    from the attribute of its own name (`serialize_argument`); the names in
+    `skip` are left out."""
+    return {
+        name: serialize_argument(name, getattr(obj, name))
+        for name in names
+        if name not in skip
+    }
+
+
 class ArgumentConfig:
     """`get_config()`: the constructor's arguments, read from attributes.
 
@@ -29,8 +71,10 @@ class ArgumentConfig:
     constructor after those of its bases' (a subclass constructor that
     passes the shared ones on with `**kwargs` names only its own). The
     config starts from the next class's `get_config` (a Keras layer's name,
-    dtype, ...), or is empty for a plain object; a class may also set
-    `config_keys` itself.
+    dtype, ...), or is empty for a plain object, and gets the keys it does
+    not hold yet: a subclass of a keras layer that writes its own arguments
+    (`keras.layers.MultiHeadAttention`) adds only its new ones. A class may
+    also set `config_keys` itself, where its signature cannot tell.
     """
 
     config_keys = ()
@@ -62,7 +106,7 @@ class ArgumentConfig:
 
     def get_config(self):
         config = self.base_config()
-        config.update({key: getattr(self, key) for key in self.config_keys})
+        config.update(arguments_config(self, self.config_keys, skip=config))
         return config
 
     @classmethod

@@ -1,0 +1,145 @@
+"""The one config mechanism (`keras_attention._config`): every registered
+layer's config holds exactly its constructor's arguments and keras's base
+keys, keras objects serialized, and rebuilds the same layer."""
+
+import inspect
+import json
+
+import keras
+import pytest
+
+import keras_attention
+from keras_attention import _config
+from keras_attention.applications.blocks.residual import ResidualAttentionBlock
+from keras_attention.applications.blocks.transformer import TransformerEncoderBlock
+from keras_attention.layers import HashDropout
+from tests.harness import load_cases
+from tests.harness import make_layer
+
+CASES = load_cases()
+NAMES = [name for name in keras_attention.names() if name in CASES]
+BASE_KEYS = {"name", "trainable", "dtype"}
+
+# A non-default value for each argument a layer may take, where it does:
+# keras objects as instances, so the config must serialize them.
+CUSTOM = {
+    "kernel_initializer": lambda: keras.initializers.HeNormal(seed=3),
+    "bias_initializer": lambda: keras.initializers.Constant(0.5),
+    "kernel_regularizer": lambda: keras.regularizers.L2(0.01),
+    "bias_regularizer": lambda: keras.regularizers.L1(0.02),
+    "kernel_constraint": lambda: keras.constraints.NonNeg(),
+    "bias_constraint": lambda: keras.constraints.MaxNorm(2.0),
+    "activation": lambda: keras.activations.elu,
+    "use_bias": lambda: False,
+    "seed": lambda: 5,
+    "dropout": lambda: 0.1,
+}
+
+
+def signature_arguments(cls):
+    """Every named constructor argument of `cls` and its own bases, read
+    here without `config_keys` (which the mechanism itself computes)."""
+    names = set()
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("keras_attention") and "__init__" in vars(klass):
+            names.update(_config.constructor_arguments(klass))
+    return names
+
+
+def custom_layer(name):
+    cls = keras_attention.get_class(name)
+    taken = signature_arguments(cls)
+    overrides = {key: make() for key, make in CUSTOM.items() if key in taken}
+    return make_layer(name, CASES[name], **overrides)
+
+
+@pytest.mark.parametrize("variant", ["default", "custom"])
+@pytest.mark.parametrize("name", NAMES)
+def test_config_is_the_constructor_arguments(name, variant):
+    layer = (
+        make_layer(name, CASES[name]) if variant == "default" else custom_layer(name)
+    )
+    config = layer.get_config()
+    assert set(config) == signature_arguments(type(layer)) | BASE_KEYS
+    # Keras objects are written as their configs, never as objects.
+    for key in _config.KERAS_OBJECTS:
+        if key in config:
+            assert config[key] is None or isinstance(config[key], (str, dict)), key
+    json.dumps(config)
+    rebuilt = type(layer).from_config(config)
+    assert rebuilt.get_config() == config
+
+
+def test_custom_objects_survive_the_round_trip():
+    layer = custom_layer("multi_head")
+    config = layer.get_config()
+    assert config["kernel_initializer"]["class_name"] == "HeNormal"
+    assert config["bias_constraint"]["config"]["max_value"] == 2.0
+    rebuilt = type(layer).from_config(config)
+    assert rebuilt._kernel_initializer.seed == 3
+    assert rebuilt.num_key_value_heads == layer.num_key_value_heads
+
+
+def test_subclass_of_a_keras_layer_adds_only_new_keys():
+    # keras's MultiHeadAttention writes its own arguments; ours adds the rest
+    # after them, in its signature's order.
+    layer = keras_attention.get("multi_head", num_heads=2, key_dim=4)
+    keras_keys = list(
+        keras.layers.MultiHeadAttention(num_heads=2, key_dim=4).get_config()
+    )
+    keys = list(layer.get_config())
+    assert keys[: len(keras_keys)] == keras_keys
+    assert keys[len(keras_keys):] == [
+        "flash_attention", "num_key_value_heads", "use_causal_mask",
+        "implementation", "position_encoding", "rope_max_wavelength",
+        "rope_scaling_factor", "alibi_bias_max",
+    ]
+
+
+def test_application_layer_config_uses_the_same_mechanism():
+    block = TransformerEncoderBlock(num_heads=2, mlp_dim=8, dropout=0.1)
+    config = block.get_config()
+    assert set(config) == signature_arguments(TransformerEncoderBlock) | BASE_KEYS
+    # A subclass's own arguments come after those its base takes.
+    assert list(config)[-4:] == [
+        "grid_shape", "window_size", "shift_size", "attention_name",
+    ]
+    assert TransformerEncoderBlock.from_config(config).get_config() == config
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: HashDropout(0.5, seed=1),
+        lambda: ResidualAttentionBlock(
+            8, strides=2, kernel_regularizer=keras.regularizers.L2(0.01),
+            kernel_initializer=keras.initializers.HeNormal(seed=2),
+        ),
+    ],
+    ids=["HashDropout", "ResidualAttentionBlock"],
+)
+def test_other_layers_use_the_same_mechanism(make):
+    layer = make()
+    config = layer.get_config()
+    assert set(config) == signature_arguments(type(layer)) | BASE_KEYS
+    json.dumps(config)
+    assert type(layer).from_config(config).get_config() == config
+
+
+def test_kwargs_never_count():
+    class Plain(_config.ArgumentConfig):
+        def __init__(self, size, *args, scale=1.0, **kwargs):
+            self.size, self.scale = size, scale
+
+    assert Plain.config_keys == ("size", "scale")
+    assert Plain.from_config(Plain(3).get_config()).get_config() == {
+        "size": 3, "scale": 1.0,
+    }
+
+
+def test_config_module_imports_nothing_of_the_package():
+    # Layers and applications both import it: it must stay below both.
+    source = inspect.getsource(_config)
+    assert "keras_attention" not in "".join(
+        line for line in source.splitlines() if line.startswith(("import", "from"))
+    )
