@@ -107,6 +107,24 @@ def test_bert_model_gives_the_encoder_and_pooler():
     assert model.num_classes == 4 and model.backbone.sequence_length == 24
 
 
+
+def test_classifier_from_a_masked_lm_checkpoint_warns_of_its_new_pooler():
+    # BertForMaskedLM has no pooler: the encoder is loaded exactly, the
+    # pooler stays as initialised, and the user is told (as Hugging Face
+    # tells of newly initialised weights).
+    reference = _reference("BertForMaskedLM")
+    with pytest.warns(UserWarning, match="no pooler"):
+        model = TextClassifier.from_transformers(
+            reference, num_classes=2, sequence_length=LENGTH
+        )
+    inputs = _inputs()
+    real = inputs["token_ids"] != 0
+    expected = _torch_outputs(reference.bert, inputs).last_hidden_state.numpy()
+    tokens = model.backbone.token_features(inputs)
+    assert np.abs(tokens - expected)[real].max() < ATOL
+    with pytest.warns(UserWarning, match="no pooler"):
+        TextClassifierBackbone.from_transformers(reference, sequence_length=LENGTH)
+
 def _save_folder(reference, path, vocabulary=True):
     reference.save_pretrained(path)
     if vocabulary:

@@ -32,3 +32,5 @@ from keras_attention.applications.node_sampling import sampled_node_dataset
 from keras_attention.applications.causal_lm import CausalLM
 from keras_attention.applications.causal_lm import CausalLMBackbone
 from keras_attention.applications.causal_lm_preprocessing import CausalLMPreprocessor
+from keras_attention.applications.masked_lm import MaskedLanguageModel
+from keras_attention.applications.masked_lm import masked_lm_dataset

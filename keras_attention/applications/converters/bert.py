@@ -15,6 +15,7 @@ maps onto keras-hub's `MaskedLMHead`: `transform.dense` -> its
 
 import os
 import re
+import warnings
 
 import numpy as np
 
@@ -125,9 +126,14 @@ def _canonical(tensors):
     return out
 
 
-def _fill_backbone(backbone, loader, pooler=True):
-    """Queues every variable of a BERT-layout backbone in `loader` (the
-    pooler's only with `pooler`)."""
+def _fill_backbone(backbone, loader, warn_no_pooler=True):
+    """Queues every variable of a BERT-layout backbone in `loader`.
+
+    A checkpoint without the `[CLS]` pooler (`BertForMaskedLM`, or
+    `BertModel(add_pooling_layer=False)`) leaves the backbone's initial
+    pooler, with a warning when `warn_no_pooler` (as Hugging Face warns of
+    newly initialised weights): a classifier fine-tunes it.
+    """
     embedding = backbone.get_layer("embedding")
     loader.take("embeddings.word_embeddings.weight", embedding.token_embedding.embeddings)
     loader.take("embeddings.position_embeddings.weight", embedding.position_embedding)
@@ -164,8 +170,15 @@ def _fill_backbone(backbone, loader, pooler=True):
         common.take_linear(loader, prefix + "intermediate.dense", block.mlp_hidden)
         common.take_linear(loader, prefix + "output.dense", block.mlp_output)
         common.take_norm(loader, prefix + "output.LayerNorm", block.mlp_norm)
-    if pooler:
+    if "pooler.dense.weight" in loader.tensors:
         common.take_linear(loader, "pooler.dense", backbone.get_layer("pooler").dense)
+    elif warn_no_pooler:
+        warnings.warn(
+            f"{loader.source} has no pooler ('pooler.dense.*'; a "
+            "BertForMaskedLM?): the backbone's pooler is newly initialised; "
+            "fine-tune it before using the pooled output.",
+            stacklevel=3,
+        )
 
 
 def _check_config(config, tensors, arguments):
@@ -316,7 +329,7 @@ def masked_lm_from_transformers(
     loader = common.TensorLoader(tensors, name, ignore=ignore)
     # BertForMaskedLM has no pooler: the backbone keeps its initial one
     # (the masked LM does not use it; `with_head` fine-tunes it).
-    _fill_backbone(backbone, loader, pooler="pooler.dense.weight" in tensors)
+    _fill_backbone(backbone, loader, warn_no_pooler=False)
     head = model.get_layer("mlm_head")
     common.take_linear(loader, _MLM_PREFIX + "transform.dense", head._intermediate_dense)
     common.take_norm(
