@@ -78,6 +78,7 @@ class ArgumentConfig:
     """
 
     config_keys = ()
+    optional_config_keys = frozenset()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -89,6 +90,16 @@ class ArgumentConfig:
         cls.config_keys = tuple(
             dict.fromkeys(inherited + constructor_arguments(cls))
         )
+        # A user's subclass (outside this package) may keep its own
+        # arguments under other names and write them in its own
+        # `get_config`, keras's way: those are written here only when an
+        # attribute of their name exists, instead of failing.
+        optional = set().union(
+            *(getattr(base, "optional_config_keys", ()) for base in cls.__bases__)
+        )
+        if not cls.__module__.startswith("keras_attention."):
+            optional |= set(cls.config_keys) - set(inherited)
+        cls.optional_config_keys = frozenset(optional)
 
     def keep_config(self, arguments):
         """Keeps each of `config_keys` from `arguments` (the constructor's
@@ -106,7 +117,12 @@ class ArgumentConfig:
 
     def get_config(self):
         config = self.base_config()
-        config.update(arguments_config(self, self.config_keys, skip=config))
+        kept = [
+            key
+            for key in self.config_keys
+            if key not in self.optional_config_keys or hasattr(self, key)
+        ]
+        config.update(arguments_config(self, kept, skip=config))
         return config
 
     @classmethod

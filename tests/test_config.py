@@ -143,3 +143,30 @@ def test_config_module_imports_nothing_of_the_package():
     assert "keras_attention" not in "".join(
         line for line in source.splitlines() if line.startswith(("import", "from"))
     )
+
+
+def test_a_users_subclass_keeps_keras_way_of_writing_its_config():
+    # A subclass outside the package that keeps its argument under another
+    # name and writes it itself (keras's convention) is not broken by the
+    # mechanism; one that keeps it under its own name gets it written.
+    class Scaled(keras_attention.layers.MultiHeadAttention):
+        def __init__(self, scale=2.0, **kwargs):
+            super().__init__(**kwargs)
+            self._scale = scale
+
+        def get_config(self):
+            return {**super().get_config(), "scale": self._scale}
+
+    layer = Scaled(scale=3.0, num_heads=2, key_dim=4)
+    config = layer.get_config()
+    assert config["scale"] == 3.0 and config["num_heads"] == 2
+    assert Scaled.from_config(config).get_config() == config
+
+    class Kept(keras_attention.layers.MultiHeadAttention):
+        def __init__(self, scale=2.0, **kwargs):
+            super().__init__(**kwargs)
+            self.scale = scale
+
+    config = Kept(scale=5.0, num_heads=2, key_dim=4).get_config()
+    assert config["scale"] == 5.0
+    assert Kept.from_config(config).get_config() == config
