@@ -190,9 +190,12 @@ def _describe(model):
 
 
 def _bert_model(args):
-    """A BERT folder's `TextClassifier` (the checkpoint's head or a new one),
-    or its encoder alone (`TextClassifierBackbone`) when the checkpoint has
-    no classifier and no `--num-classes` is given; and its description."""
+    """A BERT folder's `TextClassifier` (the checkpoint's head or a new one);
+    when the checkpoint has no classifier and no `--num-classes` is given,
+    its `MaskedLanguageModel` (a `BertForMaskedLM` / `BertForPreTraining`)
+    or else its encoder alone (`TextClassifierBackbone`); and its
+    description."""
+    from keras_attention.applications import MaskedLanguageModel
     from keras_attention.applications import TextClassifier
     from keras_attention.applications import TextClassifierBackbone
 
@@ -205,8 +208,15 @@ def _bert_model(args):
     except ValueError as error:
         if "num_classes" not in str(error):
             raise
-        model = backbone = TextClassifierBackbone.from_transformers(args.source)
-        what = "TextClassifierBackbone (BERT encoder, no head)"
+        try:
+            model = MaskedLanguageModel.from_transformers(args.source)
+            backbone = model.backbone
+            what = "MaskedLanguageModel (BERT encoder and masked-LM head)"
+        except ValueError as no_head:
+            if "no masked-LM head" not in str(no_head):
+                raise
+            model = backbone = TextClassifierBackbone.from_transformers(args.source)
+            what = "TextClassifierBackbone (BERT encoder, no head)"
     return model, (
         f"{what}: {backbone.depth} blocks of width {backbone.hidden_dim}, "
         f"{backbone.vocabulary_size} tokens, sequence length "

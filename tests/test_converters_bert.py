@@ -275,6 +275,21 @@ def test_convert_command_takes_a_bert_folder(tmp_path, capsys):
     assert "no head" in capsys.readouterr().out
     assert isinstance(keras.saving.load_model(out), TextClassifierBackbone)
 
+    # A masked-LM checkpoint without --num-classes: the whole masked LM.
+    from keras_attention.applications import MaskedLanguageModel
+
+    masked = _reference("BertForMaskedLM")
+    assert cli.main(["convert", _save_folder(masked, tmp_path / "mlm"), "--out", out]) == 0
+    assert "MaskedLanguageModel" in capsys.readouterr().out
+    loaded = keras.saving.load_model(out)
+    assert isinstance(loaded, MaskedLanguageModel)
+    inputs = _inputs(length=24)
+    positions = np.tile(np.arange(loaded.mask_length, dtype="int32"), (3, 1))
+    ours = keras.ops.convert_to_numpy(loaded({**inputs, "mask_positions": positions}))
+    theirs = _torch_outputs(masked, inputs).logits.numpy()[:, : loaded.mask_length]
+    real = inputs["token_ids"][:, : loaded.mask_length] != 0
+    assert np.abs(ours - theirs)[real].max() < ATOL
+
 
 @pytest.mark.large
 def test_full_size_bert_base():
