@@ -7,10 +7,12 @@
   character of the ISO date, most of the attention lies on the source
   characters that determine it, on 200 held-out dates.
 
-- A ViT's attention rollout on the same canvases: at least 35 % (and three
-  times the box's share of the canvas, about 11 %) of its mass inside the
-  digit's box (50 % measured at seed 0 after 40 epochs; 70 s on 2 idle
-  cores).
+- A ViT's attention rollout on the same canvases, after 20 epochs: the
+  paper's rollout puts at least three times the box's share of the canvas
+  (about 11 %) inside the digit's box, Gildenblat's filtered one (max over
+  heads, 90 % discarded) at least 40 % (measured 0.370 / 0.372 / 0.404 and
+  0.463 / 0.458 / 0.524 at seeds 0 / 1 / 2; after one epoch 0.095, about
+  uniform; 45 s on 2 idle cores).
 
 `benchmarks/meaningful_pictures.py` draws the figures of these recipes for
 the README.
@@ -167,9 +169,13 @@ def test_vit_rollout_mass_lies_on_the_digit():
         num_heads=4, mlp_dim=128, num_channels=1,
     )
     model.compile(optimizer=keras.optimizers.Adam(3e-3), jit_compile=True)
-    model.fit(images, labels, epochs=40, batch_size=64, verbose=0)
+    model.fit(images, labels, epochs=20, batch_size=64, verbose=0)
     rollout = vis.attention_rollout(model, held_out, upsample=True)
     share = mass_inside(rollout, boxes)
     area = float(np.mean([b[2] * b[3] for b in boxes]))  # normalised boxes
     # Uniform attention would put `area` (about 0.11) inside the box.
-    assert share >= max(0.35, 3 * area), (share, area)
+    assert share >= 3 * area, (share, area)
+    filtered = vis.attention_rollout(
+        model, held_out, upsample=True, head_fusion="max", discard_ratio=0.9
+    )
+    assert mass_inside(filtered, boxes) >= max(0.4, share), (share, area)
