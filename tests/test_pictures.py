@@ -12,7 +12,7 @@
   (about 11 %) inside the digit's box, Gildenblat's filtered one (max over
   heads, 90 % discarded) at least 40 % (measured 0.370 / 0.372 / 0.404 and
   0.463 / 0.458 / 0.524 at seeds 0 / 1 / 2; after one epoch 0.095, about
-  uniform; 45 s on 2 idle cores).
+  uniform; 50 s on 2 idle cores).
 
 `benchmarks/meaningful_pictures.py` draws the figures of these recipes for
 the README.
