@@ -144,6 +144,65 @@ def test_additive_projected_key_equals_the_plain_path_values_and_gradients():
         layer(query, value, projected_key=tf.zeros((2, 4, 6)))
 
 
+@pytest.mark.parametrize(
+    "make",
+    [lambda: AdditiveAttention(units=6), lambda: ScaledDotProductAttention()],
+    ids=["additive", "scaled_dot"],
+)
+def test_use_causal_mask_equals_the_explicit_lower_triangular_mask(make):
+    layer = make()
+    causal = np.tril(np.ones((7, 7), bool))[None].repeat(2, 0)
+    out, w = layer(X, use_causal_mask=True, return_attention_scores=True)
+    ref, ref_w = layer(X, attention_mask=causal, return_attention_scores=True)
+    np.testing.assert_allclose(np_(out), np_(ref), atol=1e-6)
+    np.testing.assert_allclose(np_(w), np_(ref_w), atol=1e-6)
+    np.testing.assert_allclose(np_(w)[:, 0, 1:], 0.0)
+    with pytest.raises(ValueError, match="use_causal_mask"):
+        layer(X[:, 0], X, use_causal_mask=True)  # one step: no positions
+
+
+@pytest.mark.parametrize("score_mode", ["scaled_dot", "general"])
+def test_dot_product_one_decoder_step_equals_the_first_row(score_mode):
+    layer = ScaledDotProductAttention(score_mode=score_mode)
+    query = RNG.normal(size=(2, 3, 12 if score_mode == "scaled_dot" else 16))
+    query = query.astype("float32")
+    mask = np.array([[True] * 5, [True, True, False, False, False]])
+    full, full_w = layer(query, Y, value_mask=mask, return_attention_scores=True)
+    step, step_w = layer(query[:, 0], Y, value_mask=mask, return_attention_scores=True)
+    assert step.shape == (2, 12) and step_w.shape == (2, 5)
+    np.testing.assert_allclose(np_(step), np_(full)[:, 0], atol=1e-6)
+    np.testing.assert_allclose(np_(step_w), np_(full_w)[:, 0], atol=1e-6)
+    with pytest.raises(ValueError, match="needs a `value`"):
+        ScaledDotProductAttention()(query[:, 0])
+
+
+def test_an_unknown_call_argument_is_named():
+    with pytest.raises(TypeError, match="projected_key"):
+        ScaledDotProductAttention()(X, projected_key=X)
+    with pytest.raises(TypeError, match="cache"):
+        AdditiveAttention(units=4)(X, cache=X)
+
+
+def test_a_causal_block_refuses_a_layer_without_use_causal_mask():
+    """The decoder block used to drop `use_causal_mask` for a layer that did
+    not take it, so each position saw the later ones; `AdditiveAttention`
+    now takes it, and a layer without it is refused."""
+    from keras_attention.applications.blocks import TransformerDecoderBlock
+    from keras_attention.applications.blocks.attention_call import call_attention
+
+    block = TransformerDecoderBlock(2, 32, attention="additive", attention_kwargs={"units": 8})
+    tokens, memory = X, np.pad(Y, ((0, 0), (0, 0), (0, 4)))  # (2, 5, 16)
+    out = np_(block(tokens, memory, use_causal_mask=True))
+    changed = tokens.copy()
+    changed[:, 4:] = 0.0
+    out_changed = np_(block(changed, memory, use_causal_mask=True))
+    np.testing.assert_allclose(out[:, :4], out_changed[:, :4], atol=1e-5)
+    assert np.abs(out[:, 4:] - out_changed[:, 4:]).max() > 1e-3
+    plain = keras.layers.Dense(16)
+    with pytest.raises(ValueError, match="use_causal_mask"):
+        call_attention(plain, frozenset(), X, use_causal_mask=True)
+
+
 def test_luong_general_and_dot_scores():
     inputs = LUONG_GENERAL.make_inputs(np.random.default_rng(1))
     layer = keras_attention.get("scaled_dot_product", **LUONG_GENERAL.kwargs)

@@ -37,6 +37,7 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
         query_mask, value_mask, key_mask, attention_mask: as for
             `MultiHeadAttention` (`(B, T)`, `(B, S)`, `(B, S)`, `(B, T, S)`);
             Keras masks are used when not given.
+        use_causal_mask: apply a causal mask (decoder self-attention).
         return_attention_scores: also return the weights `(B, T, S)`
             (`(B, S)` for a `(B, Dq)` query).
         projected_key: `project_key(key)`, computed once by a decoder that
@@ -92,18 +93,7 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
         query_shape, value_shape, key_shape = base.split_shapes(
             query_shape, value_shape, key_shape
         )
-        if len(query_shape) not in (2, 3):
-            raise ValueError(
-                "Received an invalid value for argument `query`, expected a "
-                "tensor of rank 3 (B, T, Dq) or 2 (B, Dq). Received: "
-                f"query.shape={query_shape}"
-            )
-        if len(query_shape) == 2 and value_shape == query_shape:
-            raise ValueError(
-                "A (B, Dq) query needs a `value` to attend to. Received only "
-                f"query.shape={query_shape}"
-            )
-        base.check_rank("key", key_shape)
+        self.check_query_shapes(query_shape, value_shape, key_shape)
         # W1 and W2 (+ b) as keras Dense layers (LoRA, quantization), then
         # v: the order in which the former raw kernels drew their values.
         self.query_dense = keras.layers.Dense(
@@ -150,30 +140,12 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
             )
         return self.key_dense(key)
 
-    def call(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        return_attention_scores=False,
-        training=None,
-        mask=None,
+    call_options = ("projected_key",)
+
+    def attend(
+        self, query, value, key, mask, training, return_weights,
         projected_key=None,
     ):
-        query, value, key, query_mask, value_mask, key_mask = self.flatten_inputs(
-            query, value, key, query_mask, value_mask, key_mask, mask
-        )
-        one_step = False
-        if len(query.shape) == 2:  # one decoder step
-            one_step = True
-            query = query[:, None, :]
-        query, value, key, combined = self.unpack_inputs(
-            query, value, key, query_mask, value_mask, key_mask, attention_mask
-        )
         q = self.query_dense(query)  # (B, T, U)
         if projected_key is None:
             k = self.project_key(key)  # (B, S, U), bias included
@@ -197,17 +169,13 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
             ops.zeros((batch, t_len, 1), value.dtype),
             ops.zeros((batch, s_len, 1), value.dtype),
             value,
-            combined,
+            mask,
             training,
             return_weights=True,
             bias=scores[:, None, :, :],
         )
         weights = ops.cast(weights, self.compute_dtype)  # (B, T, S)
-        if one_step:
-            output, weights = output[:, 0], weights[:, 0]
-        if return_attention_scores:
-            return output, weights
-        return output
+        return (output, weights) if return_weights else output
 
     def legacy_variables(self):
         return (

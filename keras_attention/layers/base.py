@@ -121,9 +121,92 @@ class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
     tensor broadcastable to `(B, T, S)`, or `None`.
     """
 
+    # Always applying a causal mask; a layer with the constructor argument
+    # sets it. `call` takes it per call as well.
+    use_causal_mask = False
+    # Keyword arguments of `call` beyond the shared ones, passed to `attend`.
+    call_options = ()
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.supports_masking = True
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=None,
+        mask=None,
+        **options,
+    ):
+        """The call of every sequence layer, in keras `MultiHeadAttention`'s
+        order: inputs and masks unpacked once (`unpack_inputs`), a one-step
+        query `(B, D)` run as `(B, 1, D)`, then the layer's `attend`."""
+        unknown = sorted(set(options) - set(self.call_options))
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__}.call() got unexpected keyword "
+                f"arguments {unknown}; it takes {list(self.call_options)} "
+                "besides keras MultiHeadAttention's."
+            )
+        causal = self.use_causal_mask if use_causal_mask is None else use_causal_mask
+        query, value, key, query_mask, value_mask, key_mask = self.flatten_inputs(
+            query, value, key, query_mask, value_mask, key_mask, mask
+        )
+        one_step = len(query.shape) == 2
+        if one_step:  # one decoder step
+            if causal:
+                raise ValueError(
+                    "`use_causal_mask` needs a query `(B, T, D)`: a one-step "
+                    f"query has no positions. Received: query.shape={query.shape}"
+                )
+            query = query[:, None, :]
+            query_mask = None if query_mask is None else query_mask[:, None]
+        query, value, key, combined = self.unpack_inputs(
+            query, value, key, query_mask, value_mask, key_mask, attention_mask,
+            use_causal_mask=causal,
+        )
+        result = self.attend(
+            query, value, key, combined, training, return_attention_scores,
+            **options,
+        )
+        if not one_step:
+            return result
+        if return_attention_scores:
+            return tuple(r[:, 0] for r in result)
+        return result[:, 0]
+
+    def attend(self, query, value, key, mask, training, return_weights, **options):
+        """The layer's attention on unpacked inputs: `query` `(B, T, Dq)`,
+        `value`, `key` `(B, S, ...)`, `mask` from `combine_masks`. Returns
+        the output `(B, T, Dv)`, and the weights `(B, T, S)` (before
+        dropout) with `return_weights`."""
+        raise NotImplementedError(f"{type(self).__name__} must define `attend`.")
+
+    @staticmethod
+    def check_query_shapes(query_shape, value_shape, key_shape):
+        """`build`'s check: a query `(B, T, Dq)` or one step `(B, Dq)` (which
+        needs a `value`), `key` and `value` of rank 3."""
+        if len(query_shape) not in (2, 3):
+            raise ValueError(
+                "Received an invalid value for argument `query`, expected a "
+                "tensor of rank 3 (B, T, Dq) or 2 (B, Dq). Received: "
+                f"query.shape={query_shape}"
+            )
+        if len(query_shape) == 2 and value_shape == query_shape:
+            raise ValueError(
+                "A (B, Dq) query needs a `value` to attend to. Received only "
+                f"query.shape={query_shape}"
+            )
+        check_rank("key", key_shape)
+        check_rank("value", value_shape)
 
     @staticmethod
     def flatten_inputs(

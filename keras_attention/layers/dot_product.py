@@ -32,13 +32,15 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
         seed: seed of the dropout.
 
     Call arguments:
-        query: `(B, T, D)`, or a list `[query, value]` / `[query, value, key]`.
+        query: `(B, T, D)` or one decoder step `(B, D)`; or a list
+            `[query, value]` / `[query, value, key]`.
         value: `(B, S, Dv)`; defaults to `query` (self-attention).
         key: `(B, S, D)` (`(B, S, Dk)` for `"general"`); defaults to `value`.
         query_mask, value_mask, key_mask, attention_mask: as for
             `MultiHeadAttention`; Keras masks are used when not given.
         use_causal_mask: apply a causal mask in this call.
-        return_attention_scores: also return the weights `(B, T, S)`.
+        return_attention_scores: also return the weights `(B, T, S)`
+            (`(B, S)` for a `(B, D)` query).
         training: whether dropout is active.
 
     Returns:
@@ -81,9 +83,7 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
         query_shape, value_shape, key_shape = base.split_shapes(
             query_shape, value_shape, key_shape
         )
-        base.check_rank("query", query_shape)
-        base.check_rank("key", key_shape)
-        base.check_rank("value", value_shape)
+        self.check_query_shapes(query_shape, value_shape, key_shape)
         self.general_dense = None
         if self.score_mode == "general":
             # W of `q^T W k`, as a keras Dense layer (LoRA, quantization).
@@ -108,25 +108,7 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
         """`W` of the `"general"` score (`None` for the others)."""
         return None if self.general_dense is None else self.general_dense.kernel
 
-    def call(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=None,
-        return_attention_scores=False,
-        training=None,
-        mask=None,
-    ):
-        causal = self.use_causal_mask if use_causal_mask is None else use_causal_mask
-        query, value, key, combined = self.unpack_inputs(
-            query, value, key, query_mask, value_mask, key_mask, attention_mask,
-            use_causal_mask=causal, mask=mask,
-        )
+    def attend(self, query, value, key, mask, training, return_weights):
         if self.score_mode == "general":
             query = self.general_dense(query)  # (B, T, Dk)
         scale = (
@@ -135,8 +117,7 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
             else 1.0
         )
         return self.attend_one_head(
-            query, key, value, combined, training, return_attention_scores,
-            scale=scale,
+            query, key, value, mask, training, return_weights, scale=scale
         )
 
     def legacy_variables(self):

@@ -34,6 +34,13 @@ def call_attention(
     `arguments` holding `None` (or `use_causal_mask=False`) are left out; a
     layer that cannot return scores gives `None`.
     """
+    if arguments.get("use_causal_mask") and "use_causal_mask" not in accepted:
+        raise ValueError(
+            f"This block needs causal self-attention, but the attention layer "
+            f"{layer.name!r} ({type(layer).__name__}) takes no "
+            "`use_causal_mask` in `call`: each position would see the ones "
+            "after it. Use a layer whose `call` takes `use_causal_mask`."
+        )
     kwargs = {
         k: v
         for k, v in arguments.items()
