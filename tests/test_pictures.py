@@ -15,11 +15,16 @@
   uniform; 50 s on 2 idle cores).
 
 `benchmarks/meaningful_pictures.py` draws the figures of these recipes for
-the README.
+the README. The Grad-CAM and rollout checks train for about a minute each
+(up to 95 s under the CI's load), so they are `large` (`--run-large`): the
+benchmark measures the same figures, and `tests/test_visualization.py`
+checks Grad-CAM against tf-keras-vis and the rollout against NumPy on
+every run.
 """
 
 import keras
 import numpy as np
+import pytest
 
 from keras_attention import layers as ka_layers
 from keras_attention import visualization as vis
@@ -81,6 +86,7 @@ def mass_inside(maps, boxes):
     return float(((maps * masks).sum(axis=(1, 2)) / total).mean())
 
 
+@pytest.mark.large  # 50-70 s: a CNN trained on 64 x 64 canvases
 def test_grad_cam_mass_lies_on_the_digit():
     model, images, boxes, labels = canvas_classifier(seed=0)
     accuracy = model.evaluate(images, labels, verbose=0)[1]
@@ -156,6 +162,7 @@ def test_date_alignment_mass_lies_on_the_determining_characters():
     assert mass >= 0.8, mass
 
 
+@pytest.mark.large  # 50-95 s: a ViT trained 20 epochs
 def test_vit_rollout_mass_lies_on_the_digit():
     from keras_attention.applications import VisionTransformer
 
