@@ -28,9 +28,11 @@ KERNELS = {
     "vit": 4,
 }
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("jax") is None, reason="needs jax"
-)
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax"),
+    # One worker runs the module: its fixture (a subprocess, about 40 s) once.
+    pytest.mark.xdist_group("sharding"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -457,6 +457,9 @@ def alignment_scores(translator, sources):
     return exact, np.mean(mass), np.mean(peak), np.mean(uniform)
 
 
+# 30 s; tests/test_pictures.py checks the same recipe's attention mass on
+# 200 held-out dates on every run.
+@pytest.mark.large
 def test_translation_attention_follows_the_date_alignment(seed=0):
     # Bahdanau's RNN with additive attention on five spellings of dates
     # (the year first, last, or in between): after training, writing the
