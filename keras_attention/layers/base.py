@@ -114,11 +114,12 @@ class TracedOutputSpec:
 class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
     """Base of the sequence attention layers: input unpacking and masks.
 
-    Subclasses call `unpack_inputs` at the top of `call` to turn any of
-    `layer(x)`, `layer([query, value])`, `layer([query, value, key])` or
-    `layer(query, value, key)`, with Keras masks or explicit masks, into
-    `(query, value, key, attention_mask)` where `attention_mask` is a boolean
-    tensor broadcastable to `(B, T, S)`, or `None`.
+    Its `call` turns any of `layer(x)`, `layer([query, value])`,
+    `layer([query, value, key])` or `layer(query, value, key)`, with Keras
+    masks or explicit masks, into `(query, value, key, mask)` where `mask`
+    is a boolean tensor broadcastable to `(B, T, S)` (or `None`), and hands
+    them to the subclass's `attend`. `unpack_inputs` does the same for a
+    layer with its own `call`.
     """
 
     # Always applying a causal mask; a layer with the constructor argument
