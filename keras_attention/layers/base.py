@@ -118,8 +118,8 @@ class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
     `layer([query, value, key])` or `layer(query, value, key)`, with Keras
     masks or explicit masks, into `(query, value, key, mask)` where `mask`
     is a boolean tensor broadcastable to `(B, T, S)` (or `None`), and hands
-    them to the subclass's `attend`. `unpack_inputs` does the same for a
-    layer with its own `call`.
+    them to the subclass's `attend` (`flatten_inputs`, then
+    `unpack_inputs`: a layer with its own `call` can use the two too).
     """
 
     # Always applying a causal mask; a layer with the constructor argument
@@ -249,12 +249,12 @@ class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
         return query, value, key, query_mask, value_mask, key_mask
 
     def unpack_inputs(
-        self, query, value=None, key=None, query_mask=None, value_mask=None,
-        key_mask=None, attention_mask=None, use_causal_mask=False, mask=None,
+        self, query, value, key, query_mask, value_mask, key_mask,
+        attention_mask, use_causal_mask=False,
     ):
-        query, value, key, query_mask, value_mask, key_mask = self.flatten_inputs(
-            query, value, key, query_mask, value_mask, key_mask, mask
-        )
+        """Flat inputs (`flatten_inputs`) with the self-attention defaults,
+        checked, and their masks as one (`combine_masks`): `(query, value,
+        key, mask)`."""
         value, key, value_mask, key_mask = self_attention_defaults(
             query, value, key, query_mask, value_mask, key_mask
         )
