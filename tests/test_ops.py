@@ -1,5 +1,7 @@
 """The attention core against NumPy, and the blocked path against the dense one."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -71,6 +73,46 @@ def test_masked_softmax_is_float32_inside_for_half_inputs():
     out = keras.ops.convert_to_numpy(out).astype("float32")
     assert np.all(np.isfinite(out))
     np.testing.assert_allclose(out, softmax(logits.astype("float32")), atol=1e-3)
+
+
+def test_masked_softmax_in_the_input_dtype_matches_float32():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 3, 5)).astype("float32")
+    mask = rng.random((2, 3, 5)) > 0.4
+    mask[0, 1] = False
+    low = keras.ops.convert_to_tensor(x, "bfloat16")
+    out = attention_ops.masked_softmax(low, mask, float32=False)
+    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
+    out = keras.ops.convert_to_numpy(keras.ops.cast(out, "float32"))
+    np.testing.assert_allclose(out, softmax(x, mask), atol=1e-2)
+    assert np.all(out[0, 1] == 0.0)
+
+
+@pytest.mark.parametrize("float32", [True, False])
+def test_masked_softmax_over_one_key_is_one_without_a_warning(float32):
+    x = np.array([[[0.5]], [[-3.0]], [[np.nan]]], "float32")  # (3, 1, 1)
+    mask = np.array([[[True]], [[False]], [[True]]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Keras's "did you mean a sigmoid?"
+        plain = attention_ops.masked_softmax(x, float32=float32)
+        masked = attention_ops.masked_softmax(x, mask, float32=float32)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(plain), [[[1.0]], [[1.0]], [[np.nan]]])
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(masked), [[[1.0]], [[0.0]], [[np.nan]]])
+
+
+@pytest.mark.parametrize("name", ["multi_head", "scaled_dot_product", "additive"])
+def test_one_key_attends_fully_without_a_warning(name):
+    import keras_attention
+
+    arguments = {"multi_head": dict(num_heads=2, key_dim=4),
+                 "additive": dict(units=4)}.get(name, {})
+    layer = keras_attention.get(name, **arguments)
+    query = np.random.default_rng(0).normal(size=(2, 3, 8)).astype("float32")
+    value = np.random.default_rng(1).normal(size=(2, 1, 8)).astype("float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, weights = layer(query, value, return_attention_scores=True)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(weights), 1.0)
 
 
 def test_segment_softmax_sums_to_one_per_segment():

@@ -19,7 +19,6 @@ from keras_attention.ops import xla_cpu
 from keras_attention.ops.blocked import DEFAULT_BLOCK_SIZE
 from keras_attention.ops.blocked import DEFAULT_QUERY_BLOCK_SIZE
 from keras_attention.ops.blocked import blocked_heads
-from keras_attention.ops.masks import MASK_VALUE
 from keras_attention.ops.masks import causal_mask
 from keras_attention.ops.masks import check_sliding_window
 from keras_attention.ops.masks import expand_mask
@@ -312,10 +311,7 @@ def _dense_attention(q, k, v, mask):
     @ops.custom_gradient
     def attend(q, k, v):
         scores = ops.einsum("bhtd,bhsd->bhts", q, k)
-        if low:
-            weights = _softmax_in_dtype(scores, mask)
-        else:
-            weights = ops.cast(masked_softmax(scores, mask), v.dtype)
+        weights = ops.cast(masked_softmax(scores, mask, float32=not low), v.dtype)
         out = ops.matmul(weights, v)  # (B, H, T, Dv)
 
         def grad(*args, upstream=None):
@@ -342,17 +338,6 @@ def _dense_attention(q, k, v, mask):
         return out, grad
 
     return attend(q, k, v)
-
-
-def _softmax_in_dtype(scores, mask):
-    """`masked_softmax` without the float32 copies (bfloat16 scores)."""
-    if mask is None:
-        return ops.softmax(scores, axis=-1)
-    weights = ops.softmax(
-        ops.where(mask, scores, ops.cast(MASK_VALUE, scores.dtype)), axis=-1
-    )
-    # A fully masked row would be uniform: zeros, as everywhere else.
-    return ops.where(mask, weights, ops.zeros_like(weights))
 
 
 _FUSED = {}

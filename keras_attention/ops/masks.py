@@ -10,7 +10,7 @@ from keras import ops
 MASK_VALUE = -1e30
 
 
-def masked_softmax(scores, mask=None, axis=-1):
+def masked_softmax(scores, mask=None, axis=-1, float32=True):
     """Softmax of `scores` along `axis`, in float32, ignoring masked entries.
 
     Args:
@@ -18,10 +18,14 @@ def masked_softmax(scores, mask=None, axis=-1):
         mask: optional boolean tensor broadcastable to `scores`; `True`
             keeps an entry, `False` removes it.
         axis: the axis to normalise over.
+        float32: compute in float32 (`False`: in `scores`' dtype, as the
+            bfloat16 attention core does; the backend's softmax
+            accumulates in float32 either way).
 
     Returns:
         A tensor of `scores`' shape and dtype. Rows whose entries are all
-        masked are all zeros.
+        masked are all zeros. Over an axis of one entry (one key) the
+        weights are 1, without Keras's "did you mean a sigmoid?" warning.
 
     Example:
 
@@ -30,14 +34,21 @@ def masked_softmax(scores, mask=None, axis=-1):
     array([[0.269, 0.731, 0.   ]], dtype=float32)
     """
     dtype = keras.backend.standardize_dtype(scores.dtype)
-    x = ops.cast(scores, "float32")
-    if mask is None:
-        return ops.cast(ops.softmax(x, axis=axis), dtype)
-    mask = ops.cast(mask, "bool")
-    # The backend's fused softmax (one pass where the masked loop took
-    # five); a fully masked row comes out uniform and is zeroed after.
-    weights = ops.softmax(ops.where(mask, x, MASK_VALUE), axis=axis)
-    return ops.cast(ops.where(mask, weights, 0.0), dtype)
+    x = ops.cast(scores, "float32") if float32 else scores
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+        # The backend's fused softmax (one pass where the masked loop took
+        # five); a fully masked row comes out uniform and is zeroed after.
+        x = ops.where(mask, x, ops.cast(MASK_VALUE, x.dtype))
+    if x.shape[axis] == 1:
+        # One key: exp(x - x) is 1 (NaN for a NaN score, as softmax gives),
+        # where `ops.softmax` would warn that the result is always 1.
+        weights = ops.exp(x - x)
+    else:
+        weights = ops.softmax(x, axis=axis)
+    if mask is not None:
+        weights = ops.where(mask, weights, ops.zeros_like(weights))
+    return ops.cast(weights, dtype)
 
 
 def segment_softmax(scores, segment_ids, num_segments, mask=None):
