@@ -47,7 +47,7 @@ def masked_softmax(scores, mask=None, axis=-1, float32=True):
     else:
         weights = ops.softmax(x, axis=axis)
     if mask is not None:
-        weights = ops.where(mask, weights, ops.zeros_like(weights))
+        weights = ops.where(mask, weights, ops.cast(0.0, weights.dtype))
     return ops.cast(weights, dtype)
 
 
