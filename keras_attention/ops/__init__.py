@@ -6,7 +6,8 @@ attention, `H % K == 0`), `D` head size, `E` edges, `N` nodes.
 
 One module per topic:
 
-- `masks`: `masked_softmax` (float32 whatever the input dtype; a row whose
+- `masks`: `masked_softmax` (float32 whatever the input dtype, or in the
+  input's with `float32=False`, as the bfloat16 core does; a row whose
   entries are all masked gives zeros, never NaN), `segment_softmax`
   (softmax over groups of entries, a graph's incoming edges), `causal_mask`,
   `sliding_window_mask` (keras's band, causal or symmetric).
