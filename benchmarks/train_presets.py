@@ -1,11 +1,18 @@
 """Trains the presets that ship weights and writes them into the package.
 
-For each preset with a weights file (`vit_digits`, `cbam_resnet_digits`),
-builds its configuration, trains it with the recipe of
-`keras_attention.training.IMAGE_RECIPES` on scikit-learn's digits (stratified 80/20
-split, seed 0), and writes `keras_attention/presets/<name>.weights.h5` and
-`<name>.json` (configuration, recipe, test accuracy, wall and CPU
-seconds of `fit`, load average, versions).
+For each preset with a weights file, builds its configuration, trains it
+with its recipe from `keras_attention.training`, and writes
+`keras_attention/presets/<name>.weights.h5` and `<name>.json`
+(configuration, recipe, the test figure, wall and CPU seconds of `fit`,
+load average, versions):
+
+- `vit_digits`, `cbam_resnet_digits`: `IMAGE_RECIPES` on scikit-learn's
+  digits (stratified 80/20 split, seed 0); test accuracy;
+- `causal_lm_dates`: `CAUSAL_LM_RECIPES` on the date lines; greedy
+  date-completion accuracy on test lines;
+- `transformer_dates`, `seq2seq_dates`: `TRANSLATION_RECIPES` on 50,000
+  generated dates; greedy exact match on 1,000 test dates (calendar days
+  not drawn for training).
 
     python benchmarks/train_presets.py            # all presets with weights
     python benchmarks/train_presets.py vit_digits
@@ -15,6 +22,9 @@ accuracy (0.65 and 1.35 MB, weights only, no optimizer state). Training is
 deterministic here: `bench_classification.py --tasks digits` retrains both
 recipes from scratch to the same accuracies, in 142 and 105 CPU seconds of
 `fit` (budget: 360, "3 minutes on 2 cores"; 2 shared cores, load about 8).
+`transformer_dates` and `seq2seq_dates`: exact match 1.000 both (0.97 and
+0.58 MB; 203 and 137 CPU seconds of `fit`, 2026-12-02, AMD EPYC 2 cores,
+avx512f/avx512_bf16, TensorFlow 2.21, Keras 3.15.1).
 """
 
 import argparse
@@ -30,7 +40,10 @@ import keras_attention  # noqa: E402
 from keras_attention import training  # noqa: E402
 from keras_attention.applications import presets  # noqa: E402
 
-SHIPPED = ("cbam_resnet_digits", "vit_digits", "causal_lm_dates")
+SHIPPED = (
+    "cbam_resnet_digits", "vit_digits", "causal_lm_dates", "transformer_dates",
+    "seq2seq_dates",
+)
 
 
 def save_model_weights(model, spec):
@@ -44,24 +57,43 @@ def save_model_weights(model, spec):
     clean.save_weights(spec.weights_path)
 
 
-def train_causal_lm_preset(name, seed=0):
-    """The language model on the date lines (`training.CAUSAL_LM_RECIPES`)."""
+# The presets of a library `train_*_preset`: its recipes, and what its data
+# and metrics are (for `<name>.json`).
+TEXT_PRESETS = (
+    (
+        training.CAUSAL_LM_RECIPES,
+        training.train_causal_lm_preset,
+        "date lines '<date> = <ISO date>' of keras_attention.datasets."
+        "load_text_corpus(num_train={num_train}, seed={seed}); date_accuracy: "
+        "greedy completions of the first 200 test lines",
+    ),
+    (
+        training.TRANSLATION_RECIPES,
+        training.train_translator_preset,
+        "the date task: keras_attention.applications.translation."
+        "load_translation_corpus(None, num_train={num_train}, num_val=1000, "
+        "num_test=1000, seed={seed}); exact_match and bleu: greedy "
+        "translations of the 1,000 test dates (calendar days not drawn for "
+        "training)",
+    ),
+)
+
+
+def train_text_preset(name, seed, trainer, recipe, data):
+    """A preset that a library `train_*_preset` trains (`trainer`: the
+    causal LM's or the translators'), saved with its metrics."""
     spec = presets.get_preset(name)
-    model, metrics, figures = training.train_causal_lm_preset(
-        name, seed=seed, verbose=2
-    )
+    model, metrics, figures = trainer(name, seed=seed, verbose=2)
     save_model_weights(model, spec)
-    recipe = training.CAUSAL_LM_RECIPES[name]
     write_metadata(spec, seed, figures, {
-        "data": "date lines '<date> = <ISO date>' of keras_attention.datasets."
-        f"load_text_corpus(num_train={recipe['num_train']}, seed={seed}); "
-        "date_accuracy: greedy completions of the first 200 test lines",
+        "data": data,
         "recipe": recipe,
-        "date_accuracy": round(metrics["date_accuracy"], 4),
-        "val_loss": round(metrics["val_loss"], 4),
+        **{k: round(v, 4) for k, v in metrics.items()},
     })
+    size = os.path.getsize(spec.weights_path) / 1e6
     print(f"{name}: {metrics}, fit {figures['wall']:.0f} s wall / "
-          f"{figures['cpu']:.0f} s CPU", flush=True)
+          f"{figures['cpu']:.0f} s CPU, {spec.weights_path} ({size:.2f} MB)",
+          flush=True)
 
 
 def write_metadata(spec, seed, figures, fields):
@@ -87,8 +119,11 @@ def write_metadata(spec, seed, figures, fields):
 
 
 def train_preset(name, seed=0):
-    if name in training.CAUSAL_LM_RECIPES:
-        return train_causal_lm_preset(name, seed)
+    for recipes, trainer, data in TEXT_PRESETS:
+        if name in recipes:
+            recipe = recipes[name]
+            data = data.format(num_train=recipe["num_train"], seed=seed)
+            return train_text_preset(name, seed, trainer, recipe, data)
     spec = presets.get_preset(name)
     (x_train, y_train), (x_test, y_test) = training.digits_for_preset(name)
     model, acc, figures = training.train_image_preset(

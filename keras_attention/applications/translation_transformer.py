@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_attention import registry
 from keras_attention.applications import presets
+from keras_attention.applications.translation import DATE_TASK_INPUT_SHAPE
 from keras_attention.applications.translation import Translator
 from keras_attention.applications.blocks import TransformerDecoderBlock
 from keras_attention.applications.blocks import TransformerEncoderBlock
@@ -257,19 +258,30 @@ class TransformerTranslator(Translator):
         return logits, new_cache, ops.mean(weights, axis=1)[:, 0]
 
 
+_TINY = {
+    "num_layers": 2,
+    "hidden_dim": 64,
+    "num_heads": 4,
+    "intermediate_dim": 128,
+    "dropout": 0.0,
+}
 presets.register_preset(
     "transformer_tiny",
     "TransformerTranslator",
-    {
-        "num_layers": 2,
-        "hidden_dim": 64,
-        "num_heads": 4,
-        "intermediate_dim": 128,
-        "dropout": 0.0,
-    },
+    _TINY,
     description="Pre-norm Transformer, 2 + 2 blocks of width 64, for the "
     "date task (configuration only).",
     alias="tiny",
+)
+presets.register_preset(
+    "transformer_dates",
+    "TransformerTranslator",
+    _TINY,
+    weights="transformer_dates.weights.h5",
+    input_shape=DATE_TASK_INPUT_SHAPE,
+    description="transformer_tiny trained on 50,000 generated dates "
+    "(`training.TRANSLATION_RECIPES`): writes the ISO date of a date in "
+    "words; the date task's preprocessor.",
 )
 presets.register_preset(
     "transformer_small",

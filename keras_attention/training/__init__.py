@@ -13,7 +13,9 @@ benchmarks call, so a user reproduces a recipe with the library alone:
 - `detection`: DETR's optimizer (`detr_optimizer`);
 - `causal_lm`: the language model's recipe (`CAUSAL_LM_RECIPES`,
   `fit_causal_lm`, `date_completion_accuracy`, `train_causal_lm_preset`);
-- `translation`: `fit_translator` (a budgeted `fit`) and `bucketed_batches`;
+- `translation`: `fit_translator` (a budgeted `fit`), `bucketed_batches`,
+  and the date-task presets' recipe (`TRANSLATION_RECIPES`,
+  `train_translator_preset`);
 - `pretraining`: BERT's masked-LM pretraining on a text folder
   (`pretrain_masked_lm`, `read_text_folder`, `masked_lm_metrics`).
 """
@@ -35,7 +37,9 @@ from keras_attention.training.schedules import BudgetLinearDecay
 from keras_attention.training.schedules import InverseSqrt
 from keras_attention.training.schedules import KeepBest
 from keras_attention.training.translation import bucketed_batches
+from keras_attention.training.translation import TRANSLATION_RECIPES
 from keras_attention.training.translation import fit_translator
+from keras_attention.training.translation import train_translator_preset
 from keras_attention.training.pretraining import masked_lm_metrics
 from keras_attention.training.pretraining import pretrain_masked_lm
 from keras_attention.training.pretraining import read_text_folder

@@ -1,12 +1,17 @@
-"""The translation recipe: length-bucketed batches and a budgeted `fit`.
+"""The translation recipes: length-bucketed batches, a budgeted `fit`, and
+the date-task presets.
 
 `benchmarks/bench_translation.py` trains the published translators with
 `fit_translator` (a `TimeBudget`, optionally `BudgetLinearDecay` and
 `KeepBest`); `bucketed_batches` is a `tf.data` pipeline (TensorFlow only).
+`benchmarks/train_presets.py transformer_dates seq2seq_dates` trains the
+shipped date-task weights with `train_translator_preset`.
 """
 
+import os
 import time
 
+import keras
 import numpy as np
 
 from keras_attention.training.budget import TimeBudget
@@ -107,3 +112,62 @@ def fit_translator(model, data, minutes, batch_size, epochs=1000, validation=Non
     }
     print(f"[{label}] trained: {figures}", flush=True)
     return figures
+
+
+# The recipe of each translator preset with shipped weights: the date task
+# (`load_translation_corpus(None, num_train, 1000, 1000, seed)`), Adam with
+# gradient norm clipped at 1 and a cosine decay of its learning rate over
+# the epochs. Fixed beforehand from the `bench_translation.py dates`
+# settings (learning rate, batch size); nothing is chosen on the test dates.
+TRANSLATION_RECIPES = {
+    "transformer_dates": dict(
+        num_train=50000, epochs=5, batch_size=64, learning_rate=2e-3
+    ),
+    "seq2seq_dates": dict(
+        num_train=50000, epochs=5, batch_size=128, learning_rate=3e-3
+    ),
+}
+
+
+def train_translator_preset(preset, seed=0, verbose=0):
+    """Trains the configuration of `preset` on the date task from scratch.
+
+    Returns `(model, metrics, figures)`: greedy exact match and BLEU on the
+    1,000 test dates (calendar days not drawn for training), the last
+    validation loss, and the seconds of `fit` (`{"wall", "cpu", "load"}`).
+
+    ```python
+    model, metrics, _ = train_translator_preset("transformer_dates")
+    metrics["exact_match"]  # 1.0 (see keras_attention/presets/*.json)
+    ```
+    """
+    from keras_attention import applications
+    from keras_attention.applications.translation import load_translation_corpus
+
+    recipe = TRANSLATION_RECIPES[preset]
+    cls = getattr(applications, applications.presets.get_preset(preset).class_name)
+    keras.utils.set_random_seed(seed)
+    corpus = load_translation_corpus(
+        None, num_train=recipe["num_train"], num_val=1000, num_test=1000,
+        seed=seed,
+    )
+    model = cls.from_preset(preset, load_weights=False)
+    x, y = model.prepare(*corpus["train"])
+    steps = recipe["epochs"] * -(-len(y) // recipe["batch_size"])
+    schedule = keras.optimizers.schedules.CosineDecay(
+        recipe["learning_rate"], steps, alpha=0.05
+    )
+    model.compile(optimizer=keras.optimizers.Adam(schedule, clipnorm=1.0))
+    wall, cpu = time.time(), cpu_seconds()
+    history = model.fit(
+        x, y, batch_size=recipe["batch_size"], epochs=recipe["epochs"],
+        validation_data=model.prepare(*corpus["val"]), verbose=verbose,
+    )
+    figures = {
+        "wall": time.time() - wall,
+        "cpu": cpu_seconds() - cpu,
+        "load": os.getloadavg(),
+    }
+    metrics = model.evaluate_translations(*corpus["test"])
+    metrics["val_loss"] = float(history.history["val_loss"][-1])
+    return model, metrics, figures
