@@ -465,6 +465,8 @@ def test_date_presets_translate_held_out_dates(cls, name):
     assert model.translate("14 July 1989") == "1989-07-14"
     fresh = cls.from_preset(name, load_weights=False)
     assert fresh.translate("14 July 1989") != "1989-07-14"
+    with pytest.raises(ValueError, match="hidden_dim.*load_weights=False"):
+        cls.from_preset(name, hidden_dim=32)
 
 
 @pytest.mark.large  # a minute: fine-tuning, 300 translations, pictures

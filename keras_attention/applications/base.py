@@ -62,14 +62,32 @@ class PresetMixin:
 
         Raises:
             ValueError: for an unknown preset (the message lists the known
-                ones).
+                ones), and when the shipped weights do not fit the
+                overridden configuration (the message names the overrides).
         """
         spec = preset_registry.get_preset(preset, cls.__name__)
         config = dict(spec.config)
         config.update(kwargs)
         model = cls(**config)
         if load_weights and spec.weights is not None:
-            preset_registry.load_weights(model, spec)
+            try:
+                preset_registry.load_weights(model, spec)
+            except ValueError as error:
+                changed = sorted(
+                    k for k, v in kwargs.items()
+                    if spec.config.get(k) != v
+                )
+                if not changed:
+                    raise
+                ours = {k: spec.config[k] for k in changed if k in spec.config}
+                raise ValueError(
+                    f"The weights of preset {spec.name!r} do not fit the "
+                    "arguments that override its configuration: "
+                    f"{', '.join(changed)} (the preset's values: {ours}). "
+                    "Keep the preset's values, or pass `load_weights=False` "
+                    "to train this configuration from scratch. Keras said: "
+                    f"{error}"
+                ) from error
         return model
 
 
