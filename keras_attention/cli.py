@@ -287,6 +287,7 @@ def command_list():
 
 def command_run(args):
     from keras_attention import recipes
+    from keras_attention import reports
 
     recipe = recipes.TASKS[args.task]
     if args.model is not None and args.model not in recipe.models:
@@ -306,12 +307,13 @@ def command_run(args):
         seed=args.seed,
         quick=args.quick,
     )
-    print(recipes.format_result(result))
+    print(reports.format_result(result))
     return EXIT_OK
 
 
 def command_demo(args):
     from keras_attention import recipes
+    from keras_attention import reports
 
     os.makedirs(args.out, exist_ok=True)
     start = time.time()
@@ -331,12 +333,12 @@ def command_demo(args):
             quick=args.quick,
         )
         result.cpu_seconds = time.process_time() - cpu
-        print(recipes.format_result(result), flush=True)
+        print(reports.format_result(result), flush=True)
         results.append(result)
-    report = recipes.write_report(
+    report = reports.write_report(
         results, args.out, time.time() - start, time.process_time()
     )
-    page = recipes.write_report_html(
+    page = reports.write_report_html(
         results, args.out, time.time() - start, time.process_time()
     )
     print(f"\nReport: {os.path.abspath(report)}")

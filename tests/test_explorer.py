@@ -535,6 +535,7 @@ def test_explore_command_reads_text_for_text_models(tmp_path, capsys):
 
 def test_report_html_holds_each_explorer(browser, tmp_path):
     from keras_attention import recipes
+    from keras_attention import reports
     from keras_attention.visualization import plot_attention_heatmap
 
     picture = str(tmp_path / "map.png")
@@ -543,7 +544,7 @@ def test_report_html_holds_each_explorer(browser, tmp_path):
     results = [
         recipes.Result("translation", "transformer", {"bleu": 0.5}, [picture, page], 3.0, "dates")
     ]
-    path = recipes.write_report_html(results, str(tmp_path), 10.0, 20.0)
+    path = reports.write_report_html(results, str(tmp_path), 10.0, 20.0)
     text = open(path, encoding="utf-8").read()
     assert "data:image/png;base64," in text and "<iframe" in text
     open_page(browser, path)
