@@ -1,0 +1,109 @@
+"""The package's shape stays what docs/design.md promises (issue 15): no
+module-level import cycle inside `keras_attention`, no file over 600 lines,
+no function over 120 lines."""
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "keras_attention"
+MAX_FILE_LINES = 600
+MAX_FUNCTION_LINES = 120
+
+
+def module_name(path):
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def module_imports(name, path):
+    """The package's modules that `name` imports when it loads: its
+    module-level imports (those inside `if`/`try` too), not the imports
+    inside functions, which run later."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    pending = list(ast.parse(path.read_text(encoding="utf-8")).body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        pending.extend(ast.iter_child_nodes(node))
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in MODULES)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for alias in node.names:
+                target = f"{base}.{alias.name}"
+                if target in MODULES:
+                    found.add(target)
+                elif base in MODULES:
+                    found.add(base)
+    found.discard(name)
+    return found
+
+
+def import_cycles(graph):
+    """The strongly connected components of more than one module."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycle():
+    graph = {name: module_imports(name, path) for name, path in MODULES.items()}
+    assert sum(len(v) for v in graph.values()) > 100  # the scan sees imports
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_file_over_600_lines():
+    long = {
+        name: n
+        for name, path in MODULES.items()
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_FILE_LINES
+    }
+    assert long == {}, f"split these modules (lines): {long}"
+
+
+def test_no_function_over_120_lines():
+    long = {}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long[f"{name}.{node.name}"] = length
+    assert long == {}, f"split these functions (lines): {long}"
