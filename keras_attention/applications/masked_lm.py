@@ -62,11 +62,13 @@ class MaskedLanguageModel(
           https://arxiv.org/abs/1810.04805
     """
 
+    backbone_class = TextClassifierBackbone
+
     def __init__(self, backbone, mask_length=None, preprocessor=None, **kwargs):
         import keras_hub
 
         preprocessor = app_base.deserialize_preprocessor(preprocessor)
-        if not isinstance(backbone, TextClassifierBackbone):
+        if not isinstance(backbone, self.backbone_class):
             raise base.invalid("backbone", "a TextClassifierBackbone", backbone)
         length = backbone.sequence_length
         self.mask_length = mask_length or default_mask_length(length)

@@ -314,13 +314,11 @@ def masked_lm_from_transformers(
     cls, source, sequence_length=None, mask_length=None, **kwargs
 ):
     """See `MaskedLanguageModel.from_transformers`."""
-    from keras_attention.applications.text_classifier import TextClassifierBackbone
-
     config, tensors, name, vocabulary, arguments, ignore = _prepare(
         source, sequence_length, kwargs, heads=(_NSP_PREFIX,)
     )
     ignore += _check_masked_lm_head(tensors, name)
-    backbone = TextClassifierBackbone(**arguments, name="backbone")
+    backbone = cls.backbone_class(**arguments, name="backbone")
     model = cls(
         backbone,
         mask_length=mask_length,
