@@ -86,9 +86,11 @@ def build_parser():
 
     demo = commands.add_parser(
         "demo",
-        help="all four applications on embedded data, with a report",
-        description="Train and evaluate all four applications on their "
-        "embedded data with short recipes, and write report.md with the "
+        help="the five applications on embedded data, with a report",
+        description="Train (or fine-tune the shipped weights of) and "
+        "evaluate classification, translation, detection, node "
+        "classification and the causal LM on their embedded data with "
+        "short recipes, and write report.md with the "
         "metrics and pictures, and report.html with the same and each "
         "application's interactive attention explorer, to --out.",
     )
