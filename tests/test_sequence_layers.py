@@ -265,3 +265,26 @@ def test_bad_shapes_fail_alike_eagerly_and_symbolically(symbolic):
         MultiHeadAttention(2, 4)(tensor((2, 7, 16)), attention_mask=tensor((2, 7, 3), "bool"))
     with pytest.raises(ValueError, match="same last dimension"):
         ScaledDotProductAttention()([tensor((2, 7, 16)), tensor((2, 5, 12))])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: AdditiveAttention(units=6), lambda: ScaledDotProductAttention()],
+    ids=["additive", "scaled_dot"],
+)
+def test_single_head_layers_refuse_an_attention_mask_of_several_heads(make):
+    # One head: a (B, H, T, S) mask with H > 1 has no meaning (it used to
+    # apply its first head only, silently); (B, 1, T, S) is (B, T, S).
+    mask = RNG.random((2, 7, 7)) > 0.3
+    mask[..., 0] = True
+    layer = make()
+    out, w = layer(X, attention_mask=mask, return_attention_scores=True)
+    out4, w4 = layer(X, attention_mask=mask[:, None], return_attention_scores=True)
+    np.testing.assert_allclose(np_(out4), np_(out), atol=1e-6)
+    np.testing.assert_allclose(np_(w4), np_(w), atol=1e-6)
+    heads = np.stack([mask, np.ones_like(mask)], axis=1)  # (B, 2, T, S)
+    with pytest.raises(ValueError, match="attention_mask") as info:
+        layer(X, attention_mask=heads)
+    assert "(2, 1, 7, 7)" in str(info.value)
+    with pytest.raises(ValueError, match=r"\(B, T, S\)"):
+        layer(X, attention_mask=mask[0])  # (T, S): no batch axis

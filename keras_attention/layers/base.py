@@ -275,11 +275,15 @@ class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
         check_mask_shape("value_mask", value_mask, (batch, s_len))
         check_mask_shape("key_mask", key_mask, (batch, s_len))
         if attention_mask is not None:
+            # One head: keras's (B, H, T, S) only with H = 1.
             rank = len(attention_mask.shape)
-            expected = (batch, t_len, s_len) if rank == 3 else (
-                batch, None, t_len, s_len
+            expected = (batch, 1, t_len, s_len) if rank == 4 else (
+                batch, t_len, s_len
             )
-            check_mask_shape("attention_mask", attention_mask, expected)
+            check_mask_shape(
+                "attention_mask", attention_mask, expected,
+                ", i.e. (B, T, S) or (B, 1, T, S) (one head)",
+            )
         combined = self.combine_masks(
             query, value, query_mask, value_mask, key_mask, attention_mask,
             use_causal_mask,
