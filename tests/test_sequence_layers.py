@@ -288,3 +288,30 @@ def test_single_head_layers_refuse_an_attention_mask_of_several_heads(make):
     assert "(2, 1, 7, 7)" in str(info.value)
     with pytest.raises(ValueError, match=r"\(B, T, S\)"):
         layer(X, attention_mask=mask[0])  # (T, S): no batch axis
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: AdditiveAttention(units=6),
+        lambda: ScaledDotProductAttention(),
+        lambda: MultiHeadAttention(2, 4),
+    ],
+    ids=["additive", "scaled_dot", "multi_head"],
+)
+def test_masks_given_as_python_lists(make):
+    # keras's layers take nested lists as masks (ops.cast converts them).
+    value_mask = [[True] * 5, [True, True, False, False, False]]
+    query_mask = [[1] * 7, [1, 1, 1, 0, 0, 0, 0]]
+    attention_mask = np.tril(np.ones((7, 5), bool))[None].repeat(2, 0)
+    layer = make()
+    query = X[..., :12] if isinstance(layer, ScaledDotProductAttention) else X
+    for masks in (
+        dict(value_mask=value_mask, query_mask=query_mask),
+        dict(attention_mask=attention_mask),
+    ):
+        expected = layer(
+            query, Y, **{k: np.array(v) for k, v in masks.items()}
+        )
+        lists = {k: np.array(v).tolist() for k, v in masks.items()}
+        np.testing.assert_allclose(np_(layer(query, Y, **lists)), np_(expected))

@@ -52,6 +52,14 @@ def check_rank(argument, shape, rank=3):
         )
 
 
+def as_mask(mask):
+    """`mask` as a tensor (or `None`): keras's layers take any array-like
+    mask, nested lists included."""
+    if mask is None or hasattr(mask, "shape"):
+        return mask
+    return ops.convert_to_tensor(mask)
+
+
 def check_mask_shape(argument, mask, expected, where=""):
     """Raise if a mask's static shape cannot be `expected` (None = any);
     `where` follows the expected shape in the message."""
@@ -161,6 +169,7 @@ class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
         query, value, key, query_mask, value_mask, key_mask = self.flatten_inputs(
             query, value, key, query_mask, value_mask, key_mask, mask
         )
+        attention_mask = as_mask(attention_mask)
         one_step = len(query.shape) == 2
         if one_step:  # one decoder step
             if causal:
@@ -246,6 +255,9 @@ class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
             key_mask = key_mask if key_mask is not None else structured[2]
         elif mask is not None and query_mask is None:
             query_mask = mask
+        query_mask, value_mask, key_mask = (
+            as_mask(m) for m in (query_mask, value_mask, key_mask)
+        )
         return query, value, key, query_mask, value_mask, key_mask
 
     def unpack_inputs(

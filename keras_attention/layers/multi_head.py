@@ -430,6 +430,7 @@ class MultiHeadAttention(
                 query, value, key, query_mask, value_mask, key_mask, mask
             )
         )
+        attention_mask = base.as_mask(attention_mask)
         if cache is not None or cache_update_index is not None:
             return self._call_cached(
                 query,
@@ -527,6 +528,7 @@ class MultiHeadAttention(
                 query, value, key, query_mask, value_mask, key_mask, mask
             )
         )
+        attention_mask = base.as_mask(attention_mask)
         if cache is not None:
             self._check_cache(query, cache, cache_update_index)
             output = keras.KerasTensor(
