@@ -330,3 +330,29 @@ def test_bad_implementation_and_blocked_with_weights():
         attention_ops.dot_product_attention(
             q, k, v, implementation="blocked", return_weights=True
         )
+
+
+@pytest.mark.parametrize("implementation", ["dense", "blocked"])
+@pytest.mark.parametrize(
+    "mask_shape",
+    [(2, 3, 4, 5), (2, 4, 4), (3, 5), (2, 6), (2, 1, 4, 6)],
+    ids=["heads", "keys_as_queries", "batch", "keys", "keys_rank4"],
+)
+def test_a_mask_that_does_not_broadcast_is_named(implementation, mask_shape):
+    # (B, T, H, D) = (2, 4, 1, 8) against S = 5 keys: each mask used to
+    # give a deep TensorFlow error, a wrong output shape (the head axis)
+    # or, blocked with one key too many, no error at all.
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=(2, 4, 1, 8)).astype("float32")
+    k = rng.normal(size=(2, 5, 1, 8)).astype("float32")
+    mask = np.ones(mask_shape, bool)
+    with pytest.raises(ValueError, match="attention_mask") as info:
+        attention_ops.dot_product_attention(
+            q, k, k, attention_mask=mask, implementation=implementation
+        )
+    assert f"attention_mask.shape={mask_shape}" in str(info.value)
+    for good in [(2, 5), (1, 5), (2, 4, 5), (2, 1, 1, 5), (1, 1, 4, 5)]:
+        attention_ops.dot_product_attention(
+            q, k, k, attention_mask=np.ones(good, bool),
+            implementation=implementation,
+        )

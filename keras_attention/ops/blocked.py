@@ -33,6 +33,7 @@ from keras_attention.ops.masks import expand_mask
 from keras_attention.ops.masks import sliding_window_mask
 from keras_attention.ops.positions import alibi_bias
 from keras_attention.ops.shapes import check_attention_inputs
+from keras_attention.ops.shapes import check_attention_mask
 from keras_attention.ops.shapes import static_dim
 
 DEFAULT_BLOCK_SIZE = 256
@@ -450,7 +451,9 @@ def blocked_attention(
     check_attention_inputs(query, key, value)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
+    mask = expand_mask(attention_mask)
+    check_attention_mask(attention_mask, mask, query, key)
     return blocked_heads(
-        query, key, value, expand_mask(attention_mask), is_causal, scale,
+        query, key, value, mask, is_causal, scale,
         block_size, query_block_size, sliding_window, alibi_slopes,
     )

@@ -27,6 +27,7 @@ from keras_attention.ops.masks import sliding_window_mask
 from keras_attention.ops.positions import alibi_bias
 from keras_attention.ops.random import hash_dropout
 from keras_attention.ops.shapes import check_attention_inputs
+from keras_attention.ops.shapes import check_attention_mask
 from keras_attention.ops.shapes import repeat_heads
 from keras_attention.ops.shapes import static_dim
 
@@ -153,6 +154,7 @@ def dot_product_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
     mask = expand_mask(attention_mask)
+    check_attention_mask(attention_mask, mask, query, key)
     dropout_active = bool(training) and dropout_rate > 0.0
     can_block = not return_weights and bias is None and not dropout_active
     same_dims = value.shape[-1] == head_dim  # the fused kernels need it

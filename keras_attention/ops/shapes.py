@@ -39,6 +39,24 @@ def check_attention_inputs(query, key, value):
         )
 
 
+def check_attention_mask(attention_mask, mask, query, key):
+    """Raise unless `mask` (`attention_mask` made rank 4 by `expand_mask`)
+    broadcasts to the scores `(B, H, T, S)` wherever both are known."""
+    if mask is None:
+        return
+    scores = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
+    if any(
+        d is not None and e is not None and d not in (1, e)
+        for d, e in zip(mask.shape, scores)
+    ):
+        raise ValueError(
+            "Received an invalid value for argument `attention_mask`, "
+            "expected a boolean tensor that broadcasts to the scores "
+            f"(B, H, T, S) = {scores} as (B, S), (B, T, S) or (B, H, T, S). "
+            f"Received: attention_mask.shape={tuple(attention_mask.shape)}"
+        )
+
+
 def repeat_heads(x, num_heads):
     # (B, S, K, D) -> (B, S, H, D) for grouped-query attention.
     k = x.shape[2]
