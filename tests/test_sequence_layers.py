@@ -315,3 +315,25 @@ def test_masks_given_as_python_lists(make):
         )
         lists = {k: np.array(v).tolist() for k, v in masks.items()}
         np.testing.assert_allclose(np_(layer(query, Y, **lists)), np_(expected))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: AdditiveAttention(units=6),
+        lambda: ScaledDotProductAttention(score_mode="general"),
+        lambda: MultiHeadAttention(2, 4),
+    ],
+    ids=["additive", "general", "multi_head"],
+)
+def test_mismatched_batch_and_lengths_are_named_on_a_built_layer(make):
+    # Checked in every call, not only in the first one (`build`): a built
+    # layer used to fail deep in TensorFlow (BatchMatMul, AddV2).
+    layer = make()
+    layer(X, Y)
+    with pytest.raises(ValueError, match="batch size"):
+        layer(X, np.concatenate([Y, Y]))
+    with pytest.raises(ValueError, match="batch size"):
+        layer(keras.Input(batch_shape=(2, 7, 16)), keras.Input(batch_shape=(3, 5, 12)))
+    with pytest.raises(ValueError, match="key"):
+        layer(X, Y, key=np.concatenate([Y, Y], axis=1))

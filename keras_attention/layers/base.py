@@ -52,6 +52,17 @@ def check_rank(argument, shape, rank=3):
         )
 
 
+def check_batch(query_shape, value_shape, key_shape):
+    """Raise unless `query`, `value` and `key` can have one batch size."""
+    sizes = {s[0] for s in (query_shape, value_shape, key_shape)} - {None}
+    if len(sizes) > 1:
+        raise ValueError(
+            "Expected `query`, `value` and `key` to have the same batch "
+            f"size. Received: query.shape={tuple(query_shape)}, "
+            f"value.shape={tuple(value_shape)}, key.shape={tuple(key_shape)}"
+        )
+
+
 def as_mask(mask):
     """`mask` as a tensor (or `None`): keras's layers take any array-like
     mask, nested lists included."""
@@ -273,6 +284,7 @@ class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
         check_rank("query", query.shape)
         check_rank("value", value.shape)
         check_rank("key", key.shape)
+        check_batch(query.shape, value.shape, key.shape)
         if (
             key.shape[1] is not None
             and value.shape[1] is not None

@@ -9,6 +9,7 @@ from keras.src.backend import set_keras_mask
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import check_rate
 from keras_attention._validation import invalid
+from keras_attention._validation import shape_fits
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.layers._multi_head_cache import KVCache
@@ -344,7 +345,7 @@ class MultiHeadAttention(
 
     @staticmethod
     def _check_value_key(value_shape, key_shape):
-        if tuple(value_shape[1:-1]) != tuple(key_shape[1:-1]):
+        if not shape_fits(value_shape[1:-1], key_shape[1:-1]):
             raise ValueError(
                 "All dimensions of `value` and `key`, except the last one, "
                 f"must be equal. Received: value_shape={tuple(value_shape)} "
@@ -353,6 +354,7 @@ class MultiHeadAttention(
 
     def _check_shapes(self, query_shape, value_shape, key_shape):
         self._check_value_key(value_shape, key_shape)
+        base.check_batch(query_shape, value_shape, key_shape)
         for name, shape in (
             ("query", query_shape),
             ("value", value_shape),
@@ -460,6 +462,10 @@ class MultiHeadAttention(
             return self._long_context_call(query, causal)
         value, key, value_mask, key_mask = base.self_attention_defaults(
             query, value, key, query_mask, value_mask, key_mask
+        )
+        # Every call: `build` checked only the first one's shapes.
+        self._check_shapes(
+            tuple(query.shape), tuple(value.shape), tuple(key.shape)
         )
         self._check_masks(
             query, value, query_mask, value_mask, key_mask, attention_mask
