@@ -172,6 +172,8 @@ def non_local_reference(layer, x, mask=None, return_weights=False):
             f = f * key_mask[:, None, :]
             count = np.maximum(key_mask.sum(-1), 1)[:, None, None]
         weights = f / count
+    if mask is not None:  # a masked position attends to nothing
+        weights = weights * np.asarray(mask, bool).reshape(b, -1, 1)
     y = (weights @ g).reshape(x.shape[:-1] + (g.shape[-1],))
     z = dense(y, value(layer.output_kernel), value(layer.output_bias))
     if layer.batch_norm is not None:  # inference: moving statistics

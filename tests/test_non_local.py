@@ -103,8 +103,16 @@ def test_sequence_masks(mode, sub_sample):
     mask[1, 4:6] = False  # a whole pooling window masked
     keras.utils.set_random_seed(0)
     layer = NonLocalBlock(mode=mode, sub_sample=sub_sample, zero_init_residual=False)
-    z = np_(layer(x, mask=mask))
-    np.testing.assert_allclose(z, non_local_reference(layer, x, mask), atol=1e-5)
+    z, weights = layer(x, mask=mask, return_attention_scores=True)
+    expected, expected_weights = non_local_reference(
+        layer, x, mask, return_weights=True
+    )
+    np.testing.assert_allclose(np_(z), expected, atol=1e-5)
+    np.testing.assert_allclose(np_(weights), expected_weights, atol=1e-5)
+    # The score contract: a masked position's row of weights is 0.
+    rows = np_(weights)[:, 0]  # (B, T, S)
+    assert np.all(rows[~mask] == 0) and np.any(rows[mask])
+    z = np_(z)
     noisy = x.copy()
     noisy[~mask] = rng.normal(size=noisy[~mask].shape) * 100
     np.testing.assert_allclose(np_(layer(noisy, mask=mask))[mask], z[mask], atol=1e-4)

@@ -72,7 +72,8 @@ class NonLocalBlock(FeatureMapAttention):
     by the pooling factor.
 
     A Keras mask over the positions (padding of a sequence) removes masked
-    positions from the keys; `N` then counts the valid keys.
+    positions from the keys (`N` then counts the valid keys), and a masked
+    position attends to nothing: its weights and attended features are 0.
 
     The 1x1 convolutions `theta`, `phi`, `g` and the output projection are
     keras `Dense` sublayers on the channel axis: `enable_lora(rank)` and
@@ -277,6 +278,15 @@ class NonLocalBlock(FeatureMapAttention):
             y, weights = self._normalized_attention(
                 query, key, value, key_mask, return_attention_scores
             )
+        if mask is not None:
+            # A masked position attends to nothing (the score contract): its
+            # weights and attended features are 0, as in the sequence layers.
+            valid = ops.reshape(mask, (batch, -1))  # (B, T)
+            y = ops.where(valid[:, :, None], y, ops.cast(0.0, y.dtype))
+            if weights is not None:
+                weights = ops.where(
+                    valid[:, None, :, None], weights, ops.cast(0.0, weights.dtype)
+                )
         y = ops.reshape(y, tuple(ops.shape(x)[:-1]) + (y.shape[-1],))
         z = self.output_dense(y)
         if self.batch_norm is not None:
