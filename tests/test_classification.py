@@ -400,6 +400,25 @@ def test_fine_tuning_swaps_the_head_and_keeps_the_backbone():
         np.testing.assert_array_equal(a, b)
 
 
+
+@pytest.mark.parametrize(
+    "cls, kwargs",
+    [(VisionTransformer, TINY_VIT), (CBAMResNet, TINY_RESNET)],
+    ids=["vit", "cbam_resnet"],
+)
+def test_frozen_backbone_stays_frozen_after_loading(cls, kwargs, tmp_path):
+    model = cls(**kwargs)
+    model.backbone.trainable = False
+    trainable = len(model.trainable_weights)
+    loaded = assert_round_trip(model, images(n=2)[0], tmp_path)
+    assert not loaded.backbone.trainable
+    assert len(loaded.trainable_weights) == trainable  # only the head
+    # Built with `trainable=False`, the backbone's layers are frozen too.
+    backbone = cls.backbone_class.from_config(model.backbone.get_config())
+    assert backbone.trainable_weights == []
+    assert len(cls(backbone=backbone, num_classes=2).trainable_weights) == 2
+
+
 # ------------------------------------------------------------ bad input
 
 

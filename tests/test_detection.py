@@ -332,6 +332,17 @@ def test_output_shapes_and_attention():
     assert set(single(images)) == {"logits", "boxes"}
 
 
+def test_predict_on_images_of_several_sizes():
+    # Keras traces a second input shape with unknown sizes; DETR's grid
+    # (sine positions, reshapes) needs them, so each size is traced anew.
+    model = DETR(**TINY)
+    for size in (16, 24):
+        images = tiny_data(2, image_size=size)[0][:, :, : size // 2]
+        found = model.predict_boxes(images, score_threshold=0.0)
+        assert found[0]["boxes"].shape == (4, 4)
+        assert found[0]["boxes"][:, 2].max() <= size // 2
+
+
 def test_pre_norm_and_mixed_precision_give_finite_losses():
     images, boxes, labels = tiny_data(4)
     y = {"boxes": boxes, "labels": labels}

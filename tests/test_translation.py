@@ -127,6 +127,9 @@ def test_bad_sentences():
         p.encode_sources("abc")
     with pytest.raises(ValueError, match=r"sentences\[0\]"):
         p.encode_sources([3])
+    for value in (None, 3, np.array("abc")):
+        with pytest.raises(ValueError, match=r"`sentences`, expected a list"):
+            p.encode_sources(value)
     with pytest.raises(ValueError, match="as many targets"):
         p.encode_pairs(["a", "b"], ["a"])
     with pytest.warns(UserWarning, match="truncated to 8 tokens"):

@@ -264,7 +264,12 @@ class Backbone(FunctionalConfig, InputChecks, keras.Model):
     classifier_class = None
 
     def __init__(self, *args, **kwargs):
+        trainable = kwargs.pop("trainable", True)
         super().__init__(*args, **kwargs)
+        # keras's functional constructor sets `trainable` before its layers
+        # are tracked, so `trainable=False` (a frozen backbone's config)
+        # would leave them trainable inside a task: set it now.
+        self.trainable = trainable
         # Inputs are checked in `call`, with the expected and received shapes
         # (keras's own check squeezes a trailing 1 and compares prefixes).
         self.input_spec = None

@@ -375,6 +375,29 @@ class DETR(
 
     # Inference.
 
+    def _trace_for_image_size(self, x, function):
+        # `call` needs static grid sizes (its sine positions are constants),
+        # and Keras traces a second image size with unknown sizes: a new
+        # size gets a new function.
+        shape = getattr(x, "shape", None)
+        if shape is None or len(shape) != 4:
+            return
+        key = f"_{function}_image_size"
+        size = tuple(shape[1:3])
+        if getattr(self, key, size) != size:
+            setattr(self, function, None)
+        setattr(self, key, size)
+
+    def predict(self, x, *args, **kwargs):
+        """`keras.Model.predict`, on images of any size."""
+        self._trace_for_image_size(x, "predict_function")
+        return super().predict(x, *args, **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        """`keras.Model.evaluate`, on images of any size."""
+        self._trace_for_image_size(x, "test_function")
+        return super().evaluate(x, y, *args, **kwargs)
+
     def predict_boxes(
         self,
         images,

@@ -40,6 +40,8 @@ def _check_sentences(argument, sentences):
         raise invalid(argument, "a list of strings, not one string", sentences)
     if isinstance(sentences, np.ndarray):
         sentences = sentences.tolist()
+    if isinstance(sentences, (str, bytes)) or not hasattr(sentences, "__iter__"):
+        raise invalid(argument, "a list of strings", sentences)
     sentences = list(sentences)
     for i, sentence in enumerate(sentences):
         if isinstance(sentence, bytes):
