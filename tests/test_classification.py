@@ -237,6 +237,19 @@ def test_attention_swaps_by_registry_name_including_plugins(plugins, tmp_path):
     assert resnet(x).shape == (3, 3)
 
 
+@pytest.mark.parametrize(
+    "name", [n for n in registry.names_of_kind("tokens") if not n.startswith("test_")]
+)
+def test_every_token_layer_runs_in_vit_with_the_offered_arguments(name):
+    # Each built-in token layer takes what the block offers (heads, sizes,
+    # additive's units), with no attention_kwargs.
+    x, y = images(4)
+    model = VisionTransformer(**TINY_VIT, attention=name)
+    model.compile(optimizer="adam")
+    loss = model.train_on_batch(x, y)
+    assert np.all(np.isfinite(loss)) and model(x).shape == (4, 3)
+
+
 # ------------------------------------------------------------ CBAM-ResNet
 
 

@@ -83,6 +83,7 @@ class _TransformerBlock(ArgumentConfig, keras.layers.Layer):
             {
                 "num_heads": self.num_heads,
                 "key_dim": channels // self.num_heads,
+                "units": channels,  # the additive score's hidden size
                 "dropout": self.attention_dropout,
                 **offered,
             },
