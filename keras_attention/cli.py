@@ -236,6 +236,7 @@ def command_convert(args):
         raise UsageError(
             f"--out: expected a path ending in .keras. Received: --out={args.out}"
         )
+    _make_out_folder(os.path.dirname(os.path.abspath(args.out)), args.out)
     model_type = None
     if os.path.isdir(args.source):
         if args.timm_model:
@@ -260,8 +261,6 @@ def command_convert(args):
         model = VisionTransformer.from_timm(
             args.source, model_name=args.timm_model, num_classes=args.num_classes
         )
-    directory = os.path.dirname(os.path.abspath(args.out))
-    os.makedirs(directory, exist_ok=True)
     model.save(args.out)
     print(description if model_type == "bert" else _describe(model))
     print(f"Saved: {os.path.abspath(args.out)}")
@@ -300,7 +299,7 @@ def command_run(args):
         )
     if args.data is not None and not os.path.exists(args.data):
         raise UsageError(f"--data: no such file or folder: {args.data}")
-    os.makedirs(args.out, exist_ok=True)
+    _make_out_folder(args.out, args.out)
     result = recipe.run(
         model_name=args.model or recipe.models[0],
         data=args.data,
@@ -317,7 +316,7 @@ def command_demo(args):
     from keras_attention import recipes
     from keras_attention import reports
 
-    os.makedirs(args.out, exist_ok=True)
+    _make_out_folder(args.out, args.out)
     start = time.time()
     results = []
     for task in recipes.DEMO_ORDER:
@@ -370,11 +369,14 @@ def _explore_input(text, model):
         import keras
 
         shape = _model_image_shape(model)
-        image = keras.utils.load_img(
-            text,
-            color_mode="grayscale" if shape and shape[-1] == 1 else "rgb",
-            target_size=tuple(shape[:2]) if shape and None not in shape[:2] else None,
-        )
+        try:
+            image = keras.utils.load_img(
+                text,
+                color_mode="grayscale" if shape and shape[-1] == 1 else "rgb",
+                target_size=tuple(shape[:2]) if shape and None not in shape[:2] else None,
+            )
+        except (OSError, ValueError) as error:  # PIL's UnidentifiedImageError too
+            raise UsageError(f"INPUT: cannot read {text}: {error}") from None
         return (keras.utils.img_to_array(image) / 255.0)[None].astype("float32")
     if getattr(model, "preprocessor", None) is None:
         raise UsageError(
@@ -397,6 +399,28 @@ def _model_image_shape(model):
     return shape if len(shape) == 3 else None
 
 
+def _load_node_labels(text):
+    import numpy as np
+
+    if not os.path.isfile(text):
+        raise UsageError(f"--node-labels: no such file: {text}")
+    try:
+        return np.load(text, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--node-labels: cannot read {text}: {error}") from None
+
+
+def _make_out_folder(folder, out):
+    """Makes the folder of `--out`; a file in its way is a bad argument."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as error:  # a file of that name, or in the path
+        raise UsageError(
+            f"--out: cannot make the folder {folder}: {error.strerror}. "
+            f"Received: --out={out}"
+        ) from None
+
+
 def command_explore(args):
     import keras
 
@@ -405,6 +429,9 @@ def command_explore(args):
 
     if not os.path.isfile(args.model):
         raise UsageError(f"MODEL: no such file: {args.model}")
+    node_labels = None
+    if args.node_labels:
+        node_labels = _load_node_labels(args.node_labels)
     try:
         model = keras.saving.load_model(args.model)
     except Exception as error:  # noqa: BLE001 - any reason it cannot load
@@ -413,11 +440,6 @@ def command_explore(args):
     layers = None
     if args.layers:
         layers = [int(v) if v.lstrip("-").isdigit() else v for v in args.layers]
-    node_labels = None
-    if args.node_labels:
-        import numpy as np
-
-        node_labels = np.load(args.node_labels, allow_pickle=False)
     path = visualization.explore(
         model,
         inputs,

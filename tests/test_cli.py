@@ -50,3 +50,17 @@ def test_module_entry_point_and_one_epoch_run(tmp_path):
     assert (tmp_path / "node_classification_gat.keras").stat().st_size > 0
     pictures = list(tmp_path.glob("*.png"))
     assert pictures and all(p.stat().st_size > 0 for p in pictures)
+
+
+def test_out_in_the_way_of_a_file_is_a_usage_error(tmp_path, capsys):
+    blocker = tmp_path / "afile"
+    blocker.write_text("mine")
+    for argv in (
+        ["run", "node-classification", "--out", str(blocker)],
+        ["demo", "--out", str(blocker / "sub")],
+        ["convert", str(tmp_path), "--out", str(blocker / "m.keras")],
+    ):
+        assert cli.main(argv) == cli.EXIT_USAGE, argv
+        err = capsys.readouterr().err
+        assert "--out" in err and "Traceback" not in err
+    assert blocker.read_text() == "mine"

@@ -519,6 +519,24 @@ def test_explore_command(tmp_path, capsys):
     assert not (tmp_path / "other.html").exists()
 
 
+def test_explore_command_unreadable_files_are_usage_errors(tmp_path, capsys):
+    from keras_attention import cli
+
+    model_path, input_path = tmp_path / "model.keras", tmp_path / "x.npy"
+    token_model().save(model_path)
+    np.save(input_path, tokens_input())
+    code = cli.main(
+        ["explore", str(model_path), str(input_path), "--node-labels",
+         str(tmp_path / "none.npy")]
+    )
+    assert code == cli.EXIT_USAGE
+    assert "--node-labels: no such file" in capsys.readouterr().err
+    (tmp_path / "bad.png").write_text("not an image")
+    code = cli.main(["explore", str(model_path), str(tmp_path / "bad.png")])
+    assert code == cli.EXIT_USAGE
+    assert "INPUT: cannot read" in capsys.readouterr().err
+
+
 def test_explore_command_reads_text_for_text_models(tmp_path, capsys):
     from keras_attention import cli
 
