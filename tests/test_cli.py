@@ -1,5 +1,6 @@
 """The keras-attention command: help, errors, list, and a one-epoch run."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -64,3 +65,16 @@ def test_out_in_the_way_of_a_file_is_a_usage_error(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "--out" in err and "Traceback" not in err
     assert blocker.read_text() == "mine"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="needs triton"
+)
+def test_triton_imported_after_the_package_does_not_crash():
+    # What `keras-attention convert` does: the entry point imports the
+    # package (TensorFlow) before the converter reaches PyTorch and Triton.
+    result = subprocess.run(
+        [sys.executable, "-c", "import keras_attention; import triton; print('ok')"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0 and "ok" in result.stdout, result.returncode
