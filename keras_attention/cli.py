@@ -156,15 +156,6 @@ def build_parser():
     return parser
 
 
-def _import_triton_first():
-    """Triton (PyTorch's CUDA builds bring it) crashes the process when it
-    is first imported after TensorFlow; `convert` imports it before."""
-    import importlib.util
-
-    if importlib.util.find_spec("triton") is not None:
-        import triton  # noqa: F401
-
-
 def _hub_model_type(folder):
     import json
 
@@ -456,8 +447,6 @@ def command_explore(args):
 
 def main(argv=None):
     _quiet_tensorflow()
-    if (sys.argv[1:] if argv is None else list(argv))[:1] == ["convert"]:
-        _import_triton_first()
     parser = build_parser()
     args = parser.parse_args(argv)  # exits with 2 on bad arguments
     try:
