@@ -516,6 +516,12 @@ def test_plot_attention_heatmap(tmp_path):
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == list("abcde")
     with pytest.raises(ValueError, match="source_tokens"):
         vis.plot_attention_heatmap(weights[0], list("abcdefg"))
+    # A head by any integer index (NumPy's too); a bool or out of range is named.
+    one = vis.plot_attention_heatmap(weights, head=np.int64(1))
+    np.testing.assert_allclose(one.axes[0].images[0].get_array(), weights[1], atol=1e-6)
+    for head in (True, 2, -3, 0.5):
+        with pytest.raises(ValueError, match=r"`head`.*below 2"):
+            vis.plot_attention_heatmap(weights, head=head)
 
 
 def test_plot_image_overlay(tmp_path):
@@ -584,3 +590,7 @@ def test_plot_graph_attention(tmp_path):
     )
     with pytest.raises(ValueError, match="coefficients"):
         vis.plot_graph_attention(edges, np.ones(3))
+    with pytest.raises(ValueError, match=r"`edges`.*at least one edge"):
+        vis.plot_graph_attention(np.zeros((2, 0), "int32"), np.ones((0, 2)))
+    with pytest.raises(ValueError, match=r"`head`.*below 2"):
+        vis.plot_graph_attention(edges, np_(coefficients), head=5)

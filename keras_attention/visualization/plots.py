@@ -56,15 +56,7 @@ def plot_attention_heatmap(
     """
     weights = np.asarray(weights, "float32")
     if weights.ndim == 3:
-        if head is None:
-            weights = weights.mean(axis=0)
-        elif isinstance(head, int) and -len(weights) <= head < len(weights):
-            weights = weights[head]
-        else:
-            raise ValueError(
-                "Received an invalid value for argument `head`, expected an "
-                f"index below {len(weights)}. Received: head={head!r}"
-            )
+        weights = _pick_head(weights, head, axis=0)
     if weights.ndim != 2:
         raise ValueError(
             "Received an invalid value for argument `weights`, expected "
@@ -289,6 +281,12 @@ def plot_graph_attention(
     if edges.shape[0] != 2:
         edges = edges.T
     if num_nodes is None:
+        if labels is None and not edges.size:
+            raise ValueError(
+                "Received an invalid value for argument `edges`, expected at "
+                "least one edge (or `num_nodes` or `labels` to draw nodes "
+                f"without edges). Received: edges.shape={edges.shape}"
+            )
         num_nodes = len(labels) if labels is not None else int(edges.max()) + 1
     edges, values = _edge_values(edges, coefficients, num_nodes, head)
     keep = edges[0] != edges[1]
@@ -480,9 +478,21 @@ def _heatmap(argument, values, size):
 
 
 def _pick_head(values, head, axis):
+    """The mean over the heads on `axis`, or the head `head` (an integer
+    index, negative from the end)."""
     if head is None:
         return values.mean(axis=axis)
-    return np.take(values, head, axis=axis)
+    count = values.shape[axis]
+    if (
+        isinstance(head, (bool, np.bool_))
+        or not isinstance(head, (int, np.integer))
+        or not -count <= head < count
+    ):
+        raise ValueError(
+            "Received an invalid value for argument `head`, expected an "
+            f"integer index below {count}. Received: head={head!r}"
+        )
+    return np.take(values, int(head), axis=axis)
 
 
 def _colormap(name):
