@@ -242,6 +242,19 @@ def test_make_graph_is_deterministic_and_class_correlated():
     assert np.bincount(heavy.edges[1]).max() > 4 * np.bincount(a.edges[1]).max()
 
 
+
+@pytest.mark.parametrize("kind", ["sbm", "power_law"])
+def test_make_graph_homophily_one_keeps_edges_in_class_when_class_0_is_empty(kind):
+    # seed 32: no node of class 0 (a class's weight range was then wrong).
+    graph = make_graph(
+        num_nodes=30, avg_degree=6, feature_dim=2, num_classes=8,
+        homophily=1.0, kind=kind, seed=32,
+    )
+    assert not (graph.labels == 0).any()
+    source, target = graph.edges
+    np.testing.assert_array_equal(graph.labels[source], graph.labels[target])
+
+
 @pytest.mark.parametrize(
     "kwargs, argument",
     [
