@@ -589,6 +589,14 @@ def test_planetoid_missing_file_and_unsafe_pickle(planetoid_folder, tmp_path):
     assert isinstance(info.value, ValueError)
 
 
+
+@pytest.mark.parametrize("num_val", [-8, -3, 1.5, True])
+def test_planetoid_rejects_a_bad_num_val(planetoid_folder, num_val):
+    # -8 marked node 2 as validation (a slice [2:-6]), -3 blamed the test ids.
+    folder, _, _ = planetoid_folder
+    with pytest.raises(ValueError, match="argument `num_val`.*non-negative integer"):
+        datasets.load_planetoid(folder, "fake", num_val=num_val)
+
 # ---------------------------------------------------------- translation ----
 
 

@@ -153,6 +153,18 @@ def test_invariant_to_edge_order(version):
     np.testing.assert_allclose(numpy(alpha2)[e:], numpy(alpha)[e:], atol=1e-6)
 
 
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "uint8", "uint16", "uint32", "int64"])
+def test_any_integer_edge_list_dtype(dtype):
+    # Every integer dtype is an edge list (the docstring), not only int32.
+    inputs = simple_graph(np.random.default_rng(5), edge_dim=2)
+    layer = layer_for(inputs)
+    out, alpha = layer(inputs, return_attention_scores=True)
+    cast = [inputs[0], inputs[1].astype(dtype), inputs[2]]
+    out2, alpha2 = layer(cast, return_attention_scores=True)
+    np.testing.assert_allclose(numpy(out2), numpy(out), atol=1e-6)
+    np.testing.assert_allclose(numpy(alpha2), numpy(alpha), atol=1e-6)
+
 def test_registry_and_config():
     layer = keras_attention.get("graph", units=4, num_heads=2, version="v2", dropout=0.1, seed=3)
     assert isinstance(layer, GraphAttention)

@@ -242,6 +242,19 @@ def test_make_graph_is_deterministic_and_class_correlated():
     assert np.bincount(heavy.edges[1]).max() > 4 * np.bincount(a.edges[1]).max()
 
 
+
+@pytest.mark.parametrize("kind", ["sbm", "power_law"])
+def test_make_graph_homophily_one_keeps_edges_in_class_when_class_0_is_empty(kind):
+    # seed 32: no node of class 0 (a class's weight range was then wrong).
+    graph = make_graph(
+        num_nodes=30, avg_degree=6, feature_dim=2, num_classes=8,
+        homophily=1.0, kind=kind, seed=32,
+    )
+    assert not (graph.labels == 0).any()
+    source, target = graph.edges
+    np.testing.assert_array_equal(graph.labels[source], graph.labels[target])
+
+
 @pytest.mark.parametrize(
     "kwargs, argument",
     [
@@ -297,6 +310,20 @@ def test_load_graph_files_round_trips(tmp_path, layout):
         np.testing.assert_array_equal(getattr(loaded, name), getattr(graph, name))
     assert loaded.num_classes == 3
 
+
+
+def test_load_graph_files_csv_with_one_feature_column_and_one_edge(tmp_path):
+    # np.loadtxt gave 1-D arrays for these: "should hold a (N, F) matrix".
+    np.savetxt(tmp_path / "features.csv", np.array([[0.5], [1.5], [2.5]]), delimiter=",")
+    np.savetxt(tmp_path / "edges.csv", np.array([[0, 2]]), delimiter=",", fmt="%d")
+    np.savetxt(tmp_path / "labels.csv", np.array([0, 1, 0]), fmt="%d")
+    for stem, ids in (("train", [0]), ("val", [1]), ("test", [2])):
+        np.savetxt(tmp_path / f"{stem}.csv", np.array(ids), fmt="%d")
+    graph = load_graph_files(tmp_path)
+    np.testing.assert_array_equal(graph.features, [[0.5], [1.5], [2.5]])
+    np.testing.assert_array_equal(graph.edges, [[2, 0], [0, 2]])
+    directed = load_graph_files(tmp_path, undirected=False)
+    np.testing.assert_array_equal(directed.edges, [[0], [2]])
 
 def test_load_graph_files_errors_name_the_file(tmp_path):
     graph = make_graph(num_nodes=30, avg_degree=4, feature_dim=3, num_classes=2)

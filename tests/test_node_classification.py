@@ -113,3 +113,18 @@ def test_bad_graphs_raise_expected_versus_received(karate):
         GATNodeClassifier(num_features=34, num_classes=2, attention="gat")
     with pytest.raises(ValueError, match="known presets"):
         GATNodeClassifier.from_preset("gat_reddit")
+
+
+def test_out_of_range_edges_as_eager_tensors_raise_before_tracing(karate):
+    # Tensors (not only NumPy arrays) have known values too: a ValueError
+    # naming `edges`, not an error from inside the traced step.
+    model = GATNodeClassifier(num_features=34, num_classes=2)
+    features, edges = karate.inputs
+    bad = edges.copy()
+    bad[0, 0, 3] = -1
+    for method in (model.predict, model.evaluate):
+        with pytest.raises(ValueError, match=r"`edges`, expected node ids in \[0, 34\)"):
+            method(
+                [keras.ops.convert_to_tensor(features), keras.ops.convert_to_tensor(bad)],
+                verbose=0,
+            )

@@ -286,9 +286,14 @@ class GATNodeClassifier(
             )
         base.check_dtype("edges", edges, "int", "integer node ids")
         num_nodes = f_shape[1]
-        if isinstance(edges, np.ndarray) and num_nodes is not None:
+        known = isinstance(edges, np.ndarray) or (
+            ops.is_tensor(edges) and not _is_symbolic(edges)
+        )  # not a dataset's TensorSpec
+        if num_nodes is not None and known:
+            # NumPy arrays and eager tensors: their values are known here,
+            # before `fit`, `evaluate` or `predict` trace the model.
             base.check_ids_in_range(
-                "edges", edges, num_nodes, "node ids",
+                "edges", ops.convert_to_numpy(edges), num_nodes, "node ids",
                 f"the {num_nodes} nodes of features.shape={f_shape}",
             )
 

@@ -59,12 +59,13 @@ def _find(folder, what):
     )
 
 
-def _read(path, dtype):
+def _read(path, dtype, ndmin=1):
+    """`ndmin=2` reads a CSV file's rows as rows (one column, one row)."""
     try:
         if path.endswith(".npy"):
             array = np.load(path, allow_pickle=False)
         else:
-            array = np.loadtxt(path, delimiter=",", dtype=dtype, ndmin=1)
+            array = np.loadtxt(path, delimiter=",", dtype=dtype, ndmin=ndmin)
     except (ValueError, OSError, EOFError) as e:
         raise ValueError(f"Cannot read {path}: {e}") from e
     return array
@@ -130,7 +131,7 @@ def load_graph_files(path, undirected=True, normalize_features=False):
         raise missing_file_error(folder, "graph folder")
     found = {what: _find(folder, what) for what in _NAMES}
 
-    features = _read(found["features"], np.float32)
+    features = _read(found["features"], np.float32, ndmin=2)
     if features.ndim != 2:
         raise ValueError(
             f"{found['features']} should hold a (N, F) matrix. Received: "
@@ -152,7 +153,7 @@ def load_graph_files(path, undirected=True, normalize_features=False):
         labels = np.where(np.isnan(labels), -1, labels)
     labels = labels.astype(np.int32)
 
-    edges = _read(found["edges"], np.int64)
+    edges = _read(found["edges"], np.int64, ndmin=2)
     edges = np.asarray(edges)
     if edges.ndim == 2 and edges.shape[0] == 2 and found["edges"].endswith(".npy"):
         pass  # (2, E)

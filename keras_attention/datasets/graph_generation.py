@@ -134,7 +134,8 @@ def make_graph(
     order = np.argsort(labels, kind="stable")
     cumulative = np.cumsum(weights[order])
     class_end = np.cumsum(np.bincount(labels, minlength=num_classes))
-    class_high = cumulative[class_end - 1]
+    # The weight up to each class's end (0 before an empty first class).
+    class_high = np.concatenate([[0.0], cumulative])[class_end]
     class_low = np.concatenate([[0.0], class_high[:-1]])
     total = cumulative[-1]
 

@@ -18,6 +18,7 @@ import pickle
 
 import numpy as np
 
+from keras_attention._validation import invalid
 from keras_attention.datasets._files import missing_file_error
 
 GraphData = collections.namedtuple(
@@ -300,6 +301,10 @@ def load_planetoid(path, name, normalize_features=False, num_val=500):
     >>> graph.features.shape, graph.edges.shape  # doctest: +SKIP
     ((2708, 1433), (2, 10556))
     """
+    if isinstance(num_val, bool) or not isinstance(
+        num_val, (int, np.integer)
+    ) or num_val < 0:
+        raise invalid("num_val", "a non-negative integer", num_val)
     folder = os.fspath(path)
 
     def file(suffix):

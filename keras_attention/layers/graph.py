@@ -354,6 +354,11 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         num_nodes = features.shape[0]
         if num_nodes is None:
             num_nodes = ops.shape(features)[0]
+        dtype = keras.backend.standardize_dtype(edges.dtype)
+        if dtype not in ("int32", "int64"):
+            # Gathers and segment sums take int32 or int64 indices only.
+            wide = dtype in ("uint32", "uint64")
+            edges = ops.cast(edges, "int64" if wide else "int32")
         source, target = edges[0], edges[1]
         mask = None
         if self.add_self_loops:
