@@ -134,10 +134,9 @@ def make_graph(
     order = np.argsort(labels, kind="stable")
     cumulative = np.cumsum(weights[order])
     class_end = np.cumsum(np.bincount(labels, minlength=num_classes))
-    # The weight up to each class's end (0 before an empty first class).
+    # The weight up to each class's end and start (0 before the first).
     class_high = np.concatenate([[0.0], cumulative])[class_end]
-    class_low = np.concatenate([[0.0], class_high[:-1]])
-    total = cumulative[-1]
+    class_low, total = np.concatenate([[0.0], class_high[:-1]]), cumulative[-1]
 
     def draw(low, mass):
         position = np.searchsorted(cumulative, low + rng.random(len(low)) * mass, "right")
