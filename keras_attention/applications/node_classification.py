@@ -102,13 +102,18 @@ class GraphBatch(keras.layers.Layer):
 
 
 def _is_symbolic(x):
-    """Whether `x` is a traced tensor, not data (a KerasTensor, a TF graph tensor)."""
+    """Whether `x` is a traced tensor, not data (a KerasTensor, a TF graph
+    tensor, a JAX tracer)."""
     if isinstance(x, keras.KerasTensor):
         return True
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
         return tf.is_symbolic_tensor(x)
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return isinstance(x, jax.core.Tracer)
     return False
 
 
