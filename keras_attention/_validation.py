@@ -126,3 +126,20 @@ def check_texts(texts):
                 f"strings. Received: texts[{i}]={text!r}"
             )
     return texts
+
+
+def is_symbolic(x):
+    """Whether `x` is a tensor without values: a `KerasTensor`, a TensorFlow
+    graph tensor or a JAX tracer (data, not its values, is known)."""
+    if isinstance(x, keras.KerasTensor):
+        return True
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.is_symbolic_tensor(x)
+    if backend == "jax":
+        import jax
+
+        return isinstance(x, jax.core.Tracer)
+    return False

@@ -101,22 +101,6 @@ class GraphBatch(keras.layers.Layer):
         return (1,) + tuple(input_shape)
 
 
-def _is_symbolic(x):
-    """Whether `x` is a traced tensor, not data (a KerasTensor, a TF graph
-    tensor, a JAX tracer)."""
-    if isinstance(x, keras.KerasTensor):
-        return True
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        return tf.is_symbolic_tensor(x)
-    if keras.backend.backend() == "jax":
-        import jax
-
-        return isinstance(x, jax.core.Tracer)
-    return False
-
-
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class GATNodeClassifier(
     FunctionalConfig,
@@ -253,7 +237,7 @@ class GATNodeClassifier(
         if (
             isinstance(inputs, (list, tuple))
             and len(inputs) == 2
-            and _is_symbolic(inputs[1])
+            and base.is_symbolic(inputs[1])
             and "float" in keras.backend.standardize_dtype(inputs[1].dtype)
         ):
             # Under a tf.distribute strategy Keras builds the model on a
@@ -292,7 +276,7 @@ class GATNodeClassifier(
         base.check_dtype("edges", edges, "int", "integer node ids")
         num_nodes = f_shape[1]
         known = isinstance(edges, np.ndarray) or (
-            ops.is_tensor(edges) and not _is_symbolic(edges)
+            ops.is_tensor(edges) and not base.is_symbolic(edges)
         )  # not a dataset's TensorSpec
         if num_nodes is not None and known:
             # NumPy arrays and eager tensors: their values are known here,

@@ -80,14 +80,3 @@ def patched_calls(replacements):
             else:
                 object.__delattr__(layer, "call")
 
-
-def is_symbolic(x):
-    """Whether `x` is a tensor without values (Keras or graph tensor)."""
-    if isinstance(x, keras.KerasTensor):
-        return True
-    try:
-        import tensorflow as tf
-
-        return tf.is_tensor(x) and not tf.executing_eagerly()
-    except ImportError:  # pragma: no cover - the TensorFlow backend is tested
-        return False

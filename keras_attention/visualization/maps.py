@@ -6,6 +6,7 @@ import keras
 import numpy as np
 
 from keras_attention import registry
+from keras_attention._validation import is_symbolic
 from keras_attention.visualization import _hooks
 
 
@@ -169,7 +170,7 @@ def _to_numpy(x):
 
 def _is_symbolic_structure(structure):
     return any(
-        _hooks.is_symbolic(x)
+        is_symbolic(x)
         for x in keras.tree.flatten(structure)
         if x is not None
     )
