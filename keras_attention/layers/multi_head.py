@@ -1,3 +1,16 @@
+"""`MultiHeadAttention`: keras's layer, a superset of it, on the shared core.
+
+This file holds the constructor, `build`, `call` and the attention core;
+the rest is in mixins beside it:
+
+- `_multi_head_masks.py` (`KerasMasks`): keras's mask broadcasting and checks;
+- `_multi_head_cache.py` (`KVCache`): the public key/value cache for decoding;
+- `_multi_head_positions.py` (`PositionEncodings`): RoPE and ALiBi;
+- `_multi_head_long.py` (`LongContext`): windowed self-attention in chunks;
+- `_projections.py` (`ProjectionMixin`, via `base`): the sublayers' weight
+  arguments, LoRA and quantization.
+"""
+
 import string
 from operator import attrgetter
 
