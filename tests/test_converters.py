@@ -223,8 +223,12 @@ def test_timm_file_with_model_name(tmp_path):
              num_heads=(2, 4)),
         dict(img_size=64, window_size=4, embed_dim=16, depths=(2, 2, 2),
              num_heads=(2, 2, 4)),
+        # No query/key/value biases (ours load zeros); the mask computed at
+        # run time (`strict_img_size=False`) is the same at this size.
+        dict(img_size=32, window_size=2, embed_dim=16, depths=(2, 2),
+             num_heads=(2, 4), qkv_bias=False, strict_img_size=False),
     ],
-    ids=["two_stages", "three_stages"],
+    ids=["two_stages", "three_stages", "no_qkv_bias_dynamic_mask"],
 )
 def test_timm_swin_converts_exactly(options):
     reference = _randomize(
@@ -291,6 +295,22 @@ def test_other_architectures_and_options_are_refused():
         VisionTransformer.from_timm(
             timm.create_model(
                 "swin_tiny_patch4_window7_224", **{**swin, "window_size": 8}
+            )
+        )
+    # A 6 x 6 grid (second stage) in 4 x 4 windows: timm attends to its
+    # zero padding, LocalWindowAttention masks it.
+    with pytest.raises(ValueError, match="not a multiple of the window"):
+        VisionTransformer.from_timm(
+            timm.create_model(
+                "swin_tiny_patch4_window7_224",
+                **{**swin, "img_size": 48, "window_size": 4},
+            )
+        )
+    with pytest.raises(ValueError, match="always_partition"):
+        VisionTransformer.from_timm(
+            timm.create_model(
+                "swin_tiny_patch4_window7_224",
+                **{**swin, "always_partition": True},
             )
         )
     with pytest.raises(ValueError, match="hidden_act"):

@@ -325,7 +325,7 @@ def from_timm(
     ignore = () if load_head else (head + ".weight", head + ".bias")
     loader = common.TensorLoader(tensors, name, ignore=ignore)
     if is_swin:
-        swin.fill(model, loader)
+        swin.fill(model, loader, qkv_bias)
         if load_head:
             common.take_linear(loader, head, model.get_layer("predictions"))
         loader.load()
