@@ -216,6 +216,16 @@ def test_timm_file_with_model_name(tmp_path):
     assert _difference(reference, model) < ATOL
 
 
+def test_timm_vit_without_projection_biases(tmp_path):
+    """timm's `proj_bias=False` (no attention output or MLP biases): ours
+    are zero, from the model and from a file with `config`."""
+    reference = _timm_vit(proj_bias=False)
+    assert _difference(reference, VisionTransformer.from_timm(reference)) < ATOL
+    path = _timm_file(tmp_path, reference.state_dict())
+    model = VisionTransformer.from_timm(path, config=CONFIG)
+    assert _difference(reference, model) < ATOL
+
+
 @pytest.mark.parametrize(
     "options",
     [
