@@ -365,6 +365,15 @@ def test_truncated_file(tmp_path):
         VisionTransformer.from_timm(_timm_file(tmp_path))
 
 
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]"])
+def test_an_unreadable_config_json_is_named(tmp_path, text):
+    reference = transformers.ViTForImageClassification(_hf_config())
+    reference.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "config.json").write_text(text)
+    with pytest.raises(ValueError, match="config.json"):
+        VisionTransformer.from_transformers(str(tmp_path / "hf"))
+
+
 def test_missing_extra_and_misshapen_tensors_name_them(tmp_path):
     state = _timm_vit().state_dict()
     del state["blocks.1.mlp.fc2.bias"]
