@@ -216,6 +216,16 @@ def test_timm_file_with_model_name(tmp_path):
     assert _difference(reference, model) < ATOL
 
 
+def test_timm_vit_without_projection_biases(tmp_path):
+    """timm's `proj_bias=False` (no attention output or MLP biases): ours
+    are zero, from the model and from a file with `config`."""
+    reference = _timm_vit(proj_bias=False)
+    assert _difference(reference, VisionTransformer.from_timm(reference)) < ATOL
+    path = _timm_file(tmp_path, reference.state_dict())
+    model = VisionTransformer.from_timm(path, config=CONFIG)
+    assert _difference(reference, model) < ATOL
+
+
 @pytest.mark.parametrize(
     "options",
     [
@@ -223,8 +233,12 @@ def test_timm_file_with_model_name(tmp_path):
              num_heads=(2, 4)),
         dict(img_size=64, window_size=4, embed_dim=16, depths=(2, 2, 2),
              num_heads=(2, 2, 4)),
+        # No query/key/value biases (ours load zeros); the mask computed at
+        # run time (`strict_img_size=False`) is the same at this size.
+        dict(img_size=32, window_size=2, embed_dim=16, depths=(2, 2),
+             num_heads=(2, 4), qkv_bias=False, strict_img_size=False),
     ],
-    ids=["two_stages", "three_stages"],
+    ids=["two_stages", "three_stages", "no_qkv_bias_dynamic_mask"],
 )
 def test_timm_swin_converts_exactly(options):
     reference = _randomize(
@@ -293,6 +307,22 @@ def test_other_architectures_and_options_are_refused():
                 "swin_tiny_patch4_window7_224", **{**swin, "window_size": 8}
             )
         )
+    # A 6 x 6 grid (second stage) in 4 x 4 windows: timm attends to its
+    # zero padding, LocalWindowAttention masks it.
+    with pytest.raises(ValueError, match="not a multiple of the window"):
+        VisionTransformer.from_timm(
+            timm.create_model(
+                "swin_tiny_patch4_window7_224",
+                **{**swin, "img_size": 48, "window_size": 4},
+            )
+        )
+    with pytest.raises(ValueError, match="always_partition"):
+        VisionTransformer.from_timm(
+            timm.create_model(
+                "swin_tiny_patch4_window7_224",
+                **{**swin, "always_partition": True},
+            )
+        )
     with pytest.raises(ValueError, match="hidden_act"):
         VisionTransformer.from_transformers(
             transformers.ViTForImageClassification(_hf_config(hidden_act="relu"))
@@ -333,6 +363,15 @@ def test_truncated_file(tmp_path):
         VisionTransformer.from_timm(path, config=CONFIG)
     with pytest.raises(ValueError, match="model_name"):
         VisionTransformer.from_timm(_timm_file(tmp_path))
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]"])
+def test_an_unreadable_config_json_is_named(tmp_path, text):
+    reference = transformers.ViTForImageClassification(_hf_config())
+    reference.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "config.json").write_text(text)
+    with pytest.raises(ValueError, match="config.json"):
+        VisionTransformer.from_transformers(str(tmp_path / "hf"))
 
 
 def test_missing_extra_and_misshapen_tensors_name_them(tmp_path):

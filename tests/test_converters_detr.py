@@ -240,6 +240,8 @@ def test_mismatches_name_the_tensor_and_assign_nothing(
         (dict(decoder_attention_heads=8), "decoder_attention_heads"),
         (dict(backbone="resnet18d"), "resnet18d"),
         (dict(dilation=True), "dilation"),
+        # Hugging Face then normalizes between decoder layers (logits 0.4 off).
+        (dict(auxiliary_loss=True), "auxiliary_loss"),
     ],
 )
 def test_options_not_covered(options, match):
@@ -247,6 +249,26 @@ def test_options_not_covered(options, match):
     reference = transformers.DetrForObjectDetection(config)
     with pytest.raises(ValueError, match=match):
         DETR.from_transformers(reference)
+
+
+def test_a_backbone_read_before_its_last_stage_is_refused(tmp_path, timm_reference):
+    """DETR reads the backbone's last feature map: with `out_features` (or
+    `out_indices`) ending before the last stage, that is another one."""
+    hf_reference = _reference(
+        use_timm_backbone=False,
+        backbone_config=transformers.ResNetConfig(
+            depths=[1, 1, 1, 1], layer_type="basic",
+            hidden_sizes=[64, 128, 256, 512], out_features=["stage3"],
+        ),
+    )
+    with pytest.raises(ValueError, match=r"out_features=\['stage3'\]"):
+        DETR.from_transformers(hf_reference)
+    folder = _edited_folder(
+        tmp_path, timm_reference,
+        edit_config=lambda c: c["backbone_config"].update(out_indices=[1, 2, 3]),
+    )
+    with pytest.raises(ValueError, match=r"backbone\.out_indices=\[1, 2, 3\]"):
+        DETR.from_transformers(folder)
 
 
 def test_other_architectures_are_refused(tmp_path):

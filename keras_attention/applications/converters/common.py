@@ -134,8 +134,16 @@ def read_hub_directory(directory):
             f"Expected a Hugging Face model folder with a config.json. "
             f"Received: source={directory!r}"
         )
-    with open(config_path) as f:
-        config = json.load(f)
+    try:
+        with open(config_path) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as error:  # ValueError: not JSON, not UTF-8
+        raise ValueError(f"Could not read {config_path!r}: {error}") from error
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"Expected a JSON object in {config_path!r}. Received: "
+            f"{type(config).__name__}"
+        )
     for single, index in (
         ("model.safetensors", "model.safetensors.index.json"),
         ("pytorch_model.bin", "pytorch_model.bin.index.json"),

@@ -69,11 +69,21 @@ def _file_name(name):
     return name
 
 
-def _unsupported(option, value):
+def _unsupported(option, value, hint=""):
     return ValueError(
         f"The DETR config option {option}={value!r} is not covered by "
-        "DETR.from_transformers."
+        f"DETR.from_transformers{hint}."
     )
+
+
+def _check_last_stage(option, features, indices, stages):
+    """DETR reads the backbone's last feature map: it must be the last
+    stage's, which is the one this `DETR` reads."""
+    hint = f" (DETR then reads another feature map than the last stage's, stage{stages})"
+    if features and features[-1] != f"stage{stages}":
+        raise _unsupported(f"{option}.out_features", list(features), hint)
+    if indices and indices[-1] not in (stages, -1):
+        raise _unsupported(f"{option}.out_indices", list(indices), hint)
 
 
 def _hf_resnet(backbone):
@@ -97,10 +107,12 @@ def _hf_resnet(backbone):
             raise _unsupported(f"backbone_config.{option}", True)
     if backbone.get("hidden_act", "relu") != "relu":
         raise _unsupported("backbone_config.hidden_act", backbone["hidden_act"])
+    _check_last_stage("backbone_config", backbone.get("out_features"),
+                      backbone.get("out_indices"), len(depths))
     return block, depths, "hf"
 
 
-def _timm_resnet(name, output_stride=None, dilation=False):
+def _timm_resnet(name, output_stride=None, dilation=False, out_indices=None):
     base_name = str(name).split(".")[0]
     if base_name not in TIMM_RESNETS:
         raise _unsupported(
@@ -108,6 +120,8 @@ def _timm_resnet(name, output_stride=None, dilation=False):
         )
     if dilation or output_stride not in (None, 32):
         raise _unsupported("dilation (DC5)", True)
+    # timm's ResNet features: the stem, then layer1..layer4 (index 4).
+    _check_last_stage("backbone", None, out_indices, 4)
     block, depths = TIMM_RESNETS[base_name]
     return block, depths, "timm"
 
@@ -125,7 +139,7 @@ def backbone_arguments(config):
         if kind == "timm_backbone":
             return _timm_resnet(
                 backbone.get("backbone"), backbone.get("output_stride"),
-                config.get("dilation", False),
+                config.get("dilation", False), backbone.get("out_indices"),
             )
         if kind == "resnet":
             return _hf_resnet(backbone)
@@ -134,6 +148,7 @@ def backbone_arguments(config):
         return _timm_resnet(
             config.get("backbone") or "resnet50", None,
             config.get("dilation", False),
+            (config.get("backbone_kwargs") or {}).get("out_indices"),
         )
     return _hf_resnet({})
 
@@ -153,6 +168,12 @@ def detr_arguments(config):
     ):
         if config.get(option, supported) != supported:
             raise _unsupported(option, config[option])
+    if config.get("auxiliary_loss"):
+        raise _unsupported(
+            "auxiliary_loss", True, " (Hugging Face's decoder then feeds each "
+            "layer the decoder LayerNorm's output, a function this DETR does "
+            "not compute; its own `aux_loss` keeps the original DETR's)"
+        )
     defaults = dict(_ARCHITECTURE.values())
     for first, second in (
         ("encoder_attention_heads", "decoder_attention_heads"),
@@ -332,7 +353,10 @@ class DETRConverters:
         Raises:
             ValueError: another architecture or an option not covered
                 (learned positions, DC5 dilation, another activation or
-                backbone, different encoder and decoder widths), or missing,
+                backbone, a backbone read before its last stage, different
+                encoder and decoder widths, Hugging Face's
+                `auxiliary_loss=True`, whose decoder normalizes between
+                layers), or missing,
                 extra or misshapen tensors (naming them); no weight is
                 assigned then.
 

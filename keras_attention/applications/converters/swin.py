@@ -41,6 +41,8 @@ def swin_arguments(model):
         raise _unsupported("global_pool", model.head.global_pool.pool_type)
     epsilons = {model.norm.eps, patch_embed.norm.eps}
     window = None
+    # Without query/key/value biases (`qkv_bias=False`), ours load zeros.
+    qkv_bias = model.layers[0].blocks[0].attn.qkv.bias is not None
     for stage, layer in enumerate(model.layers):
         downsample = layer.downsample
         if (stage == 0) != isinstance(downsample, nn.Identity):
@@ -55,10 +57,10 @@ def swin_arguments(model):
             where = f" (layers.{stage}.blocks.{index})"
             if type(block) is not timm_swin.SwinTransformerBlock:
                 raise _unsupported("block", type(block).__name__, where)
-            if getattr(block, "always_partition", False) or getattr(
-                block, "dynamic_mask", False
-            ):
-                raise _unsupported("always_partition/dynamic_mask", True, where)
+            # `dynamic_mask` (`strict_img_size=False`) computes the same
+            # mask at run time: exact at the converted model's image size.
+            if getattr(block, "always_partition", False):
+                raise _unsupported("always_partition", True, where)
             size = tuple(block.window_size)
             window = window or size
             if size != window or size[0] != size[1]:
@@ -66,8 +68,17 @@ def swin_arguments(model):
                     "window_size", size, where + " (the grid is smaller than "
                     "the window, or windows differ)"
                 )
-            if block.attn.qkv.bias is None:
-                raise _unsupported("qkv_bias", False, where)
+            grid = tuple(block.input_resolution)
+            if grid[0] % size[0] or grid[1] % size[1]:
+                # timm pads such a grid with zeros that are attended to;
+                # LocalWindowAttention masks its padding out.
+                raise _unsupported(
+                    "window_size", size, f"{where} with img_size="
+                    f"{tuple(patch_embed.img_size)} (the {grid[0]} x "
+                    f"{grid[1]} patch grid is not a multiple of the window)"
+                )
+            if (block.attn.qkv.bias is not None) != qkv_bias:
+                raise _unsupported("qkv_bias", not qkv_bias, where + " (blocks differ)")
             act = block.mlp.act
             if not (isinstance(act, nn.GELU) and act.approximate == "none"):
                 raise _unsupported("act_layer", repr(act), where)
@@ -93,11 +104,12 @@ def swin_arguments(model):
         patch_norm=True,
     )
     num_classes = head.out_features if isinstance(head, nn.Linear) else 0
-    return arguments, num_classes, True
+    return arguments, num_classes, qkv_bias
 
 
-def fill(model, loader):
-    """Queues every variable of a Swin-mode `model` in `loader`."""
+def fill(model, loader, qkv_bias=True):
+    """Queues every variable of a Swin-mode `model` in `loader`; without
+    `qkv_bias`, the fused `qkv` bias is set to zero (exact)."""
     backbone = model.backbone
     patch = backbone.get_layer("patch_embedding")
     loader.take("patch_embed.proj.weight", patch.projection.kernel,
@@ -120,7 +132,12 @@ def fill(model, loader):
             common.take_norm(loader, prefix + "norm1", block.attention_norm)
             loader.take(prefix + "attn.relative_position_bias_table",
                         attention.relative_position_bias_table)
-            common.take_linear(loader, prefix + "attn.qkv", attention.qkv)
+            if qkv_bias:
+                common.take_linear(loader, prefix + "attn.qkv", attention.qkv)
+            else:
+                loader.take(prefix + "attn.qkv.weight", attention.qkv.kernel,
+                            common.dense_kernel)
+                loader.zeros([attention.qkv.bias])
             common.take_linear(
                 loader, prefix + "attn.proj", attention.output_dense
             )

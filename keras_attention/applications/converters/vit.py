@@ -7,7 +7,8 @@ channels-last kernel `(p, p, channels, C)`, each `Linear` weight
 the attention: query/key/value `(C, H, D)`, output `(H, D, C)`), and timm's
 fused `qkv` `(3 C, C)` is split in three. A checkpoint without query/key/
 value biases (`qkv_bias=False`) loads zeros into ours, which is exact (they
-become trainable when fine-tuning).
+become trainable when fine-tuning); so does one without the attention
+output and MLP biases (timm's `proj_bias=False`).
 """
 
 import os
@@ -27,7 +28,8 @@ def _grid(arguments):
     return image[0] // patch[0], image[1] // patch[1]
 
 
-def _fill(model, loader, layout, qkv_bias, load_head, source_grid=None):
+def _fill(model, loader, layout, qkv_bias, load_head, source_grid=None,
+          proj_bias=True):
     """Queues every variable of `model` in `loader` from `layout`'s names.
 
     `layout`: `patch`, `class_token`, `position`, `block` (a format string
@@ -36,6 +38,8 @@ def _fill(model, loader, layout, qkv_bias, load_head, source_grid=None):
     `head` names. `source_grid`: the checkpoint's patch grid; a model
     built for another image size gets the position embedding resampled to
     its grid (`common.resample_position_embedding`, timm's bicubic).
+    `proj_bias=False`: the checkpoint has no `output`, `fc1` and `fc2`
+    biases; ours are set to zero.
     """
     backbone = model.backbone
     patch = backbone.get_layer("patch_embedding")
@@ -98,10 +102,18 @@ def _fill(model, loader, layout, qkv_bias, load_head, source_grid=None):
             out.kernel,
             lambda w, shape=tuple(out.kernel.shape): w.T.reshape(shape),
         )
-        loader.take(prefix + layout["output"] + ".bias", out.bias)
         common.take_norm(loader, prefix + layout["norm2"], block.mlp_norm)
-        common.take_linear(loader, prefix + layout["fc1"], block.mlp_hidden)
-        common.take_linear(loader, prefix + layout["fc2"], block.mlp_output)
+        for role, dense in (("fc1", block.mlp_hidden), ("fc2", block.mlp_output)):
+            loader.take(
+                prefix + layout[role] + ".weight", dense.kernel, common.dense_kernel
+            )
+        linears = ((layout["output"], out), (layout["fc1"], block.mlp_hidden),
+                   (layout["fc2"], block.mlp_output))
+        for name, dense in linears:
+            if proj_bias:
+                loader.take(prefix + name + ".bias", dense.bias)
+            else:
+                loader.zeros([dense.bias])
     if backbone.final_norm is not None:
         common.take_norm(loader, layout["final_norm"], backbone.get_layer("final_norm"))
     if load_head:
@@ -207,6 +219,10 @@ def timm_arguments(model):
         mlp = block.mlp
         if type(mlp) is not timm_vit.Mlp:
             raise _unsupported("mlp_layer", type(mlp).__name__, where)
+        biases = {linear.bias is not None
+                  for linear in (attention.proj, mlp.fc1, mlp.fc2)}
+        if biases != {model.blocks[0].attn.proj.bias is not None}:
+            raise _unsupported("proj_bias", "mixed", where)
         if not identity(getattr(mlp, "norm", None)):
             raise _unsupported("scale_mlp_norm", True, where)
         act = mlp.act
@@ -293,6 +309,7 @@ def from_timm(
         if config is not None:
             arguments = dict(config)
             qkv_bias = "blocks.0.attn.qkv.bias" in tensors
+            proj_bias = "blocks.0.attn.proj.bias" in tensors
         elif model_name is not None:
             timm_model = _timm_model_from_name(
                 model_name, source_classes, dict(model_kwargs or {})
@@ -312,6 +329,8 @@ def from_timm(
     if timm_model is not None:
         describe = swin.swin_arguments if is_swin else timm_arguments
         arguments, model_classes, qkv_bias = describe(timm_model)
+        if not is_swin:
+            proj_bias = timm_model.blocks[0].attn.proj.bias is not None
         if common.is_torch_module(source):
             source_classes = model_classes
     if is_swin and "image_size" in kwargs:
@@ -325,7 +344,7 @@ def from_timm(
     ignore = () if load_head else (head + ".weight", head + ".bias")
     loader = common.TensorLoader(tensors, name, ignore=ignore)
     if is_swin:
-        swin.fill(model, loader)
+        swin.fill(model, loader, qkv_bias)
         if load_head:
             common.take_linear(loader, head, model.get_layer("predictions"))
         loader.load()
@@ -334,6 +353,7 @@ def from_timm(
         model, loader, {**TIMM_LAYOUT, "final_norm": (
             "fc_norm" if model.backbone.final_norm == "pooled" else "norm"
         )}, qkv_bias, load_head, source_grid=_grid(arguments),
+        proj_bias=proj_bias,
     )
     loader.load()
     return model
