@@ -212,6 +212,26 @@ def test_bad_generate_arguments():
         )
 
 
+@pytest.mark.parametrize("bad", [V, -1])
+def test_token_ids_outside_the_vocabulary_are_refused(bad):
+    # Before: a raw TensorFlow gather error for V, silent logits for -1.
+    model = tiny(depth=1)
+    model.compile()
+    x = ids(2, 5)
+    x[1, 2] = bad
+    match = rf"`token_ids`.*\[0, {V}\).*vocabulary_size={V}"
+    with pytest.raises(ValueError, match=match):
+        model(x)
+    with pytest.raises(ValueError, match=match):
+        model.predict(x, verbose=0)
+    with pytest.raises(ValueError, match=match):
+        model.evaluate(x, ids(2, 5), verbose=0)
+    with pytest.raises(ValueError, match=match):
+        model.fit(x, ids(2, 5), epochs=1, verbose=0)
+    with pytest.raises(ValueError, match=match):
+        model.attention_scores(x)
+
+
 @pytest.mark.large  # a minute or two: fine-tuning, 100 generations, pictures
 def test_run_recipe_quick(tmp_path):
     from keras_attention import recipes
