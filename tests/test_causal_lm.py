@@ -113,6 +113,17 @@ def test_keras_file_round_trip_keeps_outputs_and_preprocessor(tmp_path):
     assert loaded.generate_text("3 may") == model.generate_text("3 may")
 
 
+def test_frozen_block_stays_frozen_after_loading(tmp_path):
+    model = tiny()
+    model.backbone.blocks[0].trainable = False
+    trainable = len(model.trainable_weights)
+    path = os.path.join(tmp_path, "lm.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert [b.trainable for b in loaded.backbone.blocks] == [False, True]
+    assert len(loaded.trainable_weights) == trainable
+
+
 def test_attention_maps_are_causal_and_windowed():
     model, x = tiny(sliding_window=3), ids(1, 8)
     maps = visualization.attention_maps(model, x)
