@@ -243,6 +243,15 @@ def test_token_ids_outside_the_vocabulary_are_refused(bad):
         model.attention_scores(x)
 
 
+def test_date_accuracy_of_a_text_without_date_lines_raises():
+    # Before: 0.0, as if the model had missed every date.
+    model = tiny(depth=1)
+    with pytest.raises(ValueError, match="`text`, expected date lines"):
+        training.date_completion_accuracy(model, "")
+    with pytest.raises(ValueError, match="`text`, expected date lines"):
+        training.date_completion_accuracy(model, "no dates\nhere")
+
+
 @pytest.mark.large  # a minute or two: fine-tuning, 100 generations, pictures
 def test_run_recipe_quick(tmp_path):
     from keras_attention import recipes
