@@ -252,7 +252,9 @@ def command_convert(args):
         model = VisionTransformer.from_timm(
             args.source, model_name=args.timm_model, num_classes=args.num_classes
         )
-    model.save(args.out)
+    from keras_attention._writing import write_atomically
+
+    write_atomically(args.out, model.save, suffix=".keras")
     print(description if model_type == "bert" else _describe(model))
     print(f"Saved: {os.path.abspath(args.out)}")
     return EXIT_OK
