@@ -135,16 +135,52 @@ class ArgumentConfig:
         return cls(**config)
 
 
+# The config key of the layers of a functional model's graph that were
+# frozen (`layer.trainable = False`) in a trainable model.
+FROZEN_LAYERS = "frozen_layers"
+
+
+def frozen_layers_config(model):
+    """`{"frozen_layers": [names]}` for a functional model rebuilt by its
+    constructor, or `{}` when none of its graph's layers is frozen.
+
+    Keras's own functional config keeps each layer's `trainable`; a model
+    whose config is its arguments keeps the names of its frozen layers
+    instead, so that `model.get_layer("block_0").trainable = False`
+    survives a `.keras` file as it does for a plain functional model (a
+    frozen model's layers all are: its own `trainable` says so).
+    """
+    if not model.trainable:
+        return {}
+    names = [layer.name for layer in model.layers if not layer.trainable]
+    return {FROZEN_LAYERS: names} if names else {}
+
+
+def build_with_frozen_layers(build, config):
+    """`build(**config)` with the layers that `config` names under
+    `"frozen_layers"` (`frozen_layers_config`) frozen again."""
+    config = dict(config)
+    frozen = config.pop(FROZEN_LAYERS, ())
+    model = build(**config)
+    for name in frozen:
+        model.get_layer(name).trainable = False
+    return model
+
+
 class FunctionalConfig(ArgumentConfig):
     """`ArgumentConfig` for a functional model, rebuilt by its constructor.
 
-    Its config is its arguments, name and trainability, not the graph that
+    Its config is its arguments, name and trainability (and the names of
+    its frozen layers: `frozen_layers_config`), not the graph that
     `keras.Model.get_config` would describe.
     """
 
     def base_config(self):
-        return {"name": self.name, "trainable": self.trainable}
+        return {
+            "name": self.name, "trainable": self.trainable,
+            **frozen_layers_config(self),
+        }
 
     @classmethod
     def from_config(cls, config):
-        return cls(**config)
+        return build_with_frozen_layers(cls, config)

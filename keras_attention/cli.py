@@ -227,7 +227,7 @@ def command_convert(args):
         raise UsageError(
             f"--out: expected a path ending in .keras. Received: --out={args.out}"
         )
-    _make_out_folder(os.path.dirname(os.path.abspath(args.out)), args.out)
+    _make_out_file_folder(args.out)
     model_type = None
     if os.path.isdir(args.source):
         if args.timm_model:
@@ -252,7 +252,9 @@ def command_convert(args):
         model = VisionTransformer.from_timm(
             args.source, model_name=args.timm_model, num_classes=args.num_classes
         )
-    model.save(args.out)
+    from keras_attention._writing import write_atomically
+
+    write_atomically(args.out, model.save, suffix=".keras")
     print(description if model_type == "bert" else _describe(model))
     print(f"Saved: {os.path.abspath(args.out)}")
     return EXIT_OK
@@ -412,6 +414,16 @@ def _make_out_folder(folder, out):
         ) from None
 
 
+def _make_out_file_folder(out):
+    """Makes the folder of the file `--out` (before any work); a folder as
+    `--out`, or a file in the way of its folder, is a bad argument."""
+    if os.path.isdir(out):
+        raise UsageError(
+            f"--out: expected a file, not the folder {out}. Received: --out={out}"
+        )
+    _make_out_folder(os.path.dirname(os.path.abspath(out)), out)
+
+
 def command_explore(args):
     import keras
 
@@ -420,6 +432,7 @@ def command_explore(args):
 
     if not os.path.isfile(args.model):
         raise UsageError(f"MODEL: no such file: {args.model}")
+    _make_out_file_folder(args.out)
     node_labels = None
     if args.node_labels:
         node_labels = _load_node_labels(args.node_labels)

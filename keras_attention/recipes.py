@@ -15,6 +15,8 @@ from typing import Callable
 import keras
 import numpy as np
 
+from keras_attention._writing import write_atomically
+
 
 @dataclasses.dataclass
 class Result:
@@ -46,7 +48,7 @@ def _verbose():
 
 def _save(model, out, name):
     path = os.path.join(out, f"{name}.keras")
-    model.save(path)
+    write_atomically(path, model.save, suffix=".keras")
     return path
 
 

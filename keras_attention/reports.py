@@ -7,6 +7,8 @@ self-contained `report.html` (pictures and attention explorers inlined).
 
 import os
 
+from keras_attention._writing import write_text_atomically
+
 
 def format_result(result):
     lines = [
@@ -52,8 +54,7 @@ def write_report(results, out, seconds, cpu_seconds=None):
                 lines.append(f"- interactive attention: [{rel}]({rel})")
             else:
                 lines.append(f"- model: `{rel}`")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    write_text_atomically(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -134,6 +135,5 @@ for (const frame of document.querySelectorAll("iframe.explorer")) {{
 </body></html>
 """
     path = os.path.join(out, "report.html")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(page)
+    write_text_atomically(path, page)
     return path

@@ -113,6 +113,17 @@ def test_keras_file_round_trip_keeps_outputs_and_preprocessor(tmp_path):
     assert loaded.generate_text("3 may") == model.generate_text("3 may")
 
 
+def test_frozen_block_stays_frozen_after_loading(tmp_path):
+    model = tiny()
+    model.backbone.blocks[0].trainable = False
+    trainable = len(model.trainable_weights)
+    path = os.path.join(tmp_path, "lm.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert [b.trainable for b in loaded.backbone.blocks] == [False, True]
+    assert len(loaded.trainable_weights) == trainable
+
+
 def test_attention_maps_are_causal_and_windowed():
     model, x = tiny(sliding_window=3), ids(1, 8)
     maps = visualization.attention_maps(model, x)
@@ -210,6 +221,35 @@ def test_bad_generate_arguments():
         CausalLMBackbone(vocabulary_size=V, hidden_dim=8, num_heads=2)(
             np.ones((2, 3, 4), "int32")
         )
+
+
+@pytest.mark.parametrize("bad", [V, -1])
+def test_token_ids_outside_the_vocabulary_are_refused(bad):
+    # Before: a raw TensorFlow gather error for V, silent logits for -1.
+    model = tiny(depth=1)
+    model.compile()
+    x = ids(2, 5)
+    x[1, 2] = bad
+    match = rf"`token_ids`.*\[0, {V}\).*vocabulary_size={V}"
+    with pytest.raises(ValueError, match=match):
+        model(x)
+    with pytest.raises(ValueError, match=match):
+        model.predict(x, verbose=0)
+    with pytest.raises(ValueError, match=match):
+        model.evaluate(x, ids(2, 5), verbose=0)
+    with pytest.raises(ValueError, match=match):
+        model.fit(x, ids(2, 5), epochs=1, verbose=0)
+    with pytest.raises(ValueError, match=match):
+        model.attention_scores(x)
+
+
+def test_date_accuracy_of_a_text_without_date_lines_raises():
+    # Before: 0.0, as if the model had missed every date.
+    model = tiny(depth=1)
+    with pytest.raises(ValueError, match="`text`, expected date lines"):
+        training.date_completion_accuracy(model, "")
+    with pytest.raises(ValueError, match="`text`, expected date lines"):
+        training.date_completion_accuracy(model, "no dates\nhere")
 
 
 @pytest.mark.large  # a minute or two: fine-tuning, 100 generations, pictures

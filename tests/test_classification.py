@@ -432,6 +432,30 @@ def test_frozen_backbone_stays_frozen_after_loading(cls, kwargs, tmp_path):
     assert len(cls(backbone=backbone, num_classes=2).trainable_weights) == 2
 
 
+@pytest.mark.parametrize(
+    "cls, kwargs, frozen",
+    [(VisionTransformer, TINY_VIT, ("patch_embedding", "block_0")),
+     (CBAMResNet, TINY_RESNET, ("stem_conv", "stem_norm", "block_0_0"))],
+    ids=["vit", "cbam_resnet"],
+)
+def test_frozen_layers_stay_frozen_after_loading(cls, kwargs, frozen, tmp_path):
+    # As for a plain functional model, whose config keeps each layer's
+    # `trainable`: some of the backbone's layers and the head frozen.
+    model = cls(**kwargs)
+    for name in frozen:
+        model.backbone.get_layer(name).trainable = False
+    model.get_layer("predictions").trainable = False
+    trainable = len(model.trainable_weights)
+    loaded = assert_round_trip(model, images(n=2)[0], tmp_path)
+    assert loaded.backbone.trainable and loaded.trainable
+    assert [layer.name for layer in loaded.backbone.layers
+            if not layer.trainable] == list(frozen)
+    assert not loaded.get_layer("predictions").trainable
+    assert len(loaded.trainable_weights) == trainable
+    # Nothing frozen: the config is unchanged (no new key).
+    assert "frozen_layers" not in cls(**kwargs).get_config()
+
+
 # ------------------------------------------------------------ bad input
 
 

@@ -519,6 +519,33 @@ def test_explore_command(tmp_path, capsys):
     assert not (tmp_path / "other.html").exists()
 
 
+def test_explore_command_checks_out_before_loading_the_model(tmp_path, capsys, monkeypatch):
+    # Before: the model was loaded first, then explore's `path` check failed
+    # with exit 1 (naming `path`, not --out); a missing folder was an error
+    # where `convert`, `run` and `demo` make it.
+    from keras_attention import cli
+
+    model_path, input_path = tmp_path / "model.keras", tmp_path / "x.npy"
+    token_model().save(model_path)
+    np.save(input_path, tokens_input())
+    (tmp_path / "afile").write_text("in the way")
+    loads = []
+    load_model = keras.saving.load_model
+    monkeypatch.setattr(
+        keras.saving, "load_model", lambda *a, **k: loads.append(a) or load_model(*a, **k)
+    )
+    for out, message in ((tmp_path / "afile" / "x.html", "--out: cannot make the folder"),
+                         (tmp_path, "--out: expected a file, not the folder")):
+        code = cli.main(["explore", str(model_path), str(input_path), "--out", str(out)])
+        assert code == cli.EXIT_USAGE
+        assert message in capsys.readouterr().err
+    assert loads == []
+    page = tmp_path / "new" / "page.html"
+    code = cli.main(["explore", str(model_path), str(input_path), "--out", str(page)])
+    assert code == cli.EXIT_OK, capsys.readouterr().err
+    assert page.is_file()
+
+
 def test_explore_command_unreadable_files_are_usage_errors(tmp_path, capsys):
     from keras_attention import cli
 

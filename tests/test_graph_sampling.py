@@ -339,3 +339,19 @@ def test_load_graph_files_errors_name_the_file(tmp_path):
     np.save(tmp_path / "train.npy", np.array([0, 31]))
     with pytest.raises(ValueError, match=r"train.npy.*outside \[0, 30\)"):
         load_graph_files(tmp_path)
+
+
+def test_load_graph_files_refuses_overlapping_splits(tmp_path):
+    # Before: loaded, and a test node also trained on inflated the accuracy.
+    graph = make_graph(num_nodes=30, avg_degree=4, feature_dim=3, num_classes=2)
+    save_graph(tmp_path, graph)
+    test = np.flatnonzero(graph.test_mask)
+    np.save(tmp_path / "train.npy", np.concatenate([np.flatnonzero(graph.train_mask), test[:2]]))
+    with pytest.raises(ValueError, match=r"train and test splits overlap: 2 node\(s\) in both .*train.npy.*test.npy"):
+        load_graph_files(tmp_path)
+    val = np.zeros(30, bool)
+    val[test[0]] = True  # a boolean mask file, sharing one node with test
+    np.save(tmp_path / "train.npy", np.flatnonzero(graph.train_mask))
+    np.save(tmp_path / "val.npy", val)
+    with pytest.raises(ValueError, match=r"val and test splits overlap: 1 node\(s\)"):
+        load_graph_files(tmp_path)

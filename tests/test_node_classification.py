@@ -128,3 +128,28 @@ def test_out_of_range_edges_as_eager_tensors_raise_before_tracing(karate):
                 [keras.ops.convert_to_tensor(features), keras.ops.convert_to_tensor(bad)],
                 verbose=0,
             )
+
+
+def test_an_empty_split_raises_instead_of_scoring_zero(karate):
+    # Before: evaluate reported accuracy 0.0 (keras's weighted mean over
+    # no weight) and masked_accuracy NaN with a NumPy warning.
+    from keras_attention.applications import masked_accuracy
+
+    model = GATNodeClassifier(num_features=34, num_classes=2)
+    model.compile()
+    empty = np.zeros_like(karate.test_weights)
+    match = r"`{}`, expected the weights of a split with at least one"
+    with pytest.raises(ValueError, match=match.format("sample_weight")):
+        model.evaluate(karate.inputs, karate.labels, sample_weight=empty,
+                       verbose=0)
+    with pytest.raises(ValueError, match=match.format("sample_weight")):
+        model.evaluate(karate.inputs, karate.labels, None, 0, empty)
+    with pytest.raises(ValueError, match=match.format("sample_weight")):
+        model.fit(karate.inputs, karate.labels, sample_weight=empty, verbose=0)
+    with pytest.raises(ValueError, match=match.format(r"validation_data\[2\]")):
+        model.fit(karate.inputs, karate.labels, sample_weight=karate.train_weights,
+                  validation_data=(karate.inputs, karate.labels, empty), verbose=0)
+    labels = karate.labels[0]
+    with pytest.raises(ValueError, match="`mask`.*no labelled node"):
+        masked_accuracy(np.zeros((34, 2)), labels, np.zeros(34, bool))
+    assert 0 <= masked_accuracy(np.zeros((34, 2)), labels, labels >= 0) <= 1

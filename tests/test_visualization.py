@@ -524,6 +524,45 @@ def test_plot_attention_heatmap(tmp_path):
             vis.plot_attention_heatmap(weights, head=head)
 
 
+def test_a_failed_write_leaves_the_previous_file(tmp_path, monkeypatch):
+    # Before: savefig wrote straight over the user's file, so a failure
+    # midway left a half-written picture in its place. Every writer of the
+    # package (pictures, explorer page, reports, .keras files) shares
+    # `_writing.write_atomically`.
+    from keras_attention import reports
+    from keras_attention._writing import write_atomically
+
+    path = tmp_path / "heatmap.png"
+    path.write_bytes(b"the user's previous picture")
+
+    def half_then_fail(self, fname, **kwargs):
+        with open(fname, "wb") as f:
+            f.write(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Figure, "savefig", half_then_fail)
+        with pytest.raises(OSError, match="No space left"):
+            vis.plot_attention_heatmap(np.eye(3), path=path)
+    assert path.read_bytes() == b"the user's previous picture"
+    assert sorted(os.listdir(tmp_path)) == ["heatmap.png"]  # no temporary
+    vis.plot_attention_heatmap(np.eye(3), path=path)  # then written whole
+    assert_png(path)
+    mode = os.stat(path).st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask  # as open() makes a file
+    # The reports write through it too.
+    monkeypatch.setattr(
+        reports, "write_text_atomically",
+        lambda p, text: write_atomically(p, lambda t: 1 / 0),
+    )
+    (tmp_path / "report.md").write_text("previous report")
+    with pytest.raises(ZeroDivisionError):
+        reports.write_report([], str(tmp_path), 1.0)
+    assert (tmp_path / "report.md").read_text() == "previous report"
+
+
 def test_plot_image_overlay(tmp_path):
     image = rand(16, 16, 1)
     fig = vis.plot_image_overlay(image, rand(4, 4), alpha=0.3, path=tmp_path / "o.png")

@@ -29,6 +29,8 @@ from keras_attention import _validation
 from keras_attention.layers import base as layer_base
 from keras_attention.applications import presets as preset_registry
 from keras_attention._config import FunctionalConfig
+from keras_attention._config import build_with_frozen_layers
+from keras_attention._config import frozen_layers_config
 
 PACKAGE = preset_registry.PACKAGE
 
@@ -218,8 +220,9 @@ class TaskConfig:
 
     The config holds the backbone (serialized), the task's own
     `task_arguments()`, its `preprocessor` (serialized, or `None`) when the
-    task has one, its name and trainability; `from_config` deserializes the
-    backbone and calls the constructor.
+    task has one, its name and trainability, and its frozen layers (the
+    head: `frozen_layers_config`); `from_config` deserializes the backbone,
+    calls the constructor and freezes those layers again.
     """
 
     def task_arguments(self):
@@ -238,6 +241,7 @@ class TaskConfig:
                 else keras.saving.serialize_keras_object(self.preprocessor)
             )
         config.update(name=self.name, trainable=self.trainable)
+        config.update(frozen_layers_config(self))
         return config
 
     @classmethod
@@ -245,7 +249,7 @@ class TaskConfig:
         config = dict(config)
         if isinstance(config.get("backbone"), dict):
             config["backbone"] = keras.layers.deserialize(config["backbone"])
-        return cls(**config)
+        return build_with_frozen_layers(cls, config)
 
 
 class Backbone(FunctionalConfig, InputChecks, keras.Model):

@@ -152,6 +152,18 @@ class CausalLMBackbone(app_base.Backbone):
                 "integer ids of shape (B, T). Received: "
                 f"token_ids.shape={shape}"
             )
+        known = isinstance(inputs, np.ndarray) or (
+            ops.is_tensor(inputs) and not base.is_symbolic(inputs)
+        )  # not a dataset's TensorSpec nor a traced tensor
+        if known:
+            # Values known before `fit`, `evaluate` or `predict` trace the
+            # model: an id outside the embedding is a gather error on
+            # TensorFlow and a silent clamp (garbage) elsewhere or under XLA.
+            base.check_ids_in_range(
+                "token_ids", ops.convert_to_numpy(inputs),
+                self.vocabulary_size, "token ids",
+                f"vocabulary_size={self.vocabulary_size}",
+            )
 
     @property
     def blocks(self):
@@ -192,7 +204,7 @@ class CausalLMBackbone(app_base.Backbone):
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class CausalLM(
     app_base.TaskConfig, app_base.PresetMixin, app_base.CompileDefaults,
-    keras.Model,
+    app_base.InputChecks, keras.Model,
 ):
     """Decoder-only language model: `CausalLMBackbone` and next-token logits.
 
@@ -294,6 +306,9 @@ class CausalLM(
             ],
             "jit_compile": True,
         }
+
+    def check_inputs(self, inputs):
+        self.backbone.check_inputs(inputs)
 
     def attention_scores(self, token_ids):
         """The causal attention weights `(B, H, T, T)` of every block."""

@@ -14,6 +14,7 @@ test nodes are chosen with per-node sample weights
 """
 
 import collections
+import inspect
 
 import keras
 import numpy as np
@@ -46,6 +47,30 @@ def _split_weights(mask):
     count = mask.sum()
     scale = mask.size / count if count else 0.0
     return (mask * scale)[None]
+
+
+def _bind(method, x, y, args, kwargs):
+    """`{name: value}` of a call of keras's `fit` or `evaluate`."""
+    signature = inspect.signature(method)
+    return signature.bind(None, x, y, *args, **kwargs).arguments
+
+
+def _check_split(argument, weights):
+    """A ValueError unless the split weights `weights` (values known here)
+    select a node: all 0 is an empty split (a mask with no True, or no
+    labelled node in it), which keras would score 0, not an error."""
+    if weights is None or not (
+        isinstance(weights, np.ndarray)
+        or (ops.is_tensor(weights) and not base.is_symbolic(weights))
+    ):
+        return
+    if not np.any(ops.convert_to_numpy(weights)):
+        raise ValueError(
+            f"Received an invalid value for argument `{argument}`, expected "
+            "the weights of a split with at least one labelled node. "
+            f"Received: {argument} with every weight 0 (an empty split: its "
+            "mask has no True, or no node of it has a label)"
+        )
 
 
 def node_classification_data(graph):
@@ -301,6 +326,19 @@ class GATNodeClassifier(
                 keras.metrics.SparseCategoricalAccuracy(name="accuracy")
             ],
         }
+
+    def fit(self, x=None, y=None, *args, **kwargs):
+        given = _bind(keras.Model.fit, x, y, args, kwargs)
+        _check_split("sample_weight", given.get("sample_weight"))
+        validation = given.get("validation_data")
+        if isinstance(validation, (list, tuple)) and len(validation) == 3:
+            _check_split("validation_data[2]", validation[2])
+        return super().fit(x, y, *args, **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        given = _bind(keras.Model.evaluate, x, y, args, kwargs)
+        _check_split("sample_weight", given.get("sample_weight"))
+        return super().evaluate(x, y, *args, **kwargs)
 
     def attention_scores(self, inputs):
         """The coefficients of both layers, run eagerly.

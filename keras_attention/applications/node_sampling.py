@@ -252,5 +252,11 @@ def layerwise_predict(model, features, edges, chunk_size=4096):
 def masked_accuracy(logits, labels, mask):
     """Fraction of the nodes of `mask` whose argmax of `logits` is the label."""
     mask = np.asarray(mask, bool) & (np.asarray(labels) >= 0)
+    if not mask.any():  # the mean of nothing: NaN and a NumPy warning
+        raise ValueError(
+            "Received an invalid value for argument `mask`, expected a "
+            "split with at least one labelled node. Received: a mask that "
+            "selects no labelled node (an empty split)"
+        )
     predictions = np.argmax(np.asarray(logits), axis=-1)
     return float(np.mean(predictions[mask] == np.asarray(labels)[mask]))

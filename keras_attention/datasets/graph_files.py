@@ -107,6 +107,23 @@ def _ids_or_mask(path, num_nodes):
     return mask
 
 
+def _check_disjoint(found, masks):
+    """Raise a ValueError naming both files if two splits share a node (a
+    test node seen in training would inflate the test accuracy)."""
+    names = list(masks)
+    for i, first in enumerate(names):
+        for second in names[i + 1:]:
+            shared = np.flatnonzero(masks[first] & masks[second])
+            if shared.size:
+                raise ValueError(
+                    f"The {first} and {second} splits overlap: "
+                    f"{shared.size} node(s) in both {found[first]} and "
+                    f"{found[second]} "
+                    f"(first node ids: {shared[:5].tolist()}); expected "
+                    "disjoint train, val and test splits"
+                )
+
+
 def load_graph_files(path, undirected=True, normalize_features=False):
     """Loads a node-classification graph from array files in a folder.
 
@@ -124,7 +141,8 @@ def load_graph_files(path, undirected=True, normalize_features=False):
         FileNotFoundError (also a ValueError): a file is missing; the
             message names the files tried.
         ValueError: a file is malformed, or its edges or ids point outside
-            the node range; the message names the file.
+            the node range, or two splits share nodes; the message names
+            the file(s).
     """
     folder = os.fspath(path)
     if not os.path.isdir(folder):
@@ -171,7 +189,9 @@ def load_graph_files(path, undirected=True, normalize_features=False):
     else:
         edges = edges.astype(np.int32)
 
-    masks = [_ids_or_mask(found[what], num_nodes) for what in ("train", "val", "test")]
+    splits = ("train", "val", "test")
+    masks = [_ids_or_mask(found[what], num_nodes) for what in splits]
+    _check_disjoint(found, dict(zip(splits, masks)))
     if normalize_features:
         from keras_attention.datasets.graphs import normalize_rows
 

@@ -74,13 +74,19 @@ def date_completion_accuracy(model, text, max_examples=200, batch_size=50):
     """Share of date lines `"<date> = <ISO>"` of `text` whose prompt
     `"<date> = "` the model completes with exactly `<ISO>` (greedy)."""
     lines = [line for line in text.split("\n") if " = " in line][:max_examples]
+    if not lines:  # an accuracy of 0 would read as a result
+        raise ValueError(
+            "Received an invalid value for argument `text`, expected date "
+            "lines '<date> = <ISO date>' (an empty split has none). "
+            f"Received: text of {len(text)} characters without ' = '"
+        )
     correct = 0
     for start in range(0, len(lines), batch_size):
         batch = lines[start:start + batch_size]
         prompts = [line.rsplit(" = ", 1)[0] + " = " for line in batch]
         outputs = model.generate_text(prompts, max_length=max(map(len, batch)) + 4)
         correct += sum(out == line for out, line in zip(outputs, batch))
-    return correct / max(1, len(lines))
+    return correct / len(lines)
 
 
 def train_causal_lm_preset(preset, seed=0, cpu_budget=None, verbose=0):

@@ -13,6 +13,7 @@ import keras
 import numpy as np
 
 from keras_attention import _validation as base
+from keras_attention._writing import write_atomically
 
 MASK = "[MASK]"
 
@@ -199,7 +200,7 @@ def run_recipe(data, epochs, out, seed, quick=False, verbose="auto", name="pretr
         "masked_loss": round(float(history.history["loss"][-1]), 4),
     }
     files = [os.path.join(out, f"{name}.keras")]
-    masked_lm.save(files[0])
+    write_atomically(files[0], masked_lm.save, suffix=".keras")
     if data is None:
         labelled, labels = datasets.make_sentiment_task(100, seed=seed)
         test, test_labels = datasets.make_sentiment_task(1000, seed=1)
@@ -214,7 +215,7 @@ def run_recipe(data, epochs, out, seed, quick=False, verbose="auto", name="pretr
         )
         metrics["fine_tuned_accuracy_100_labels"] = round(float(accuracy), 4)
         files.append(os.path.join(out, f"{name}_classifier.keras"))
-        classifier.save(files[-1])
+        write_atomically(files[-1], classifier.save, suffix=".keras")
     return metrics, files, data_name
 
 

@@ -30,10 +30,10 @@ import html
 import importlib.resources
 import json
 import os
-import tempfile
 
 import numpy as np
 
+from keras_attention._writing import write_text_atomically
 from keras_attention.visualization import _explorer_data as data
 from keras_attention.visualization import _explorer_graph as graph_view
 from keras_attention.visualization import _explorer_views as views
@@ -142,7 +142,7 @@ def explore(
     payload["title"] = title or f"Attention of {payload['model']}"
     payload["notes"] = context.notes
     payload["colormaps"] = data.colormaps()
-    _write_atomically(target, render_page(payload))
+    write_text_atomically(target, render_page(payload))
     return target
 
 
@@ -217,24 +217,6 @@ def _check_positive(name, value):
             f"Received an invalid value for argument `{name}`, expected a "
             f"positive number. Received: {name}={value!r}"
         )
-
-
-def _write_atomically(target, text):
-    folder = os.path.dirname(target)
-    handle, temporary = tempfile.mkstemp(
-        prefix=".explore-", suffix=".html.tmp", dir=folder
-    )
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # as open() would have made it
-        os.replace(temporary, target)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
 
 
 def _infer_kind(model, inputs, found):

@@ -15,6 +15,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from keras_attention._writing import write_atomically
 from keras_attention.visualization import _grid
 
 
@@ -423,7 +424,12 @@ def _finish(fig, path):
         folder = os.path.dirname(os.fspath(path))
         if folder:
             os.makedirs(folder, exist_ok=True)
-        fig.savefig(path, format="png", bbox_inches="tight")
+        write_atomically(
+            path,
+            lambda temporary: fig.savefig(
+                temporary, format="png", bbox_inches="tight"
+            ),
+        )
     return fig
 
 
