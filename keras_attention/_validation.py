@@ -143,3 +143,17 @@ def is_symbolic(x):
 
         return isinstance(x, jax.core.Tracer)
     return False
+
+
+def check_known_ids(argument, ids, stop, what, size):
+    """`check_ids_in_range` on `ids` whose values are known: a NumPy array
+    or an eager tensor (not a dataset's spec nor a traced tensor, which are
+    left to the model). An id outside an embedding is a gather error on
+    TensorFlow and a silent clamp (garbage) elsewhere or under XLA."""
+    known = isinstance(ids, np.ndarray) or (
+        keras.ops.is_tensor(ids) and not is_symbolic(ids)
+    )
+    if known:
+        check_ids_in_range(
+            argument, keras.ops.convert_to_numpy(ids), stop, what, size
+        )

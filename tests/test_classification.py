@@ -497,3 +497,51 @@ def test_bad_resnet_and_text_arguments():
     )
     with pytest.raises(ValueError, match=r"\(None, 6\). Received: token_ids.shape=\(2, 7\)"):
         model.predict(np.ones((2, 7), "int32"), verbose=0)
+
+
+def test_text_classifier_new_head_keeps_the_preprocessor():
+    preprocessor = TextClassifierPreprocessor.from_texts(
+        TEXTS, vocabulary_size=100, sequence_length=32
+    )
+    model = TextClassifier.from_preset(
+        "text_sentiment_small", preprocessor=preprocessor, depth=1
+    )
+    assert model.with_head(3).preprocessor is preprocessor
+    other = TextClassifierPreprocessor.from_texts(
+        TEXTS, vocabulary_size=50, sequence_length=32
+    )
+    assert model.with_head(3, preprocessor=other).preprocessor is other
+    new = TextClassifier.from_preset(
+        "text_sentiment_small", preprocessor=preprocessor, depth=1, num_classes=3
+    )
+    assert new.num_classes == 3 and new.preprocessor is preprocessor
+    assert new.predict_texts(["the film was good"]).shape == (1, 3)
+
+
+def test_text_token_ids_outside_the_vocabulary_are_refused():
+    model = TextClassifier(
+        vocabulary_size=20, sequence_length=6, num_classes=2, hidden_dim=8,
+        depth=1, num_heads=2, mlp_dim=8,
+    )
+    ids = np.ones((2, 6), "int32")
+    ids[1, 2] = 20  # an embedding's gather error on TF, garbage under XLA
+    match = r"`token_ids`.*\[0, 20\) for vocabulary_size=20.*\[1, 20\]"
+    for call in (model.predict, model.evaluate):
+        with pytest.raises(ValueError, match=match):
+            call(ids, verbose=0) if call is model.predict else call(
+                ids, np.zeros(2), verbose=0
+            )
+    with pytest.raises(ValueError, match=match):
+        model.token_weights(ids)
+    with pytest.raises(ValueError, match=match):
+        model(keras.ops.convert_to_tensor(ids))
+    bert = TextClassifier(
+        vocabulary_size=20, sequence_length=6, num_classes=2, hidden_dim=8,
+        depth=1, num_heads=2, mlp_dim=8, token_types=2, pooling="cls",
+    )
+    types = np.zeros((2, 6), "int32")
+    types[0, 0] = 2
+    with pytest.raises(ValueError, match=r"`token_type_ids`.*token_types=2"):
+        bert.predict({"token_ids": np.ones((2, 6), "int32"),
+                      "token_type_ids": types}, verbose=0)
+    assert model.predict(ids % 20, verbose=0).shape == (2, 2)

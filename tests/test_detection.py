@@ -481,6 +481,30 @@ def test_evaluate_detections_against_known_answers(trained):
     assert evaluate_detections(empty, images, boxes, labels)["map50"] == 0.0
 
 
+def test_evaluate_detections_by_hand_and_labels_outside_the_classes():
+    images = np.zeros((2, 64, 64, 1))
+    boxes = np.array([[[0.25, 0.25, 0.25, 0.25], [0.75, 0.75, 0.25, 0.25]],
+                      [[0.5, 0.5, 0.5, 0.5], [0.0, 0.0, 0.0, 0.0]]])
+    labels = np.array([[0, 1], [0, -1]])
+    corner = lambda cx, cy, w, h: 64 * np.array([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2])
+    # One of the two class-0 objects found, first: COCO's 101-point AP of
+    # recall 1/2 at precision 1 is 51/101; class 1 is missed (AP 0).
+    found = [
+        {"boxes": corner(*boxes[0, 0])[None], "scores": np.array([0.9]), "labels": np.array([0])},
+        {"boxes": np.zeros((0, 4)), "scores": np.zeros(0), "labels": np.zeros(0, int)},
+    ]
+    scores = evaluate_detections(found, images, boxes, labels)
+    assert scores["map50"] == pytest.approx(51 / 101 / 2)
+    assert scores["mar100"] == pytest.approx(0.25)
+    assert scores["num_objects"] == 3
+    # Class 1 is outside num_classes=1: its object was left out unseen
+    # (mAP 1 over class 0 alone).
+    with pytest.raises(ValueError, match=r"`labels`.*\[0, 1\) for num_classes=1.*\[0, 1\]"):
+        evaluate_detections(found, images, boxes, labels, num_classes=1)
+    with pytest.raises(ValueError, match=r"`labels`.*\[-2, 0\]"):
+        evaluate_detections(found, images, boxes, np.array([[0, -2], [0, -1]]))
+
+
 def test_evaluate_detections_with_the_model(trained):
     model, images, y, _ = trained
     boxes, labels = validate_targets(y["boxes"], y["labels"], NUM_CLASSES)

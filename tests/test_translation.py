@@ -504,6 +504,39 @@ def test_corpus_bleu():
         corpus_bleu(["a"], [])
 
 
+def test_corpus_bleu_equals_sacrebleu_unsmoothed():
+    # Values of sacrebleu 2.x: corpus_bleu(hypotheses, [references]).score
+    # (13a tokenisation), here with its default smoothing irrelevant...
+    references = ["The cat sat on the mat.", "A dog runs in the park!"]
+    hypotheses = ["The cat sat on a mat.", "The dog runs in a park!"]
+    assert corpus_bleu(references, hypotheses) == pytest.approx(36.2079, abs=1e-4)
+    # ...and here, where no 4-gram matches, sacrebleu's smooth_method="none"
+    # (its default "exp" gives 28.8843): keras-hub's Bleu does not smooth.
+    references = ["Ein Mann mit T-Shirt.", "Zwei Hunde spielen im Schnee."]
+    hypotheses = ["Ein Mann im T-Shirt.", "Zwei Hunde spielen."]
+    assert corpus_bleu(references, hypotheses) == 0.0
+    # Two references per sentence: sacrebleu's 72.1399.
+    references = [["The cat sat on the mat.", "A cat is on the mat."],
+                  ["A dog runs in the park!", "The dog runs."]]
+    hypotheses = ["A cat is on the mat.", "The dog runs in a park!"]
+    assert corpus_bleu(references, hypotheses) == pytest.approx(72.1399, abs=1e-4)
+
+
+def test_evaluate_translations_with_several_references_per_sentence():
+    model = TransformerTranslator.from_preset("transformer_dates")
+    sources = ["14 July 1989", "March 3, 1998"]
+    plain = model.evaluate_translations(sources, ["1989-07-14", "1998-03-03"])
+    assert plain == {"bleu": pytest.approx(100.0), "exact_match": 1.0}
+    several = model.evaluate_translations(
+        sources, [["1989-07-14", "14/07/1989"], ("03/03/1998", "1998-03-03")]
+    )
+    assert several == plain  # exact when equal to any reference (was 0.0)
+    wrong = model.evaluate_translations(sources, [["x"], ["1998-03-03"]])
+    assert wrong["exact_match"] == 0.5
+    with pytest.raises(ValueError, match=r"len\(sources\)=2, len\(references\)=1"):
+        model.evaluate_translations(sources, ["1989-07-14"])
+
+
 def test_warns_when_translating_long_sentences(rnn):
     model = rnn[0]
     with warnings.catch_warnings(record=True) as caught:

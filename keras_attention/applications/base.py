@@ -185,6 +185,13 @@ class InputChecks:
         if spec is not None:
             x = spec[0] if isinstance(spec, tuple) else spec
         if isinstance(x, dict):
+            # Checked where the model takes a dict (BERT's token ids and
+            # types); keras matches a dict to other models' input names.
+            takes_dict = isinstance(getattr(self, "_inputs_struct", None), dict)
+            if takes_dict and all(
+                hasattr(v, "shape") for v in x.values()
+            ):
+                self.check_inputs(x)
             return
         items = x if isinstance(x, (list, tuple)) else [x]
         if items and all(hasattr(item, "shape") for item in items):
@@ -489,8 +496,12 @@ class Classifier(
         """A classifier of this class sharing this backbone, with a new head.
 
         The backbone's layers (and weights) are shared, not copied; freeze
-        them with `new_model.backbone.trainable = False`.
+        them with `new_model.backbone.trainable = False`. A task with a
+        `preprocessor` (the text classifier) passes it on unless
+        `preprocessor=` is given.
         """
+        if getattr(self, "preprocessor", None) is not None:
+            kwargs.setdefault("preprocessor", self.preprocessor)
         return type(self)(backbone=self.backbone, num_classes=num_classes, **kwargs)
 
     @classmethod

@@ -152,18 +152,11 @@ class CausalLMBackbone(app_base.Backbone):
                 "integer ids of shape (B, T). Received: "
                 f"token_ids.shape={shape}"
             )
-        known = isinstance(inputs, np.ndarray) or (
-            ops.is_tensor(inputs) and not base.is_symbolic(inputs)
-        )  # not a dataset's TensorSpec nor a traced tensor
-        if known:
-            # Values known before `fit`, `evaluate` or `predict` trace the
-            # model: an id outside the embedding is a gather error on
-            # TensorFlow and a silent clamp (garbage) elsewhere or under XLA.
-            base.check_ids_in_range(
-                "token_ids", ops.convert_to_numpy(inputs),
-                self.vocabulary_size, "token ids",
-                f"vocabulary_size={self.vocabulary_size}",
-            )
+        # Values known before `fit`, `evaluate` or `predict` trace the model.
+        base.check_known_ids(
+            "token_ids", inputs, self.vocabulary_size, "token ids",
+            f"vocabulary_size={self.vocabulary_size}",
+        )
 
     @property
     def blocks(self):

@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_attention.applications import detection_loss
 from keras_attention.applications.detection_loss import PAD_LABEL
+from keras_attention._validation import check_ids_in_range
 
 
 def evaluate_detections(
@@ -80,6 +81,12 @@ def evaluate_detections(
     real = labels != PAD_LABEL
     if num_classes is None:
         num_classes = int(labels[real].max()) + 1 if real.any() else 1
+    # A class outside the categories would leave its objects out of the
+    # score unseen (COCO evaluates the listed categories only).
+    check_ids_in_range(
+        "labels", labels[real], num_classes, f"class ids (or {PAD_LABEL} "
+        "for padding)", f"num_classes={num_classes}",
+    )
 
     ground_truth = _coco_ground_truth(
         boxes, labels, real, (height, width), num_classes

@@ -277,6 +277,15 @@ class TextClassifierBackbone(app_base.Backbone):
                     f"expected integer ids of shape {expected}. Received: "
                     f"{name}.shape={shape}"
                 )
+            # Values known before `fit`, `evaluate` or `predict` trace the
+            # model (a dataset's spec or a traced tensor is not checked).
+            stop, size = (
+                (self.token_types, f"token_types={self.token_types}")
+                if name == "token_type_ids"
+                else (self.vocabulary_size,
+                      f"vocabulary_size={self.vocabulary_size}")
+            )
+            base.check_known_ids(name, value, stop, "ids", size)
 
     @property
     def tokens_model(self):

@@ -409,6 +409,10 @@ class TranslationPreprocessor(ArgumentConfig):
 def corpus_bleu(references, hypotheses):
     """Corpus BLEU (0-100) with `keras_hub.metrics.Bleu` (SacreBLEU 13a).
 
+    Unsmoothed, as sacrebleu's `smooth_method="none"`: a corpus where some
+    n-gram order has no match scores 0 (sacrebleu's default `"exp"`
+    smoothing gives more there; on a test set of any size both agree).
+
     Args:
         references: one reference string per sentence (or a list of
             references per sentence).

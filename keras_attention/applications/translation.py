@@ -465,12 +465,25 @@ class Translator(
         return out
 
     def evaluate_translations(self, sources, references, beam_width=1, **kwargs):
-        """`{"bleu": corpus BLEU, "exact_match": share of exact translations}`."""
-        hypotheses = self.translate(list(sources), beam_width=beam_width, **kwargs)
-        exact = float(
-            np.mean([h == r for h, r in zip(hypotheses, references)])
-        ) if hypotheses else 0.0
+        """`{"bleu": corpus BLEU, "exact_match": share of exact translations}`.
+
+        `references` holds one string per source, or a list of reference
+        strings per source (as `corpus_bleu` takes them): a translation
+        equal to any of its references is exact.
+        """
+        sources, references = list(sources), list(references)
+        if len(sources) != len(references):
+            raise ValueError(
+                "Expected one reference (or list of references) per source. "
+                f"Received: len(sources)={len(sources)}, "
+                f"len(references)={len(references)}"
+            )
+        hypotheses = self.translate(sources, beam_width=beam_width, **kwargs)
+        exact = float(np.mean([
+            h in ([r] if isinstance(r, str) else list(r))
+            for h, r in zip(hypotheses, references)
+        ])) if hypotheses else 0.0
         return {
-            "bleu": corpus_bleu(list(references), hypotheses),
+            "bleu": corpus_bleu(references, hypotheses),
             "exact_match": exact,
         }
