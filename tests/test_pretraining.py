@@ -174,3 +174,29 @@ def test_keep_best_by_validation_accuracy():
         keep.on_epoch_end(epoch, {"val_accuracy": figure, "val_loss": epoch})
     keep.on_train_end()
     assert float(keras.ops.convert_to_numpy(model.layers[0].kernel)[0, 0]) == 1.0
+
+
+def test_keep_best_warns_of_a_missing_figure_and_starts_afresh_each_fit():
+    from keras_attention.training import KeepBest
+
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    keep = KeepBest("val_acuracy")  # a typo: nothing to keep
+    keep.set_model(model)
+    keep.on_train_begin()
+    with pytest.warns(UserWarning, match="val_acuracy.*val_accuracy"):
+        keep.on_epoch_end(0, {"val_accuracy": 0.5})
+    assert keep.weights is None
+
+    keep = KeepBest("val_loss")
+    keep.set_model(model)
+    keep.on_train_begin()
+    keep.on_epoch_end(0, {"val_loss": 0.1})
+    keep.on_train_end()
+    # A second fit whose epochs are all worse than the first fit's best
+    # keeps its own best epoch, not the first fit's weights.
+    keep.on_train_begin()
+    model.layers[0].kernel.assign([[7.0]])
+    keep.on_epoch_end(0, {"val_loss": 0.5})
+    model.layers[0].kernel.assign([[9.0]])
+    keep.on_train_end()
+    assert float(keras.ops.convert_to_numpy(model.layers[0].kernel)[0, 0]) == 7.0

@@ -1,5 +1,7 @@
 """Learning-rate schedules and weight keeping of the translation recipes."""
 
+import warnings
+
 import keras
 import numpy as np
 
@@ -74,10 +76,21 @@ class InverseSqrt(keras.optimizers.schedules.LearningRateSchedule):
 class KeepBest(keras.callbacks.Callback):
     """Restores the weights of the epoch with the best validation figure.
 
+    Each `fit` starts afresh. A `monitor` that the logs do not hold (a
+    typo, or no validation data) is warned about, as keras's
+    `EarlyStopping` does, and nothing is restored.
+
     Args:
         monitor: the logged figure, `"val_loss"` (the lowest is kept) or
             another (`"val_accuracy"`: the highest; the first epoch wins a
             tie).
+
+    Example:
+
+    ```python
+    model.fit(x, y, validation_data=(x_val, y_val), epochs=5,
+              callbacks=[KeepBest("val_accuracy")])
+    ```
     """
 
     def __init__(self, monitor="val_loss"):
@@ -86,9 +99,23 @@ class KeepBest(keras.callbacks.Callback):
         self.sign = 1.0 if monitor.endswith("loss") else -1.0
         self.best, self.weights = np.inf, None
 
+    def on_train_begin(self, logs=None):
+        self.best, self.weights = np.inf, None
+        self._warned = False
+
     def on_epoch_end(self, epoch, logs=None):
         value = (logs or {}).get(self.monitor)
-        score = np.inf if value is None else self.sign * value
+        if value is None:
+            if not getattr(self, "_warned", False):
+                self._warned = True
+                warnings.warn(
+                    f"KeepBest conditioned on the figure `{self.monitor}`, "
+                    "which is not in the logs: no weights will be restored. "
+                    f"Available figures: {sorted(logs or {})}",
+                    stacklevel=2,
+                )
+            return
+        score = self.sign * value
         if score < self.best:
             self.best, self.weights = score, self.model.get_weights()
 
