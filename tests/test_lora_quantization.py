@@ -216,3 +216,25 @@ def test_layer_quantize_equals_model_quantize(name):
     with pytest.raises(ValueError, match="already quantized"):
         layer.quantize("int8")
     assert_unchanged(model, after)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4", "float8"])
+def test_model_quantize_skips_a_weightless_layer_as_keras_does(mode):
+    # keras's `model.quantize` calls `quantize` on every leaf layer and
+    # skips, with a warning, the ones without weights to quantize
+    # (`keras.layers.Attention`); the default scores have no kernel.
+    from keras_attention.layers import ScaledDotProductAttention
+
+    x = keras.Input((5, 8))
+    attention = ScaledDotProductAttention()
+    dense = keras.layers.Dense(3)
+    model = keras.Model(x, dense(attention(x)))
+    data = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
+    expected = numpy(model(data))
+    with pytest.warns(UserWarning, match="no dense projections"):
+        model.quantize(mode)
+    assert dense.quantization_mode == mode
+    assert relative_error(numpy(model(data)), expected) <= 0.2
+    # Called on the layer itself, it is still a ValueError naming the mode.
+    with pytest.raises(ValueError, match=f"mode='{mode}'"):
+        attention.quantize(mode)

@@ -25,6 +25,16 @@ _LORA_LAYERS = (
 LAYER_QUANTIZATION_MODES = ("int8", "int4", "float8")
 
 
+class NothingToQuantizeError(ValueError, NotImplementedError):
+    """`quantize` on a layer without dense projections (the parameter-free
+    scores of `ScaledDotProductAttention`).
+
+    A `ValueError` for a direct call; a `NotImplementedError` too, which
+    `model.quantize` turns into a warning and skips, as it skips keras's
+    own weightless layers (`keras.layers.Attention`).
+    """
+
+
 def projection_sublayers(layer):
     """`{name: sublayer}` of the keras projections inside `layer`.
 
@@ -282,8 +292,10 @@ class ProjectionMixin(ArgumentConfig):
 
         Raises:
             ValueError: for another mode, an unbuilt or already quantized
-                layer, or a layer without dense projections; nothing changes
-                then.
+                layer, or a layer without dense projections (that one also
+                a `NotImplementedError`, so `model.quantize` skips the layer
+                with a warning, as keras's weightless layers); nothing
+                changes then.
         """
         if mode not in LAYER_QUANTIZATION_MODES:
             raise invalid(
@@ -299,7 +311,7 @@ class ProjectionMixin(ArgumentConfig):
             if isinstance(sub, (keras.layers.Dense, keras.layers.EinsumDense))
         ]
         if not targets:
-            raise ValueError(
+            raise NothingToQuantizeError(
                 f"The layer {self.name!r} has no dense projections to "
                 f"quantize. Received: mode={mode!r}"
             )
