@@ -28,7 +28,10 @@ from keras import ops
 from keras_attention import _validation
 from keras_attention.layers import base as layer_base
 from keras_attention.applications import presets as preset_registry
+from keras_attention._config import QUANTIZED_LAYERS
 from keras_attention._config import FunctionalConfig
+from keras_attention._config import quantized_layers
+from keras_attention._config import requantize
 
 PACKAGE = preset_registry.PACKAGE
 
@@ -218,8 +221,9 @@ class TaskConfig:
 
     The config holds the backbone (serialized), the task's own
     `task_arguments()`, its `preprocessor` (serialized, or `None`) when the
-    task has one, its name and trainability; `from_config` deserializes the
-    backbone and calls the constructor.
+    task has one, its name and trainability, and its own quantized layers
+    (the head's; `_config.quantized_layers`); `from_config` deserializes the
+    backbone, calls the constructor and quantizes those layers again.
     """
 
     def task_arguments(self):
@@ -238,14 +242,21 @@ class TaskConfig:
                 else keras.saving.serialize_keras_object(self.preprocessor)
             )
         config.update(name=self.name, trainable=self.trainable)
+        # The quantized layers of the task's own (the head); the backbone's
+        # config lists its own.
+        quantized = quantized_layers(self, skip=self.backbone)
+        if quantized:
+            config[QUANTIZED_LAYERS] = quantized
         return config
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
+        quantized = config.pop(QUANTIZED_LAYERS, None)
         if isinstance(config.get("backbone"), dict):
             config["backbone"] = keras.layers.deserialize(config["backbone"])
-        return cls(**config)
+        model = cls(**config)
+        return requantize(model, quantized, skip=model.backbone)
 
 
 class Backbone(FunctionalConfig, InputChecks, keras.Model):
