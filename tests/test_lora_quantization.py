@@ -278,3 +278,25 @@ def test_quantized_application_keras_file_loads(application, tmp_path):
     model.backbone.save(str(tmp_path / "backbone.keras"))
     backbone = keras.saving.load_model(str(tmp_path / "backbone.keras"))
     np.testing.assert_array_equal(numpy(backbone(x)), numpy(model.backbone(x)))
+
+
+def test_backbone_enable_lora_target_names_none_takes_the_default():
+    # keras-hub's `enable_lora(rank, target_layer_names=None)` takes its
+    # default targets; ours raised a TypeError from `list(None)`.
+    from keras_attention.applications import VisionTransformer
+
+    def tiny():
+        keras.utils.set_random_seed(0)
+        return VisionTransformer(
+            image_size=8, patch_size=4, num_classes=3, hidden_dim=8, depth=1,
+            num_heads=2, mlp_dim=8, num_channels=1,
+        )
+
+    default = tiny().backbone.enable_lora(2)
+    model = tiny()
+    assert sorted(model.backbone.enable_lora(2, target_names=None)) == sorted(default)
+    before = snapshot(model)
+    for bad in (3, {"query": 1}):
+        with pytest.raises(ValueError, match="target_names"):
+            model.backbone.enable_lora(2, target_names=bad)
+        assert_unchanged(model, before)

@@ -317,7 +317,9 @@ class Backbone(FunctionalConfig, InputChecks, keras.Model):
         """Size of the feature vector the backbone outputs."""
         return self.output.shape[-1]
 
-    def enable_lora(self, rank, lora_alpha=None, target_names=("query", "value")):
+    def enable_lora(
+        self, rank, lora_alpha=None, target_names=layer_base.DEFAULT_LORA_TARGETS
+    ):
         """LoRA fine-tuning of this backbone, as keras-hub's `Backbone`.
 
         The named projections of every attention layer get trainable
