@@ -184,3 +184,17 @@ def test_local_window_refuses_an_unknown_image_size_by_name():
     layer = keras_attention.get("local_window", num_heads=2, window_size=2)
     with pytest.raises(ValueError, match="known height and width"):
         layer(keras.Input((None, None, 8)))
+
+
+def test_text_classifier_predict_keeps_the_padding_mask():
+    # Under JAX's jit a tracer takes no `_keras_mask` attribute (keras keeps
+    # it aside): the encoder block read the attribute and dropped the mask,
+    # so `predict` (compiled) differed from an eager call on padded ids.
+    keras.utils.set_random_seed(0)
+    model = applications.TextClassifier(
+        vocabulary_size=20, sequence_length=6, num_classes=2, hidden_dim=8,
+        depth=2, num_heads=2, mlp_dim=8,
+    )
+    ids = np.array([[17, 12, 10, 5, 6, 0], [1, 0, 3, 16, 12, 18]], "int32")
+    eager = keras.ops.convert_to_numpy(model(ids))
+    np.testing.assert_allclose(model.predict(ids, verbose=0), eager, atol=1e-5)
