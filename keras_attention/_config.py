@@ -167,20 +167,96 @@ def build_with_frozen_layers(build, config):
     return model
 
 
+# The config key of a model's quantized layers (`quantized_layers`).
+QUANTIZED_LAYERS = "quantized_layers"
+
+
+def quantized_layers(model, skip=None):
+    """`{path: {"mode", "config"}}` of the quantized layers of `model`
+    (`model.quantize`), `skip`'s (a nested model that writes its own) left
+    out; `{}` when none is.
+
+    A model rebuilt by its constructor makes float layers, which cannot load
+    quantized weights; `requantize` quantizes them again, the same way,
+    before the weights load.
+    """
+    skipped = set() if skip is None else {id(x) for x in skip._flatten_layers()}
+    return {
+        layer.path: {
+            "mode": layer.quantization_mode,
+            "config": keras.saving.serialize_keras_object(
+                getattr(layer, "quantization_config", None)
+            ),
+        }
+        for layer in model._flatten_layers(include_self=False)
+        if id(layer) not in skipped
+        and getattr(layer, "quantization_mode", None) is not None
+    }
+
+
+def requantize(model, quantized, skip=None):
+    """Quantize the layers of `model` that `quantized_layers` listed."""
+    if not quantized:
+        return model
+    skipped = set() if skip is None else {id(x) for x in skip._flatten_layers()}
+    layers = {
+        layer.path: layer
+        for layer in model._flatten_layers(include_self=False)
+        if id(layer) not in skipped
+    }
+    missing = sorted(set(quantized) - set(layers))
+    if missing:
+        raise ValueError(
+            f"Received an invalid value for argument `{QUANTIZED_LAYERS}`, "
+            f"expected paths of layers of the rebuilt {type(model).__name__}. "
+            f"Received: {QUANTIZED_LAYERS}={missing}"
+        )
+    for path, item in quantized.items():
+        layers[path].quantize(
+            item["mode"],
+            type_check=False,
+            config=keras.saving.deserialize_keras_object(item["config"]),
+        )
+    return model
+
+
+def graph_state_config(model, skip=None):
+    """What a model rebuilt by its constructor would not have again: its
+    frozen layers (`frozen_layers_config`) and quantized layers
+    (`quantized_layers`, `skip`'s left out), as config entries."""
+    config = frozen_layers_config(model)
+    quantized = quantized_layers(model, skip)
+    if quantized:
+        config[QUANTIZED_LAYERS] = quantized
+    return config
+
+
+def build_with_graph_state(build, config, skip=None):
+    """`build(**config)`, then the layers that `graph_state_config` listed
+    frozen and quantized again (before the weights load); `skip(model)`:
+    a nested model whose own config lists its layers."""
+    config = dict(config)
+    quantized = config.pop(QUANTIZED_LAYERS, None)
+    model = build_with_frozen_layers(build, config)
+    return requantize(model, quantized, None if skip is None else skip(model))
+
+
 class FunctionalConfig(ArgumentConfig):
     """`ArgumentConfig` for a functional model, rebuilt by its constructor.
 
-    Its config is its arguments, name and trainability (and the names of
-    its frozen layers: `frozen_layers_config`), not the graph that
-    `keras.Model.get_config` would describe.
+    Its config is its arguments, name and trainability, not the graph that
+    `keras.Model.get_config` would describe; and what the constructor does
+    not make again (`graph_state_config`): the names of its frozen layers
+    and the layers that `model.quantize` quantized, frozen and quantized
+    again when the model is rebuilt, so a `.keras` file keeps them.
     """
 
     def base_config(self):
         return {
             "name": self.name, "trainable": self.trainable,
-            **frozen_layers_config(self),
+            **graph_state_config(self),
         }
 
     @classmethod
     def from_config(cls, config):
-        return build_with_frozen_layers(cls, config)
+        return build_with_graph_state(cls, config)

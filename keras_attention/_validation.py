@@ -5,6 +5,8 @@ for a bad argument: "Received an invalid value for argument `x`, expected
 ... Received: x=...".
 """
 
+import numbers
+
 import keras
 import numpy as np
 
@@ -57,6 +59,13 @@ def check_ids_in_range(argument, ids, stop, what, size):
                 f"{what} in [0, {stop}) for {size}. "
                 f"Received: {argument} with values in [{low}, {high}]"
             )
+
+
+def known_dim(dim):
+    """A static dimension as an int, or `None` where it is unknown: `None`,
+    or a symbolic dimension (JAX traces a functional model's unknown
+    dimensions as `jax.export` symbols, which `int()` refuses)."""
+    return int(dim) if isinstance(dim, numbers.Integral) else None
 
 
 def shape_fits(shape, expected):

@@ -138,3 +138,63 @@ def test_sliding_window_blocked_equals_dense_band_under_jit(causal):
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
     for g, w in zip(got[1], want[1]):
         np.testing.assert_allclose(g, w, atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("scaled_dot_product", {}),
+        ("additive", {"units": 4}),
+        ("multi_head", {"num_heads": 2, "key_dim": 4}),
+    ],
+)
+def test_sequence_layers_on_unknown_lengths_with_embedding_masks(name, kwargs):
+    # JAX traces a functional model's unknown lengths as symbolic
+    # dimensions; `int()` of one failed in the core's path choice.
+    import keras_attention
+
+    ids = keras.Input((None,), dtype="int32")
+    embedded = keras.layers.Embedding(20, 8, mask_zero=True)(ids)
+    attended = keras_attention.get(name, **kwargs)(embedded, embedded)
+    assert tuple(attended.shape) == (None, None, 8)
+    model = keras.Model(ids, keras.layers.GlobalAveragePooling1D()(attended))
+    batch = np.array([[1, 2, 3, 0, 0], [4, 5, 6, 7, 8]], "int32")
+    pooled = keras.ops.convert_to_numpy(model(batch))
+    # The padding changes nothing: the first row alone, unpadded.
+    alone = keras.ops.convert_to_numpy(model(batch[:1, :3]))
+    np.testing.assert_allclose(pooled[:1], alone, atol=1e-5)
+
+
+def test_non_local_block_on_an_unknown_image_size():
+    import keras_attention
+
+    images = keras.Input((None, None, 6))
+    model = keras.Model(images, keras_attention.get("non_local")(images))
+    assert tuple(model.output.shape) == (None, None, None, 6)
+    assert model(RNG.random((2, 5, 4, 6)).astype("float32")).shape == (2, 5, 4, 6)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() == "torch",
+    reason="torch traces unknown dimensions with sizes, and the windows are built",
+)
+def test_local_window_refuses_an_unknown_image_size_by_name():
+    import keras_attention
+
+    layer = keras_attention.get("local_window", num_heads=2, window_size=2)
+    with pytest.raises(ValueError, match="known height and width"):
+        layer(keras.Input((None, None, 8)))
+
+
+def test_text_classifier_predict_keeps_the_padding_mask():
+    # Under JAX's jit a tracer takes no `_keras_mask` attribute (keras keeps
+    # it aside): the encoder block read the attribute and dropped the mask,
+    # so `predict` (compiled) differed from an eager call on padded ids.
+    keras.utils.set_random_seed(0)
+    model = applications.TextClassifier(
+        vocabulary_size=20, sequence_length=6, num_classes=2, hidden_dim=8,
+        depth=2, num_heads=2, mlp_dim=8,
+    )
+    ids = np.array([[17, 12, 10, 5, 6, 0], [1, 0, 3, 16, 12, 18]], "int32")
+    eager = keras.ops.convert_to_numpy(model(ids))
+    np.testing.assert_allclose(model.predict(ids, verbose=0), eager, atol=1e-5)

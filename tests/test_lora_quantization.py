@@ -216,3 +216,87 @@ def test_layer_quantize_equals_model_quantize(name):
     with pytest.raises(ValueError, match="already quantized"):
         layer.quantize("int8")
     assert_unchanged(model, after)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4", "float8"])
+def test_model_quantize_skips_a_weightless_layer_as_keras_does(mode):
+    # keras's `model.quantize` calls `quantize` on every leaf layer and
+    # skips, with a warning, the ones without weights to quantize
+    # (`keras.layers.Attention`); the default scores have no kernel.
+    from keras_attention.layers import ScaledDotProductAttention
+
+    x = keras.Input((5, 8))
+    attention = ScaledDotProductAttention()
+    dense = keras.layers.Dense(3)
+    model = keras.Model(x, dense(attention(x)))
+    data = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
+    expected = numpy(model(data))
+    with pytest.warns(UserWarning, match="no dense projections"):
+        model.quantize(mode)
+    assert dense.quantization_mode == mode
+    assert relative_error(numpy(model(data)), expected) <= 0.2
+    # Called on the layer itself, it is still a ValueError naming the mode.
+    with pytest.raises(ValueError, match=f"mode='{mode}'"):
+        attention.quantize(mode)
+
+
+@pytest.mark.parametrize("application", ["vit", "text"])
+def test_quantized_application_keras_file_loads(application, tmp_path):
+    # An application's config is its constructor's arguments: rebuilt from
+    # it, its layers were float and could not load the quantized weights
+    # ("Layer 'key' expected 2 variables, but received 3").
+    from keras_attention import applications
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    if application == "vit":
+        model = applications.VisionTransformer(
+            image_size=8, patch_size=4, num_classes=3, hidden_dim=8, depth=1,
+            num_heads=2, mlp_dim=8, num_channels=1,
+        )
+        x = rng.random((2, 8, 8, 1)).astype("float32")
+    else:
+        model = applications.TextClassifier(
+            vocabulary_size=20, sequence_length=6, num_classes=2, hidden_dim=8,
+            depth=1, num_heads=2, mlp_dim=8, attention="additive",
+        )
+        x = rng.integers(0, 20, (2, 6)).astype("int32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.quantize("int8")
+    quantized = numpy(model(x))
+    path = str(tmp_path / "quantized.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    modes = {
+        layer.path: layer.quantization_mode
+        for layer in loaded._flatten_layers() if layer.quantization_mode
+    }
+    assert "predictions" in modes and any("attention" in p for p in modes), modes
+    np.testing.assert_array_equal(numpy(loaded(x)), quantized)
+    # The backbone alone too.
+    model.backbone.save(str(tmp_path / "backbone.keras"))
+    backbone = keras.saving.load_model(str(tmp_path / "backbone.keras"))
+    np.testing.assert_array_equal(numpy(backbone(x)), numpy(model.backbone(x)))
+
+
+def test_backbone_enable_lora_target_names_none_takes_the_default():
+    # keras-hub's `enable_lora(rank, target_layer_names=None)` takes its
+    # default targets; ours raised a TypeError from `list(None)`.
+    from keras_attention.applications import VisionTransformer
+
+    def tiny():
+        keras.utils.set_random_seed(0)
+        return VisionTransformer(
+            image_size=8, patch_size=4, num_classes=3, hidden_dim=8, depth=1,
+            num_heads=2, mlp_dim=8, num_channels=1,
+        )
+
+    default = tiny().backbone.enable_lora(2)
+    model = tiny()
+    assert sorted(model.backbone.enable_lora(2, target_names=None)) == sorted(default)
+    before = snapshot(model)
+    for bad in (3, {"query": 1}):
+        with pytest.raises(ValueError, match="target_names"):
+            model.backbone.enable_lora(2, target_names=bad)
+        assert_unchanged(model, before)

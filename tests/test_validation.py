@@ -47,3 +47,13 @@ def test_check_channels_last():
             + re.escape(str(shape)),
         ):
             _validation.check_channels_last("inputs", shape)
+
+
+def test_known_dim_takes_a_symbolic_dimension_as_unknown():
+    # JAX traces a functional model's unknown dimensions as `jax.export`
+    # symbols (tests/test_backends.py runs the layers on them).
+    export = pytest.importorskip("jax.export")
+    symbol = export.symbolic_shape("(d)", constraints=["d>=2"])[0]
+    assert _validation.known_dim(symbol) is None
+    assert _validation.known_dim(None) is None
+    assert _validation.known_dim(np.int64(3)) == 3 and _validation.known_dim(3) == 3

@@ -29,8 +29,8 @@ from keras_attention import _validation
 from keras_attention.layers import base as layer_base
 from keras_attention.applications import presets as preset_registry
 from keras_attention._config import FunctionalConfig
-from keras_attention._config import build_with_frozen_layers
-from keras_attention._config import frozen_layers_config
+from keras_attention._config import build_with_graph_state
+from keras_attention._config import graph_state_config
 
 PACKAGE = preset_registry.PACKAGE
 
@@ -227,9 +227,11 @@ class TaskConfig:
 
     The config holds the backbone (serialized), the task's own
     `task_arguments()`, its `preprocessor` (serialized, or `None`) when the
-    task has one, its name and trainability, and its frozen layers (the
-    head: `frozen_layers_config`); `from_config` deserializes the backbone,
-    calls the constructor and freezes those layers again.
+    task has one, its name and trainability, and the state of its own
+    layers (the head's) that the constructor does not make again: frozen
+    and quantized layers (`_config.graph_state_config`); `from_config`
+    deserializes the backbone, calls the constructor and freezes and
+    quantizes those layers again.
     """
 
     def task_arguments(self):
@@ -248,7 +250,9 @@ class TaskConfig:
                 else keras.saving.serialize_keras_object(self.preprocessor)
             )
         config.update(name=self.name, trainable=self.trainable)
-        config.update(frozen_layers_config(self))
+        # The task's own layers (the head); the backbone's config lists its
+        # own quantized layers.
+        config.update(graph_state_config(self, skip=self.backbone))
         return config
 
     @classmethod
@@ -256,7 +260,9 @@ class TaskConfig:
         config = dict(config)
         if isinstance(config.get("backbone"), dict):
             config["backbone"] = keras.layers.deserialize(config["backbone"])
-        return build_with_frozen_layers(cls, config)
+        return build_with_graph_state(
+            cls, config, skip=lambda model: model.backbone
+        )
 
 
 class Backbone(FunctionalConfig, InputChecks, keras.Model):
@@ -317,7 +323,9 @@ class Backbone(FunctionalConfig, InputChecks, keras.Model):
         """Size of the feature vector the backbone outputs."""
         return self.output.shape[-1]
 
-    def enable_lora(self, rank, lora_alpha=None, target_names=("query", "value")):
+    def enable_lora(
+        self, rank, lora_alpha=None, target_names=layer_base.DEFAULT_LORA_TARGETS
+    ):
         """LoRA fine-tuning of this backbone, as keras-hub's `Backbone`.
 
         The named projections of every attention layer get trainable

@@ -25,6 +25,16 @@ _LORA_LAYERS = (
 LAYER_QUANTIZATION_MODES = ("int8", "int4", "float8")
 
 
+class NothingToQuantizeError(ValueError, NotImplementedError):
+    """`quantize` on a layer without dense projections (the parameter-free
+    scores of `ScaledDotProductAttention`).
+
+    A `ValueError` for a direct call; a `NotImplementedError` too, which
+    `model.quantize` turns into a warning and skips, as it skips keras's
+    own weightless layers (`keras.layers.Attention`).
+    """
+
+
 def projection_sublayers(layer):
     """`{name: sublayer}` of the keras projections inside `layer`.
 
@@ -101,7 +111,11 @@ def enable_lora_on(layer, rank, lora_alpha=None, target_names=None):
         sub.enable_lora(rank, lora_alpha=lora_alpha)
 
 
-def enable_lora(model, rank, lora_alpha=None, target_names=("query", "value")):
+# The projections a backbone's `enable_lora` adapts by default (keras-hub's).
+DEFAULT_LORA_TARGETS = ("query", "value")
+
+
+def enable_lora(model, rank, lora_alpha=None, target_names=DEFAULT_LORA_TARGETS):
     """LoRA fine-tuning of a model's attention layers, as keras-hub's
     `Backbone.enable_lora`: the named projections get trainable low-rank
     updates and every other weight of `model` is frozen.
@@ -113,7 +127,9 @@ def enable_lora(model, rank, lora_alpha=None, target_names=("query", "value")):
         lora_alpha: the updates' scale numerator; defaults to `rank`.
         target_names: the projection names to adapt in every attention
             layer that has them (`"query"`, `"value"` of the multi-head
-            layers by default, as keras-hub; see `projection_sublayers`).
+            layers by default, as keras-hub; `None` takes the default, as
+            keras-hub's `target_layer_names=None`; see
+            `projection_sublayers`).
 
     Returns:
         The adapted projection sublayers, `{path: layer}`.
@@ -131,7 +147,13 @@ def enable_lora(model, rank, lora_alpha=None, target_names=("query", "value")):
     ```
     """
     check_positive_int("rank", rank)
-    names = [target_names] if isinstance(target_names, str) else list(target_names)
+    if target_names is None:
+        target_names = DEFAULT_LORA_TARGETS
+    names = (
+        [target_names] if isinstance(target_names, str)
+        else list(target_names) if isinstance(target_names, (list, tuple))
+        else None
+    )
     if not names or not all(isinstance(n, str) for n in names):
         raise invalid("target_names", "a non-empty list of names", target_names)
     if not model.built:
@@ -282,8 +304,10 @@ class ProjectionMixin(ArgumentConfig):
 
         Raises:
             ValueError: for another mode, an unbuilt or already quantized
-                layer, or a layer without dense projections; nothing changes
-                then.
+                layer, or a layer without dense projections (that one also
+                a `NotImplementedError`, so `model.quantize` skips the layer
+                with a warning, as keras's weightless layers); nothing
+                changes then.
         """
         if mode not in LAYER_QUANTIZATION_MODES:
             raise invalid(
@@ -299,7 +323,7 @@ class ProjectionMixin(ArgumentConfig):
             if isinstance(sub, (keras.layers.Dense, keras.layers.EinsumDense))
         ]
         if not targets:
-            raise ValueError(
+            raise NothingToQuantizeError(
                 f"The layer {self.name!r} has no dense projections to "
                 f"quantize. Received: mode={mode!r}"
             )

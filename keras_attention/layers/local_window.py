@@ -10,6 +10,7 @@ from keras_attention._validation import check_channels_last
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import check_rate
 from keras_attention._validation import invalid
+from keras_attention._validation import known_dim
 from keras_attention.layers import base
 from keras_attention.registry import register
 
@@ -220,7 +221,7 @@ class LocalWindowAttention(
 
     def _check_shape(self, shape, need_spatial):
         shape = check_channels_last("inputs", shape)
-        if need_spatial and (shape[1] is None or shape[2] is None):
+        if need_spatial and None in (known_dim(shape[1]), known_dim(shape[2])):
             raise ValueError(
                 "Received an invalid value for argument `inputs`, expected a "
                 "known height and width (the windows and masks are static). "

@@ -2,10 +2,12 @@
 
 from keras import ops
 
+from keras_attention._validation import known_dim
+
 
 def static_dim(x, axis):
-    dim = x.shape[axis]
-    return None if dim is None else int(dim)
+    """`x.shape[axis]` as an int, or `None` where it is unknown (`known_dim`)."""
+    return known_dim(x.shape[axis])
 
 
 def check_attention_inputs(query, key, value):

@@ -2,6 +2,7 @@
 
 import keras
 from keras import ops
+from keras.src.backend import get_keras_mask
 
 from keras_attention import _validation as base
 from keras_attention import registry
@@ -155,7 +156,10 @@ class _TransformerBlock(ArgumentConfig, keras.layers.Layer):
         # padding); a mask only passed as an argument (the translator's)
         # stays off the outputs, which would carry it into layers that
         # cannot take one (the projections of a cross-attention's values).
-        if getattr(inputs, "_keras_mask", None) is None:
+        # keras's getter: a JAX tracer takes no attribute, keras keeps its
+        # mask aside (`inputs._keras_mask` was None under `jit`, so
+        # `predict` lost the padding mask after the first block).
+        if get_keras_mask(inputs) is None:
             return None
         return mask
 
