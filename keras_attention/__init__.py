@@ -12,9 +12,12 @@ keras_attention.names()  # every registered layer name, plugins included
 layer = keras_attention.get("additive", units=16)
 ```
 
-`keras_attention.applications`, `keras_attention.datasets` and
-`keras_attention.visualization` are imported on first use, so importing the
-layers stays light.
+The applications and the training schedules are imported with the package
+(~0.3 s), so that a `.keras` file of an application (or of an optimizer
+with one of the schedules) loads after `import keras_attention`, as keras-hub's
+files do after `import keras_hub`; `keras_attention.datasets`,
+`keras_attention.visualization` and `keras_attention.matching` are imported
+on first use.
 """
 
 import importlib
@@ -40,8 +43,11 @@ from keras_attention.registry import discover_plugins, get, get_class, names, re
 from keras_attention import ops
 from keras_attention import layers
 from keras_attention.layers import *  # noqa: F401,F403  (the layer classes)
+# Their classes register with keras's serialization.
+from keras_attention import applications
+from keras_attention import training
 
-_LAZY_MODULES = ("applications", "datasets", "visualization", "matching", "training")
+_LAZY_MODULES = ("datasets", "visualization", "matching")
 
 
 def __getattr__(name):

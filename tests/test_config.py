@@ -170,3 +170,37 @@ def test_a_users_subclass_keeps_keras_way_of_writing_its_config():
     config = Kept(scale=5.0, num_heads=2, key_dim=4).get_config()
     assert config["scale"] == 5.0
     assert Kept.from_config(config).get_config() == config
+
+
+def test_an_application_file_loads_after_importing_only_the_package(tmp_path):
+    """As a keras-hub file loads after `import keras_hub`: the application
+    classes and the schedules register when the package is imported."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from keras_attention.applications import VisionTransformer
+    from keras_attention.training import InverseSqrt
+
+    model = VisionTransformer(
+        image_size=8, patch_size=4, hidden_dim=8, depth=1, num_heads=2,
+        mlp_dim=8, num_channels=1, num_classes=2,
+    )
+    model.compile(keras.optimizers.Adam(InverseSqrt(1e-3, 10)), "mse")
+    model.fit(np.zeros((2, 8, 8, 1)), np.zeros((2, 2)), verbose=0)
+    path = str(tmp_path / "vit.keras")
+    model.save(path)
+    script = (
+        "import keras_attention, keras, sys\n"
+        f"model = keras.saving.load_model({path!r})\n"
+        "print(type(model).__name__, type(model.optimizer.learning_rate"
+        "_schedule if hasattr(model.optimizer, 'learning_rate_schedule') "
+        "else model.optimizer._learning_rate).__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["VisionTransformer", "InverseSqrt"]
