@@ -2,6 +2,7 @@
 `CachedMultiHeadAttention` convention), ring caches for a sliding window,
 and the projection helpers of decoders that cache."""
 
+import numbers
 from operator import attrgetter
 
 import keras
@@ -10,6 +11,8 @@ from keras import ops
 from keras.src.backend import set_keras_mask
 
 from keras_attention import ops as attention_ops
+from keras_attention._validation import invalid
+from keras_attention._validation import is_symbolic
 from keras_attention._validation import shape_fits
 
 
@@ -44,20 +47,44 @@ class KVCache:
                 f"the layer's compute dtype {self.compute_dtype}. "
                 f"Received: cache.dtype={dtype}"
             )
-        index = cache_update_index
-        if index is None or self._is_ring(shape[2]):
+        self._check_cache_index(cache_update_index, query.shape[1], shape[2])
+
+    def _check_cache_index(self, index, t_len, s_max):
+        """`cache_update_index`: an integer or an integer scalar tensor with
+        `0 <= index` and `index + T <= S_max` (a ring takes any
+        `index >= 0`), checked wherever its value is known (not inside a
+        traced function, where a write past the end would be clamped)."""
+        if index is None:
             return
-        if isinstance(index, int) and not isinstance(index, bool):
-            t_len, s_max = query.shape[1], shape[2]
-            if index < 0 or (
-                None not in (t_len, s_max) and index + t_len > s_max
-            ):
-                raise ValueError(
-                    "Received an invalid value for argument "
-                    "`cache_update_index`, expected 0 <= index and "
-                    f"index + T <= S_max = {s_max} (T = {t_len}). "
-                    f"Received: cache_update_index={index}"
+        expected = "an integer or an integer scalar tensor"
+        if isinstance(index, bool):
+            raise invalid("cache_update_index", expected, index)
+        if isinstance(index, numbers.Integral):
+            value = int(index)
+        elif hasattr(index, "shape") and hasattr(index, "dtype"):
+            dtype = keras.backend.standardize_dtype(index.dtype)
+            if tuple(index.shape) != () or "int" not in dtype:
+                raise invalid(
+                    "cache_update_index", expected,
+                    f"<tensor shape={tuple(index.shape)} dtype={dtype}>",
                 )
+            value = None if is_symbolic(index) else int(
+                ops.convert_to_numpy(index)
+            )
+        else:
+            raise invalid("cache_update_index", expected, index)
+        if value is None:
+            return
+        ring = self._is_ring(s_max)
+        if value < 0 or (
+            not ring and None not in (t_len, s_max) and value + t_len > s_max
+        ):
+            bound = "" if ring else (
+                f" and index + T <= S_max = {s_max} (T = {t_len})"
+            )
+            raise invalid(
+                "cache_update_index", f"0 <= index{bound}", value
+            )
 
     def _is_ring(self, s_max):
         """A cache of `sliding_window` entries is a ring: position `p` sits
