@@ -119,3 +119,21 @@ def test_ring_cache_refuses_a_negative_index_only():
         layer(x[:, :1], cache=ring, cache_update_index=np.int64(-2))
     out, _ = layer(x[:, :1], cache=ring, cache_update_index=np.int64(40))
     assert out.shape == (2, 1, DIM)
+
+
+def test_cached_attention_mask_of_a_wrong_length_names_the_argument():
+    # Was TensorFlow's bare "Incompatible shapes" from a logical_and.
+    layer, x = make()
+    cache = np.zeros((2, 2, 16, 2, 8), "float32")
+    with pytest.raises(ValueError, match=r"attention_mask.shape=\(2, 1, 15\)"):
+        layer(x[:, :1], cache=cache, cache_update_index=3,
+              attention_mask=np.ones((2, 1, 15), bool))
+    ring = np.zeros((2, 2, 4, 2, 8), "float32")
+    layer, x = make(sliding_window=4)
+    with pytest.raises(ValueError, match="the ring's W slots, then the T new"):
+        layer(x[:, :1], cache=ring, cache_update_index=3,
+              attention_mask=np.ones((2, 1, 4), bool))
+    # The ring's keys: its 4 slots, then the new token.
+    out, _ = layer(x[:, :1], cache=ring, cache_update_index=3,
+                   attention_mask=np.ones((2, 1, 5), bool))
+    assert out.shape == (2, 1, DIM)

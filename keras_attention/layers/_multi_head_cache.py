@@ -104,7 +104,10 @@ class KVCache:
         attend to every filled slot (causally with `use_causal_mask`, within
         the window with `sliding_window`); without it the cache is read as
         it is (cross-attention to a fixed memory). A cache of exactly
-        `sliding_window` entries is a ring. Returns `(output, cache)`.
+        `sliding_window` entries is a ring. `attention_mask` is read as
+        keras reads it, over the `S_max` slots of the cache (a ring's keys
+        are its `W` slots, then the `T` new tokens: `S = W + T`). Returns
+        `(output, cache)`.
         """
         self._check_cache(query, cache, cache_update_index)
         if return_attention_scores:
@@ -163,6 +166,11 @@ class KVCache:
             )
         mask = allowed[None]
         if attention_mask is not None:
+            self._check_attention_mask_shape(
+                attention_mask, query.shape[0], query.shape[1], k.shape[1],
+                " (S: the ring's W slots, then the T new tokens)"
+                if k.shape[1] != s_max else " (S: the cache's S_max slots)",
+            )
             mask = ops.logical_and(ops.cast(attention_mask, "bool"), mask)
         bias = None
         if self.position_encoding == "alibi":
