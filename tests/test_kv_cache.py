@@ -87,3 +87,53 @@ def test_cache_errors_before_any_work():
         layer(x, cache=good, cache_update_index=6)  # 6 + 11 > 16
     with pytest.raises(ValueError, match="cache_update_index"):
         layer(x, cache_update_index=0)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [np.int64(6), np.int32(16), np.array(6), np.int64(-1), -1,
+     keras.ops.convert_to_tensor(6)],
+)
+def test_cache_index_past_the_end_raises_for_every_integer_kind(index):
+    # NumPy integers and eager tensors were not checked: the write was
+    # clamped into the cache's last rows (or its first, for -1), silently.
+    layer, x = make()
+    layer(x)
+    cache = np.zeros((2, 2, 16, 2, 8), "float32")
+    with pytest.raises(ValueError, match="cache_update_index="):
+        layer(x, cache=cache, cache_update_index=index)
+
+
+@pytest.mark.parametrize("index", [True, 2.0, "2", np.array([2]), np.array(2.0)])
+def test_cache_index_of_a_wrong_kind_raises(index):
+    layer, x = make()
+    cache = np.zeros((2, 2, 16, 2, 8), "float32")
+    with pytest.raises(ValueError, match="integer scalar tensor"):
+        layer(x[:, :1], cache=cache, cache_update_index=index)
+
+
+def test_ring_cache_refuses_a_negative_index_only():
+    layer, x = make(sliding_window=4)
+    ring = np.zeros((2, 2, 4, 2, 8), "float32")
+    with pytest.raises(ValueError, match="cache_update_index=-2"):
+        layer(x[:, :1], cache=ring, cache_update_index=np.int64(-2))
+    out, _ = layer(x[:, :1], cache=ring, cache_update_index=np.int64(40))
+    assert out.shape == (2, 1, DIM)
+
+
+def test_cached_attention_mask_of_a_wrong_length_names_the_argument():
+    # Was TensorFlow's bare "Incompatible shapes" from a logical_and.
+    layer, x = make()
+    cache = np.zeros((2, 2, 16, 2, 8), "float32")
+    with pytest.raises(ValueError, match=r"attention_mask.shape=\(2, 1, 15\)"):
+        layer(x[:, :1], cache=cache, cache_update_index=3,
+              attention_mask=np.ones((2, 1, 15), bool))
+    ring = np.zeros((2, 2, 4, 2, 8), "float32")
+    layer, x = make(sliding_window=4)
+    with pytest.raises(ValueError, match="the ring's W slots, then the T new"):
+        layer(x[:, :1], cache=ring, cache_update_index=3,
+              attention_mask=np.ones((2, 1, 4), bool))
+    # The ring's keys: its 4 slots, then the new token.
+    out, _ = layer(x[:, :1], cache=ring, cache_update_index=3,
+                   attention_mask=np.ones((2, 1, 5), bool))
+    assert out.shape == (2, 1, DIM)

@@ -2,6 +2,7 @@
 `CachedMultiHeadAttention` convention), ring caches for a sliding window,
 and the projection helpers of decoders that cache."""
 
+import numbers
 from operator import attrgetter
 
 import keras
@@ -10,6 +11,8 @@ from keras import ops
 from keras.src.backend import set_keras_mask
 
 from keras_attention import ops as attention_ops
+from keras_attention._validation import invalid
+from keras_attention._validation import is_symbolic
 from keras_attention._validation import shape_fits
 
 
@@ -44,20 +47,44 @@ class KVCache:
                 f"the layer's compute dtype {self.compute_dtype}. "
                 f"Received: cache.dtype={dtype}"
             )
-        index = cache_update_index
-        if index is None or self._is_ring(shape[2]):
+        self._check_cache_index(cache_update_index, query.shape[1], shape[2])
+
+    def _check_cache_index(self, index, t_len, s_max):
+        """`cache_update_index`: an integer or an integer scalar tensor with
+        `0 <= index` and `index + T <= S_max` (a ring takes any
+        `index >= 0`), checked wherever its value is known (not inside a
+        traced function, where a write past the end would be clamped)."""
+        if index is None:
             return
-        if isinstance(index, int) and not isinstance(index, bool):
-            t_len, s_max = query.shape[1], shape[2]
-            if index < 0 or (
-                None not in (t_len, s_max) and index + t_len > s_max
-            ):
-                raise ValueError(
-                    "Received an invalid value for argument "
-                    "`cache_update_index`, expected 0 <= index and "
-                    f"index + T <= S_max = {s_max} (T = {t_len}). "
-                    f"Received: cache_update_index={index}"
+        expected = "an integer or an integer scalar tensor"
+        if isinstance(index, bool):
+            raise invalid("cache_update_index", expected, index)
+        if isinstance(index, numbers.Integral):
+            value = int(index)
+        elif hasattr(index, "shape") and hasattr(index, "dtype"):
+            dtype = keras.backend.standardize_dtype(index.dtype)
+            if tuple(index.shape) != () or "int" not in dtype:
+                raise invalid(
+                    "cache_update_index", expected,
+                    f"<tensor shape={tuple(index.shape)} dtype={dtype}>",
                 )
+            value = None if is_symbolic(index) else int(
+                ops.convert_to_numpy(index)
+            )
+        else:
+            raise invalid("cache_update_index", expected, index)
+        if value is None:
+            return
+        ring = self._is_ring(s_max)
+        if value < 0 or (
+            not ring and None not in (t_len, s_max) and value + t_len > s_max
+        ):
+            bound = "" if ring else (
+                f" and index + T <= S_max = {s_max} (T = {t_len})"
+            )
+            raise invalid(
+                "cache_update_index", f"0 <= index{bound}", value
+            )
 
     def _is_ring(self, s_max):
         """A cache of `sliding_window` entries is a ring: position `p` sits
@@ -77,7 +104,10 @@ class KVCache:
         attend to every filled slot (causally with `use_causal_mask`, within
         the window with `sliding_window`); without it the cache is read as
         it is (cross-attention to a fixed memory). A cache of exactly
-        `sliding_window` entries is a ring. Returns `(output, cache)`.
+        `sliding_window` entries is a ring. `attention_mask` is read as
+        keras reads it, over the `S_max` slots of the cache (a ring's keys
+        are its `W` slots, then the `T` new tokens: `S = W + T`). Returns
+        `(output, cache)`.
         """
         self._check_cache(query, cache, cache_update_index)
         if return_attention_scores:
@@ -136,6 +166,11 @@ class KVCache:
             )
         mask = allowed[None]
         if attention_mask is not None:
+            self._check_attention_mask_shape(
+                attention_mask, query.shape[0], query.shape[1], k.shape[1],
+                " (S: the ring's W slots, then the T new tokens)"
+                if k.shape[1] != s_max else " (S: the cache's S_max slots)",
+            )
             mask = ops.logical_and(ops.cast(attention_mask, "bool"), mask)
         bias = None
         if self.position_encoding == "alibi":

@@ -117,7 +117,15 @@ class KerasMasks:
             base.check_mask_shape(name, m, tuple(like.shape[:-1]))
         if attention_mask is None or len(query.shape) != 3:
             return
-        batch, t_len, s_len = query.shape[0], query.shape[1], value.shape[1]
+        self._check_attention_mask_shape(
+            attention_mask, query.shape[0], query.shape[1], value.shape[1]
+        )
+
+    def _check_attention_mask_shape(self, attention_mask, batch, t_len, s_len,
+                                    keys=""):
+        """Raise unless `attention_mask` broadcasts to `(B, H, T, S)` as
+        keras reads it: `(T, S)`, `(B, T, S)` or `(B, H, T, S)`. `keys`
+        says what the `S` keys are, where it is not the value's length."""
         full = (batch, self._num_heads, t_len, s_len)
         shape = tuple(attention_mask.shape)
         if len(shape) == 2:
@@ -133,8 +141,8 @@ class KerasMasks:
             raise ValueError(
                 "Received an invalid value for argument `attention_mask`, "
                 "expected a boolean tensor that broadcasts to (B, H, T, S) = "
-                f"{full} as (T, S), (B, T, S) or (B, H, T, S). Received: "
-                f"attention_mask.shape={shape}"
+                f"{full}{keys} as (T, S), (B, T, S) or (B, H, T, S). "
+                f"Received: attention_mask.shape={shape}"
             )
 
     def _compute_attention_mask(
