@@ -10,7 +10,9 @@ The attention layers (`keras_attention.layers`) and the applications both
 use it; it imports only keras, so any module of the package may import it.
 """
 
+import functools
 import inspect
+import threading
 
 import keras
 
@@ -241,7 +243,73 @@ def build_with_graph_state(build, config, skip=None):
     return requantize(model, quantized, None if skip is None else skip(model))
 
 
-class FunctionalConfig(ArgumentConfig):
+_DTYPE_SCOPE = threading.local()
+
+
+def under_dtype_policy(init):
+    """`init` (a functional model's constructor) with its `dtype=` argument
+    honoured, as keras-hub's backbones honour theirs.
+
+    A functional model's layers are made in its constructor before
+    `keras.Model.__init__` sees `dtype`, which keras's functional
+    constructor does not pass on; so the constructor runs under that
+    policy as the global one (restored afterwards; nested constructors,
+    such as a task's backbone, run inside the outer scope), and the model
+    keeps the policy and writes it in its config.
+    """
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        dtype = kwargs.get("dtype")
+        if dtype is None:
+            # A task on a backbone built with `dtype=` takes its policy, as
+            # keras-hub's task heads take their backbone's.
+            dtype = getattr(kwargs.get("backbone"), "_given_dtype_policy", None)
+        depth = getattr(_DTYPE_SCOPE, "depth", 0)
+        if dtype is None and not depth:
+            return init(self, *args, **kwargs)
+        # Inside another's scope (a task's backbone), the scope's policy:
+        # the nested model writes it too, as it is loaded on its own.
+        policy = keras.config.dtype_policy() if dtype is None else (
+            keras.dtype_policies.get(dtype)
+        )
+        previous = keras.config.dtype_policy()
+        keras.config.set_dtype_policy(policy)
+        _DTYPE_SCOPE.depth = depth + 1
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            _DTYPE_SCOPE.depth = depth
+            keras.config.set_dtype_policy(previous)
+        self.dtype_policy = policy
+        self._given_dtype_policy = policy
+
+    # keras reads the constructor's arguments with `getfullargspec`, which
+    # does not follow `__wrapped__`.
+    __init__.__signature__ = inspect.signature(init)
+    return __init__
+
+
+def dtype_config(model):
+    """`{"dtype": policy}` of a model built with `dtype=`, else `{}` (the
+    global policy at load time, as before)."""
+    policy = getattr(model, "_given_dtype_policy", None)
+    if policy is None:
+        return {}
+    return {"dtype": keras.dtype_policies.serialize(policy)}
+
+
+class DTypeArgument:
+    """Mixin of the functional applications: `dtype=` honoured
+    (`under_dtype_policy`) by every subclass's constructor."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = under_dtype_policy(cls.__dict__["__init__"])
+
+
+class FunctionalConfig(DTypeArgument, ArgumentConfig):
     """`ArgumentConfig` for a functional model, rebuilt by its constructor.
 
     Its config is its arguments, name and trainability, not the graph that
@@ -254,7 +322,7 @@ class FunctionalConfig(ArgumentConfig):
     def base_config(self):
         return {
             "name": self.name, "trainable": self.trainable,
-            **graph_state_config(self),
+            **dtype_config(self), **graph_state_config(self),
         }
 
     @classmethod

@@ -204,3 +204,80 @@ def test_an_application_file_loads_after_importing_only_the_package(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["VisionTransformer", "InverseSqrt"]
+
+
+def _dtype_cases():
+    from keras_attention.applications import CausalLM
+    from keras_attention.applications import CBAMResNet
+    from keras_attention.applications import GATNodeClassifier
+    from keras_attention.applications import TextClassifier
+    from keras_attention.applications import VisionTransformer
+    import numpy as np
+
+    image = np.zeros((2, 8, 8, 1), "float32")
+    ids = np.ones((2, 6), "int32")
+    return {
+        "vit": (lambda **k: VisionTransformer(
+            image_size=8, patch_size=4, hidden_dim=8, depth=1, num_heads=2,
+            mlp_dim=8, num_channels=1, num_classes=2, **k), image),
+        "cbam_resnet": (lambda **k: CBAMResNet(
+            image_size=8, num_channels=1, num_classes=2, filters=(4,), **k),
+            image),
+        "text": (lambda **k: TextClassifier(
+            vocabulary_size=20, sequence_length=6, hidden_dim=8, depth=1,
+            num_heads=2, mlp_dim=8, num_classes=2, **k), ids),
+        "causal_lm": (lambda **k: CausalLM(
+            vocabulary_size=20, hidden_dim=8, depth=1, num_heads=2,
+            mlp_dim=8, **k), ids),
+        "gat": (lambda **k: GATNodeClassifier(
+            num_features=3, num_classes=2, hidden_units=4, **k), None),
+    }
+
+
+@pytest.mark.parametrize("name", ["vit", "cbam_resnet", "text", "causal_lm", "gat"])
+def test_dtype_argument_of_an_application_is_honoured_and_saved(name, tmp_path):
+    """`dtype=` reaches every layer (it was silently ignored: keras's
+    functional constructor does not pass it on), the global policy is left
+    as it was, and the `.keras` file keeps it."""
+    make, x = _dtype_cases()[name]
+    before = keras.config.dtype_policy().name
+    model = make(dtype="mixed_bfloat16")
+    assert keras.config.dtype_policy().name == before
+    policies = {
+        layer.dtype_policy.name
+        for layer in model._flatten_layers()
+        if not isinstance(layer, keras.layers.InputLayer)
+    }
+    assert policies == {"mixed_bfloat16"}, [
+        (layer.path, layer.dtype_policy.name) for layer in model._flatten_layers()
+        if layer.dtype_policy.name != "mixed_bfloat16"]
+    if x is not None:
+        # CausalLM's logits are float32, as keras-hub's GPT2CausalLM's (its
+        # embedding lookup runs without autocast).
+        expected = "float32" if name == "causal_lm" else "bfloat16"
+        assert keras.backend.standardize_dtype(model(x).dtype) == expected
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert loaded.dtype_policy.name == "mixed_bfloat16"
+    assert {
+        layer.dtype_policy.name
+        for layer in loaded._flatten_layers()
+        if not isinstance(layer, keras.layers.InputLayer)
+    } == {"mixed_bfloat16"}
+    if hasattr(model, "with_head"):
+        # A new head on the backbone takes the backbone's policy.
+        assert model.with_head(3).dtype_policy.name == "mixed_bfloat16"
+    # Without `dtype=`, nothing changes: the global policy, no config key.
+    assert "dtype" not in make().get_config()
+
+
+def test_a_failing_constructor_restores_the_global_dtype_policy():
+    from keras_attention.applications import VisionTransformer
+
+    before = keras.config.dtype_policy().name
+    with pytest.raises(ValueError):
+        VisionTransformer(image_size=8, patch_size=3, hidden_dim=8, depth=1,
+                          num_heads=2, mlp_dim=8, num_channels=1,
+                          num_classes=2, dtype="mixed_bfloat16")
+    assert keras.config.dtype_policy().name == before

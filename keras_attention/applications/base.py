@@ -28,7 +28,9 @@ from keras import ops
 from keras_attention import _validation
 from keras_attention.layers import base as layer_base
 from keras_attention.applications import presets as preset_registry
+from keras_attention._config import DTypeArgument
 from keras_attention._config import FunctionalConfig
+from keras_attention._config import dtype_config
 from keras_attention._config import build_with_graph_state
 from keras_attention._config import graph_state_config
 
@@ -222,7 +224,7 @@ def deserialize_preprocessor(preprocessor):
     return preprocessor
 
 
-class TaskConfig:
+class TaskConfig(DTypeArgument):
     """`get_config` and `from_config` of a task built on a `backbone`.
 
     The config holds the backbone (serialized), the task's own
@@ -250,6 +252,7 @@ class TaskConfig:
                 else keras.saving.serialize_keras_object(self.preprocessor)
             )
         config.update(name=self.name, trainable=self.trainable)
+        config.update(dtype_config(self))
         # The task's own layers (the head); the backbone's config lists its
         # own quantized layers.
         config.update(graph_state_config(self, skip=self.backbone))

@@ -294,6 +294,8 @@ class TextClassifierBackbone(app_base.Backbone):
             self._tokens_model = keras.Model(
                 self.input, self._tokens_output, name=f"{self.name}_tokens"
             )
+            # keras's functional constructor takes no `dtype`.
+            self._tokens_model.dtype_policy = self.dtype_policy
         return self._tokens_model
 
     def token_features(self, inputs):
