@@ -503,6 +503,9 @@ def test_evaluate_detections_by_hand_and_labels_outside_the_classes():
         evaluate_detections(found, images, boxes, labels, num_classes=1)
     with pytest.raises(ValueError, match=r"`labels`.*\[-2, 0\]"):
         evaluate_detections(found, images, boxes, np.array([[0, -2], [0, -1]]))
+    # A split without objects has no mAP (COCO's -1 was clipped to 0).
+    with pytest.raises(ValueError, match=r"`labels`.*at least one object"):
+        evaluate_detections(found, images, boxes, np.full((2, 2), -1))
 
 
 def test_evaluate_detections_with_the_model(trained):
@@ -526,3 +529,25 @@ def test_shipped_preset_weights_detect_held_out_digits():
     assert evaluate_detections(fresh, test.images, test.boxes, test.labels)[
         "map50"
     ] < 0.1
+
+
+def test_preset_with_other_classes_keeps_every_weight_but_the_class_head():
+    """`from_preset(name, num_classes=K)`: fine-tuning on K other classes
+    starts from the preset's backbone, transformer, queries and box head
+    (it used to fail, its only way out `load_weights=False`)."""
+    preset = DETR.from_preset("detr_digits")
+    model = DETR.from_preset("detr_digits", num_classes=3)
+    assert model.num_classes == 3
+    assert tuple(model.class_head.kernel.shape) == (64, 4)
+    head = {id(v) for v in model.class_head.weights}
+    preset_head = {id(v) for v in preset.class_head.weights}
+    kept = [v for v in model.weights if id(v) not in head]
+    given = [v for v in preset.weights if id(v) not in preset_head]
+    assert len(kept) == len(given) > 50
+    for a, b in zip(kept, given):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    images = np.random.default_rng(0).random((1, 64, 64, 1), "float32")
+    np.testing.assert_allclose(
+        np.asarray(model(images)["boxes"]), np.asarray(preset(images)["boxes"]),
+        atol=1e-6,
+    )

@@ -79,8 +79,16 @@ def evaluate_detections(
             f"boxes.shape={boxes.shape}, labels.shape={labels.shape}"
         )
     real = labels != PAD_LABEL
+    if not real.any():
+        # COCO's "undefined" (-1) would read as a score of 0.
+        raise ValueError(
+            "Received an invalid value for argument `labels`, expected at "
+            "least one object (a label other than "
+            f"{PAD_LABEL}): the mAP of a split without objects is undefined. "
+            f"Received: labels.shape={labels.shape}, all {PAD_LABEL}"
+        )
     if num_classes is None:
-        num_classes = int(labels[real].max()) + 1 if real.any() else 1
+        num_classes = int(labels[real].max()) + 1
     # A class outside the categories would leave its objects out of the
     # score unseen (COCO evaluates the listed categories only).
     check_ids_in_range(
