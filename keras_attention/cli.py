@@ -7,7 +7,7 @@ keras-attention run translation|classification|detection|node-classification|cau
 keras-attention demo [--out DIR] [--seed S]
 keras-attention explore MODEL.keras INPUT [--out PAGE.html] [--kind K]
     [--index I] [--layers L ...] [--tokens "a b c"] [--node-labels Y.npy]
-keras-attention convert SOURCE [--timm-model NAME] [--num-classes N]
+keras-attention convert SOURCE [--timm-model NAME [--timm-kwargs JSON]] [--num-classes N]
     [--out model.keras]
 ```
 
@@ -148,6 +148,13 @@ def build_parser():
         help="the timm model name of a timm file (e.g. vit_base_patch16_224)",
     )
     convert.add_argument(
+        "--timm-kwargs",
+        metavar="JSON",
+        help="arguments of timm.create_model for --timm-model, as a JSON "
+        'object, for a checkpoint of another size than the named model\'s '
+        '(e.g. \'{"img_size": 32, "window_size": 4}\')',
+    )
+    convert.add_argument(
         "--num-classes",
         type=_positive_int,
         help="a new head with this many classes (default: the checkpoint's)",
@@ -217,6 +224,29 @@ def _bert_model(args):
     )
 
 
+def _timm_kwargs(args):
+    """The JSON object of `--timm-kwargs` as a dict (`{}` when not given)."""
+    import json
+
+    if args.timm_kwargs is None:
+        return {}
+    if not args.timm_model:
+        raise UsageError("--timm-kwargs goes with --timm-model (a timm file)")
+    try:
+        kwargs = json.loads(args.timm_kwargs)
+    except ValueError as error:
+        raise UsageError(
+            f"--timm-kwargs: expected a JSON object ({error}). "
+            f"Received: --timm-kwargs={args.timm_kwargs}"
+        ) from None
+    if not isinstance(kwargs, dict):
+        raise UsageError(
+            "--timm-kwargs: expected a JSON object, e.g. '{\"img_size\": "
+            f"32}}'. Received: --timm-kwargs={args.timm_kwargs}"
+        )
+    return kwargs
+
+
 def command_convert(args):
     from keras_attention.applications import DETR
     from keras_attention.applications import VisionTransformer
@@ -227,6 +257,7 @@ def command_convert(args):
         raise UsageError(
             f"--out: expected a path ending in .keras. Received: --out={args.out}"
         )
+    timm_kwargs = _timm_kwargs(args)
     _make_out_file_folder(args.out)
     model_type = None
     if os.path.isdir(args.source):
@@ -250,7 +281,8 @@ def command_convert(args):
                 "--timm-model NAME (e.g. vit_base_patch16_224)"
             )
         model = VisionTransformer.from_timm(
-            args.source, model_name=args.timm_model, num_classes=args.num_classes
+            args.source, model_name=args.timm_model,
+            num_classes=args.num_classes, model_kwargs=timm_kwargs,
         )
     from keras_attention._writing import write_atomically
 

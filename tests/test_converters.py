@@ -451,6 +451,24 @@ def test_convert_command(tmp_path, capsys):
     )
     assert code == cli.EXIT_FAILED
     assert "does not match" in capsys.readouterr().err
+    # ... which --timm-kwargs sizes like the checkpoint: exact.
+    sizes = ('{"img_size": 32, "patch_size": 8, "embed_dim": 64, "depth": 2, '
+             '"num_heads": 4}')
+    code = cli.main(
+        ["convert", timm_file, "--timm-model", "vit_tiny_patch16_224",
+         "--timm-kwargs", sizes, "--out", out]
+    )
+    assert code == 0, capsys.readouterr().err
+    reference = _timm_vit()
+    reference.load_state_dict(safetensors_torch.load_file(timm_file))
+    assert _difference(reference.eval(), keras.saving.load_model(out)) < ATOL
+    for bad in ("{img_size: 32}", "[32]"):
+        code = cli.main(
+            ["convert", timm_file, "--timm-model", "vit_tiny_patch16_224",
+             "--timm-kwargs", bad, "--out", out]
+        )
+        assert code == cli.EXIT_USAGE
+        assert "--timm-kwargs: expected a JSON object" in capsys.readouterr().err
 
 
 def test_lora_on_a_converted_vit():
