@@ -67,7 +67,10 @@ def _check_implementation(implementation, can_block, same_dims, query, value, re
     if implementation in ("blocked", "fused") and not can_block:
         raise ValueError(
             f"The {implementation} implementation returns no weights and "
-            f"supports no bias or dropout. Received: {received}"
+            "supports no `bias` or dropout (in a layer: no "
+            "`return_attention_scores=True` and no `dropout` while "
+            "training; `implementation='dense'` or 'auto' have them). "
+            f"Received: {received}"
         )
     if implementation == "fused" and not same_dims:
         raise ValueError(
