@@ -300,3 +300,27 @@ def test_backbone_enable_lora_target_names_none_takes_the_default():
         with pytest.raises(ValueError, match="target_names"):
             model.backbone.enable_lora(2, target_names=bad)
         assert_unchanged(model, before)
+
+
+def test_default_lora_targets_are_each_layers_own():
+    """With no `target_names`, a Swin-style backbone adapts its window
+    attention's fused `qkv` (it raised: no `query`/`value` there), a
+    multi-head one its query and value, as before."""
+    from keras_attention.applications import VisionTransformer
+
+    def tiny(**options):
+        return VisionTransformer(
+            image_size=8, patch_size=2, num_classes=3, hidden_dim=8, depth=1,
+            num_heads=2, mlp_dim=8, num_channels=1, **options,
+        )
+
+    swin = tiny(attention="local_window", window_size=2)
+    adapted = swin.backbone.enable_lora(2)
+    assert adapted and {p.split("/")[-1] for p in adapted} == {"qkv"}
+    x = np.random.default_rng(0).random((2, 8, 8, 1), "float32")
+    swin.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    swin.fit(x, np.array([0, 1]), epochs=1, verbose=0)
+    vit = tiny()
+    assert {p.split("/")[-1] for p in vit.backbone.enable_lora(2)} == {
+        "query", "value"
+    }

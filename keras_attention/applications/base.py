@@ -326,12 +326,12 @@ class Backbone(FunctionalConfig, InputChecks, keras.Model):
         """Size of the feature vector the backbone outputs."""
         return self.output.shape[-1]
 
-    def enable_lora(
-        self, rank, lora_alpha=None, target_names=layer_base.DEFAULT_LORA_TARGETS
-    ):
+    def enable_lora(self, rank, lora_alpha=None, target_names=None):
         """LoRA fine-tuning of this backbone, as keras-hub's `Backbone`.
 
-        The named projections of every attention layer get trainable
+        The named projections of every attention layer (by default each
+        layer's own `lora_targets`: query and value, or a Swin window
+        attention's fused `qkv`) get trainable
         low-rank updates and every other weight of the backbone is frozen
         (a classifier's head stays trainable). See
         `keras_attention.layers.enable_lora` for the arguments; a bad

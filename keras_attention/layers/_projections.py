@@ -111,11 +111,12 @@ def enable_lora_on(layer, rank, lora_alpha=None, target_names=None):
         sub.enable_lora(rank, lora_alpha=lora_alpha)
 
 
-# The projections a backbone's `enable_lora` adapts by default (keras-hub's).
+# The projections `enable_lora` adapts by default in a layer that does not
+# name its own (`ProjectionMixin.lora_targets`): keras-hub's.
 DEFAULT_LORA_TARGETS = ("query", "value")
 
 
-def enable_lora(model, rank, lora_alpha=None, target_names=DEFAULT_LORA_TARGETS):
+def enable_lora(model, rank, lora_alpha=None, target_names=None):
     """LoRA fine-tuning of a model's attention layers, as keras-hub's
     `Backbone.enable_lora`: the named projections get trainable low-rank
     updates and every other weight of `model` is frozen.
@@ -126,10 +127,10 @@ def enable_lora(model, rank, lora_alpha=None, target_names=DEFAULT_LORA_TARGETS)
         rank: the rank of the updates, a positive integer.
         lora_alpha: the updates' scale numerator; defaults to `rank`.
         target_names: the projection names to adapt in every attention
-            layer that has them (`"query"`, `"value"` of the multi-head
-            layers by default, as keras-hub; `None` takes the default, as
-            keras-hub's `target_layer_names=None`; see
-            `projection_sublayers`).
+            layer that has them (see `projection_sublayers`); `None` (the
+            default, as keras-hub's `target_layer_names=None`) takes each
+            layer's own `lora_targets`: `"query"` and `"value"` (keras-hub's
+            choice), the fused `"qkv"` of `LocalWindowAttention`.
 
     Returns:
         The adapted projection sublayers, `{path: layer}`.
@@ -147,14 +148,14 @@ def enable_lora(model, rank, lora_alpha=None, target_names=DEFAULT_LORA_TARGETS)
     ```
     """
     check_positive_int("rank", rank)
-    if target_names is None:
-        target_names = DEFAULT_LORA_TARGETS
-    names = (
+    names = None if target_names is None else (
         [target_names] if isinstance(target_names, str)
         else list(target_names) if isinstance(target_names, (list, tuple))
-        else None
+        else []
     )
-    if not names or not all(isinstance(n, str) for n in names):
+    if names is not None and (
+        not names or not all(isinstance(n, str) for n in names)
+    ):
         raise invalid("target_names", "a non-empty list of names", target_names)
     if not model.built:
         raise ValueError(
@@ -170,7 +171,8 @@ def enable_lora(model, rank, lora_alpha=None, target_names=DEFAULT_LORA_TARGETS)
         for key, sub in projection_sublayers(layer).items():
             if id(sub) in seen:
                 continue  # a nested attention layer (CBAM's parts)
-            if key.split("/")[-1] in names:
+            wanted = layer.lora_targets if names is None else names
+            if key.split("/")[-1] in wanted:
                 targets[sub.path] = sub
                 seen.add(id(sub))
     if not targets:
@@ -270,6 +272,10 @@ class ProjectionMixin(ArgumentConfig):
     parent's config does not hold yet; and the dtype policies of quantized
     projections.
     """
+
+    # The projections a model-wide `enable_lora` adapts in this layer when
+    # no `target_names` is given (keras-hub's query and value).
+    lora_targets = DEFAULT_LORA_TARGETS
 
     def enable_lora(self, rank, lora_alpha=None, target_names=None):
         """LoRA on the layer's projections (Hu et al., 2021).

@@ -8,7 +8,6 @@ from keras import ops
 
 from keras_attention import ops as attention_ops
 from keras_attention._validation import shape_fits
-from keras_attention.layers._projections import DEFAULT_LORA_TARGETS  # noqa: F401
 from keras_attention.layers._projections import WEIGHT_ARGUMENTS  # noqa: F401
 from keras_attention.layers._projections import ProjectionMixin  # noqa: F401
 from keras_attention._config import arguments_config  # noqa: F401

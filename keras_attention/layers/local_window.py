@@ -185,6 +185,9 @@ class LocalWindowAttention(
           using Shifted Windows, 2021. https://arxiv.org/abs/2103.14030
     """
 
+    # Its query, key and value are one fused projection (timm's `qkv`).
+    lora_targets = ("qkv",)
+
     def __init__(
         self,
         num_heads,
