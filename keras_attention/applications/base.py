@@ -41,8 +41,10 @@ class PresetMixin:
     """`presets()` and `from_preset(name)` from the one preset registry.
 
     A preset names its class (`Preset.class_name`), so `from_preset` only
-    builds presets of the class it is called on. `_after_preset(model,
-    spec, options)` is the hook for what a task adds (a new head).
+    builds presets of the class it is called on. A task that can take a
+    new head defines `with_preset_classes(num_classes, spec, config)`:
+    `from_preset(name, num_classes=K)` with another `K` than the preset's
+    then builds the preset and asks it for a model with `K` classes.
     """
 
     @classmethod
@@ -62,7 +64,10 @@ class PresetMixin:
             load_weights: load the shipped weights, where the preset has
                 them.
             **kwargs: constructor arguments that override the preset's
-                (ones that change the weights' shapes make loading fail).
+                (ones that change the weights' shapes make loading fail);
+                for a task with `with_preset_classes` (the classifiers,
+                DETR), a `num_classes` other than the preset's keeps every
+                weight but the class head's, which starts fresh.
 
         Raises:
             ValueError: for an unknown preset (the message lists the known
@@ -70,6 +75,17 @@ class PresetMixin:
                 overridden configuration (the message names the overrides).
         """
         spec = preset_registry.get_preset(preset, cls.__name__)
+        num_classes = kwargs.get("num_classes")
+        if (
+            hasattr(cls, "with_preset_classes")
+            and num_classes is not None
+            and num_classes != spec.config.get("num_classes")
+        ):
+            kwargs.pop("num_classes")
+            model = cls.from_preset(preset, load_weights=load_weights, **kwargs)
+            return model.with_preset_classes(
+                num_classes, spec, {**spec.config, **kwargs}
+            )
         config = dict(spec.config)
         config.update(kwargs)
         model = cls(**config)
@@ -515,29 +531,11 @@ class Classifier(
             kwargs.setdefault("preprocessor", self.preprocessor)
         return type(self)(backbone=self.backbone, num_classes=num_classes, **kwargs)
 
-    @classmethod
-    def from_preset(cls, preset, load_weights=True, num_classes=None, **kwargs):
-        """Builds the preset `preset` and loads its shipped weights.
-
-        Args:
-            preset: a preset name; see `presets()`.
-            load_weights: load the shipped weights, where the preset has
-                them.
-            num_classes: if given and different from the preset's, the
-                loaded backbone gets a fresh head with this many classes.
-            **kwargs: other constructor arguments that override the preset's
-                (ones that change the weights' shapes make loading fail).
-
-        Raises:
-            ValueError: for an unknown preset (the message lists the known
-                ones).
-        """
-        model = super().from_preset(preset, load_weights=load_weights, **kwargs)
-        if num_classes is not None and num_classes != model.num_classes:
-            config = {**preset_registry.get_preset(preset).config, **kwargs}
-            model = model.with_head(
-                num_classes,
-                activation=config.get("activation"),
-                head_dropout=config.get("head_dropout", 0.0),
-            )
-        return model
+    def with_preset_classes(self, num_classes, spec, config):
+        """`from_preset(name, num_classes=K)`'s model: this preset's
+        backbone (weights shared) with a fresh head of `K` classes."""
+        return self.with_head(
+            num_classes,
+            activation=config.get("activation"),
+            head_dropout=config.get("head_dropout", 0.0),
+        )

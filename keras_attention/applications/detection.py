@@ -453,21 +453,11 @@ class DETR(
             outputs, (height, width), score_threshold, upsample_attention
         )
 
-    @classmethod
-    def from_preset(cls, preset, load_weights=True, num_classes=None, **kwargs):
-        """Builds the preset `preset` and loads its shipped weights.
-
-        Args:
-            preset: a preset name; see `presets()`.
-            load_weights: load the shipped weights, where the preset has
-                them.
-            num_classes: if given and different from the preset's, every
-                weight but the class head's is loaded (the backbone, the
-                transformer, the queries and the box head) and the class
-                head (`num_classes + 1` outputs) starts fresh, for
-                fine-tuning on other classes.
-            **kwargs: other constructor arguments that override the preset's
-                (ones that change the weights' shapes make loading fail).
+    def with_preset_classes(self, num_classes, spec, config):
+        """`from_preset(name, num_classes=K)`'s model: every weight of this
+        preset but the class head's (the backbone, the transformer, the
+        queries and the box head), and a fresh class head of `K + 1`
+        outputs, for fine-tuning on other classes.
 
         Example:
 
@@ -475,25 +465,17 @@ class DETR(
         model = DETR.from_preset("detr_digits", num_classes=3)
         ```
         """
-        spec = presets.get_preset(preset, cls.__name__)
-        preset_classes = spec.config.get("num_classes")
-        if num_classes is None or num_classes == preset_classes:
-            return super().from_preset(preset, load_weights=load_weights, **kwargs)
-        model = super().from_preset(
-            preset, load_weights=False, num_classes=num_classes, **kwargs
-        )
-        if not load_weights or spec.weights is None:
+        model = type(self)(**{**config, "num_classes": num_classes})
+        if not self.built:
             return model
-        source = super().from_preset(preset, load_weights=True, **kwargs)
         model.build(spec.input_shape)
         head = {id(v) for v in model.class_head.weights}
-        source_head = {id(v) for v in source.class_head.weights}
+        own_head = {id(v) for v in self.class_head.weights}
         kept = [v for v in model.weights if id(v) not in head]
-        given = [v for v in source.weights if id(v) not in source_head]
+        given = [v for v in self.weights if id(v) not in own_head]
         for target, value in zip(kept, given, strict=True):
             target.assign(value)
         return model
-
 
 
 presets.register_preset(
