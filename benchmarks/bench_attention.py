@@ -35,7 +35,6 @@ be shared.
 
 import argparse
 import os
-import platform
 import sys
 import time
 
@@ -53,7 +52,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from machine import describe  # noqa: E402
+from machine import load_average  # noqa: E402
 from keras_attention import ops as attention_ops  # noqa: E402
 from keras_attention.layers import MultiHeadAttention  # noqa: E402
 
@@ -63,26 +65,12 @@ except ImportError:  # pragma: no cover
     torch = None
 
 
-def load_average():
-    try:
-        return "%.2f %.2f %.2f" % os.getloadavg()
-    except OSError:  # pragma: no cover
-        return "n/a"
-
-
-def machine():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    gpus = tf.config.list_logical_devices("GPU")
-    device = f"GPU {tf.config.experimental.get_device_details(tf.config.list_physical_devices('GPU')[0]).get('device_name', '')}" if gpus else "CPU"
-    return f"{cpu}, {os.cpu_count()} cores, TF device {device}"
+def tf_device():
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return "TF device CPU"
+    details = tf.config.experimental.get_device_details(gpus[0])
+    return f"TF device GPU {details.get('device_name', '')}"
 
 
 def sync_tf(x):
@@ -378,9 +366,8 @@ def main():
         torch.set_num_threads(os.cpu_count())
 
     print(f"# {' '.join(sys.argv)}")
-    print(f"# {machine()}; keras {keras.__version__}, tensorflow {tf.__version__}"
-          + (f", torch {torch.__version__}" if torch is not None else ", no torch"))
-    print(f"# TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'default')}; "
+    print(f"# {describe()}; {tf_device()}")
+    print(f"# oneDNN {attention_ops.onednn_status()}; "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; "
           f"B={args.batch}, heads={args.heads}, head size={args.head_dim}, "
           f"dtype={args.dtype}, median of {args.repeats}; load average {load_average()}")

@@ -5,13 +5,15 @@ decide which kernels run (avx2, avx512f, avx512_bf16, amx), the core count,
 the framework versions and the load average, e.g.
 
     AMD EPYC, 2 cores, avx2 avx512f avx512_bf16; TF 2.21.0, Keras 3.15.1
-    (tensorflow backend), torch 2.13.0; load average 0.12 0.30 0.41
+    (tensorflow backend), torch 2.13.0; oneDNN on; load average 0.12 0.30
+    0.41
 
 Benchmarks print it first; BENCHMARKS.md keeps one table per machine seen.
 """
 
 import os
 import platform
+import sys
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
@@ -52,11 +54,25 @@ def load_average():
         return "n/a"
 
 
+def onednn():
+    """"oneDNN on" / "oneDNN off" for this process's TensorFlow (it decides
+    which CPU kernels run: Eigen's without it), "" when TensorFlow is not
+    loaded."""
+    if "tensorflow" not in sys.modules:
+        return ""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+
+        return "; oneDNN " + ("on" if _pywrap_util_port.IsMklEnabled() else "off")
+    except Exception:  # pragma: no cover - a moved private helper
+        return ""
+
+
 def describe():
     model, flags = cpu_model_and_flags()
     return (
         f"{model}, {os.cpu_count()} cores, {' '.join(flags) or 'no avx2/avx512/amx'}; "
-        f"{versions()}; load average {load_average()}"
+        f"{versions()}{onednn()}; load average {load_average()}"
     )
 
 

@@ -21,22 +21,11 @@ on first use.
 """
 
 import importlib
-import importlib.util
-import os
-import sys
 
-if "tensorflow" not in sys.modules:
-    # TensorFlow's C++ start-up chatter (CUDA probing, CPU flags) hides the
-    # output of the command and of scripts; a user's own setting wins.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # Triton (PyTorch's CUDA builds bring it) crashes the process when it is
-    # first imported after TensorFlow, e.g. by `keras-attention convert`,
-    # whose entry point imports this package (so TensorFlow) first.
-    if importlib.util.find_spec("triton") is not None:
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            pass
+from keras_attention import _startup
+
+# Before keras (so TensorFlow) loads: see `_startup`.
+_startup.before_tensorflow()
 
 from keras_attention.version import __version__
 from keras_attention.registry import discover_plugins, get, get_class, names, register

@@ -19,7 +19,8 @@ One module per topic:
   or the dense path with its own backward pass (`dense_custom_gradient`).
 - `autotune`: which of the dense and blocked paths `implementation="auto"`
   takes for a long sequence, measured per machine and shape at the first
-  call (`dispatch_choices()` says what it picked and why; `set_autotune`).
+  call (`dispatch_choices()` says what it picked and why; `set_autotune`),
+  and whether TensorFlow runs its oneDNN kernels (`onednn_status()`).
 - `blocked`: `blocked_attention`, key blocks with an online softmax and
   recomputation in the backward pass; never holds the `T x S` scores. With
   `sliding_window` each query block visits only the key blocks its band
@@ -31,6 +32,7 @@ One module per topic:
 
 from keras_attention.ops.autotune import clear_dispatch_choices
 from keras_attention.ops.autotune import dispatch_choices
+from keras_attention.ops.autotune import onednn_status
 from keras_attention.ops.autotune import set_autotune
 from keras_attention.ops.blocked import DEFAULT_BLOCK_SIZE
 from keras_attention.ops.blocked import DEFAULT_QUERY_BLOCK_SIZE
@@ -61,6 +63,7 @@ __all__ = [
     "hash_bits",
     "hash_dropout",
     "masked_softmax",
+    "onednn_status",
     "segment_softmax",
     "set_autotune",
     "sliding_window_mask",

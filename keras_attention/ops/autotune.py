@@ -105,6 +105,48 @@ def clear_dispatch_choices():
     _CHOICES.clear()
 
 
+def onednn_status():
+    """Whether this process's TensorFlow runs its oneDNN kernels, and why.
+
+    TensorFlow turns oneDNN on by itself only on CPUs with AVX512-VNNI,
+    AVX512-BF16 or AMX, and runs Eigen's kernels on the others (AVX2-only,
+    AVX-512 without VNNI). There, `TF_ENABLE_ONEDNN_OPTS=1` set before
+    TensorFlow is imported made `MultiHeadAttention`'s forward + backward
+    1.42x faster at 512 tokens (2048^2 matmul 121 -> 179 GFLOP/s) on an
+    AVX2-only AMD EPYC, but the small date translator's training 1.17x
+    slower (BENCHMARKS.md, "Speed per machine"): a process-wide choice,
+    left to the user.
+
+    >>> from keras_attention import ops as attention_ops
+    >>> attention_ops.onednn_status()  # doctest: +SKIP
+    'on: TensorFlow's default on this CPU'
+
+    Returns:
+        A line starting with `"on"`, `"off"` or `"unknown"` (another
+        backend, or a TensorFlow that does not say).
+    """
+    if keras.backend.backend() != "tensorflow":
+        return f"unknown: the {keras.backend.backend()} backend"
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+
+        enabled = bool(_pywrap_util_port.IsMklEnabled())
+    except Exception:  # pragma: no cover - a moved private helper
+        return "unknown: this TensorFlow does not say"
+    setting = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    if setting is not None:
+        why = f"TF_ENABLE_ONEDNN_OPTS={setting}"
+    elif enabled:
+        why = "TensorFlow's default on this CPU"
+    else:
+        why = (
+            "TensorFlow's default on this CPU; TF_ENABLE_ONEDNN_OPTS=1, set "
+            "before TensorFlow is imported, turns it on (large attention "
+            "layers run faster, small models may not)"
+        )
+    return f"{'on' if enabled else 'off'}: {why}"
+
+
 def _memory_budget():
     if _OPTIONS["memory_budget"] is not None:
         return _OPTIONS["memory_budget"]

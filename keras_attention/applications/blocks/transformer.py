@@ -122,25 +122,23 @@ class _TransformerBlock(ArgumentConfig, keras.layers.Layer):
                 self.dropout, dtype=self.dtype_policy
             )
 
-    def _residual(self, x, branch, norm, training):
-        """Pre-norm `x + f(norm(x))` or post-norm `norm(x + f(x))`.
+    def _residual(self, x, norm, training, branch, *args):
+        """Pre-norm `x + f(norm(x))` or post-norm `norm(x + f(x))`, with
+        `f(y) = branch(y, *args, training=training)`.
 
         `branch` returns `(output, scores)`; so does this.
         """
-        if self.norm_first:
-            h, scores = branch(norm(x))
-            return x + self.dropout_layer(h, training=training), scores
-        h, scores = branch(x)
-        return norm(x + self.dropout_layer(h, training=training)), scores
+        y = norm(x) if self.norm_first else x
+        h, scores = branch(y, *args, training=training)
+        x = x + self.dropout_layer(h, training=training)
+        return (x if self.norm_first else norm(x)), scores
 
     def _mlp(self, x, training):
         h = self.dropout_layer(self.mlp_hidden(x), training=training)
         return self.mlp_output(h), None
 
     def _mlp_residual(self, x, training):
-        x, _ = self._residual(
-            x, lambda y: self._mlp(y, training), self.mlp_norm, training
-        )
+        x, _ = self._residual(x, self.mlp_norm, training, self._mlp)
         return x
 
     def _outputs(self, x, scores, return_scores, training):
@@ -292,12 +290,8 @@ class TransformerEncoderBlock(_TransformerBlock):
         if cache is not None:
             return self._call_cached(tokens, cache, cache_update_index, training)
         x, scores = self._residual(
-            tokens,
-            lambda y: self._attend(
-                y, mask, position, return_attention_scores, training
-            ),
-            self.attention_norm,
-            training,
+            tokens, self.attention_norm, training,
+            self._attend, mask, position, return_attention_scores,
         )
         return self._outputs(x, scores, return_attention_scores, training)
 
@@ -310,13 +304,11 @@ class TransformerEncoderBlock(_TransformerBlock):
                 f"{tuple(cache.shape)}"
             )
         x, cache = self._residual(
-            tokens,
-            lambda y: self.attention_layer(
+            tokens, self.attention_norm, training,
+            lambda y, training: self.attention_layer(
                 y, cache=cache, cache_update_index=cache_update_index,
                 training=training,
             ),
-            self.attention_norm,
-            training,
         )
         return self._mlp_residual(x, training), cache
 
@@ -413,21 +405,13 @@ class TransformerDecoderBlock(_TransformerBlock):
         training=None,
     ):
         x, _ = self._residual(
-            tokens,
-            lambda y: self._self_attend(
-                y, mask, position, use_causal_mask, training
-            ),
-            self.self_attention_norm,
-            training,
+            tokens, self.self_attention_norm, training,
+            self._self_attend, mask, position, use_causal_mask,
         )
         x, weights = self._residual(
-            x,
-            lambda y: self._cross_attend(
-                y, memory, mask, memory_mask, position, memory_position,
-                return_attention_scores, training,
-            ),
-            self.cross_attention_norm,
-            training,
+            x, self.cross_attention_norm, training, self._cross_attend,
+            memory, mask, memory_mask, position, memory_position,
+            return_attention_scores,
         )
         return self._outputs(x, weights, return_attention_scores, training)
 

@@ -1,0 +1,36 @@
+"""What `import keras_attention` settles before TensorFlow loads.
+
+Process settings that TensorFlow reads once, when it is imported, so only
+whoever imports first can choose them (a user's own value always wins, and
+nothing is changed once TensorFlow is loaded):
+
+- `TF_CPP_MIN_LOG_LEVEL=2`: TensorFlow's C++ start-up chatter (CUDA
+  probing, CPU flags) otherwise hides the output of the command and of
+  scripts.
+- Triton (PyTorch's CUDA builds bring it) crashes the process when it is
+  first imported after TensorFlow, e.g. by `keras-attention convert`, whose
+  entry point imports this package (so TensorFlow) first: import it now.
+
+`TF_ENABLE_ONEDNN_OPTS` is left to the user: oneDNN's kernels made the
+attention layer 1.42x faster on an AVX2-only CPU, where TensorFlow leaves
+them off, but the small date translator 1.17x slower (BENCHMARKS.md, "Speed
+per machine"); `keras_attention.ops.onednn_status()` says what runs.
+
+This module imports nothing heavy: it runs before keras is imported.
+"""
+
+import importlib.util
+import os
+import sys
+
+
+def before_tensorflow():
+    """Apply the settings above, if TensorFlow is not loaded yet."""
+    if "tensorflow" in sys.modules:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if importlib.util.find_spec("triton") is not None:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            pass
