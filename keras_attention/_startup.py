@@ -13,8 +13,9 @@ nothing is changed once TensorFlow is loaded):
 
 `TF_ENABLE_ONEDNN_OPTS` is left to the user: oneDNN's kernels made the
 attention layer 1.42x faster on an AVX2-only CPU, where TensorFlow leaves
-them off, but the small date translator 1.17x slower (BENCHMARKS.md, "Speed
-per machine"); `keras_attention.ops.onednn_status()` says what runs.
+them off, but the small date translator's `keras-attention run` 1.17x
+slower (BENCHMARKS.md, "AVX2 only"); `keras_attention.ops.onednn_status()`
+says what runs.
 
 This module imports nothing heavy: it runs before keras is imported.
 """
