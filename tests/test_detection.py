@@ -415,6 +415,7 @@ def trained():
     return model, images, y, history.history
 
 
+@pytest.mark.xdist_group("detr_trained")  # one build of `trained`
 def test_fit_with_xla_lowers_the_loss(trained):
     model, _, _, history = trained
     losses = history["loss"]
@@ -423,6 +424,7 @@ def test_fit_with_xla_lowers_the_loss(trained):
     assert {"class_loss", "l1_loss", "giou_loss"} <= set(history)
 
 
+@pytest.mark.xdist_group("detr_trained")  # one build of `trained`
 def test_predict_boxes(trained):
     model, images, _, _ = trained
     dets = model.predict_boxes(images, score_threshold=0.0)
@@ -444,6 +446,7 @@ def test_predict_boxes(trained):
     assert model.predict_boxes(images[:2], score_threshold=1.01)[0]["boxes"].shape == (0, 4)
 
 
+@pytest.mark.xdist_group("detr_trained")  # one build of `trained`
 def test_save_and_load(trained, tmp_path):
     model, images, _, _ = trained
     path = str(tmp_path / "detr.keras")
@@ -456,6 +459,7 @@ def test_save_and_load(trained, tmp_path):
     assert loaded.get_config() == model.get_config()
 
 
+@pytest.mark.xdist_group("detr_trained")  # one build of `trained`
 def test_evaluate_detections_against_known_answers(trained):
     _, images, y, _ = trained
     boxes, labels = validate_targets(y["boxes"], y["labels"], NUM_CLASSES)
@@ -508,6 +512,7 @@ def test_evaluate_detections_by_hand_and_labels_outside_the_classes():
         evaluate_detections(found, images, boxes, np.full((2, 2), -1))
 
 
+@pytest.mark.xdist_group("detr_trained")  # one build of `trained`
 def test_evaluate_detections_with_the_model(trained):
     model, images, y, _ = trained
     boxes, labels = validate_targets(y["boxes"], y["labels"], NUM_CLASSES)

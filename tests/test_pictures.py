@@ -148,6 +148,7 @@ def alignment_mass(translator, sources):
     return float(exact), float(np.mean(mass))
 
 
+@pytest.mark.large  # 40-60 s: a date translator trained from scratch
 def test_date_alignment_mass_lies_on_the_determining_characters():
     from keras_attention.datasets import make_date_task
 

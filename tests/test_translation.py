@@ -196,6 +196,7 @@ def test_shapes_and_padding_do_not_change_outputs(name):
     assert not np.allclose(ops.convert_to_numpy(model(other))[0], logits[0])
 
 
+@pytest.mark.xdist_group("translation_trained")  # one build of the fixtures
 @pytest.mark.parametrize("name", MODELS)
 def test_fit_with_xla_lowers_loss_and_learns_copy(name, request):
     model, losses = request.getfixturevalue(name)
@@ -220,6 +221,7 @@ def test_xla_fit_with_a_partial_last_batch(name):
     assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
 
 
+@pytest.mark.xdist_group("translation_trained")  # one build of the fixtures
 def test_greedy_equals_beam_search_of_width_one(trained):
     source_ids = trained.preprocessor.encode_sources(random_words(6, seed=3))
     greedy = trained.generate_ids(source_ids, search="greedy", jit_compile=False)
@@ -230,6 +232,7 @@ def test_greedy_equals_beam_search_of_width_one(trained):
     np.testing.assert_allclose(greedy[1], beam[1], atol=1e-6)
 
 
+@pytest.mark.xdist_group("translation_trained")  # one build of the fixtures
 def test_cached_decoding_equals_uncached(trained):
     source_ids = trained.preprocessor.encode_sources(random_words(2, seed=4))
     for beam_width in (1, 3):
@@ -257,6 +260,7 @@ def test_cached_decoding_equals_uncached(trained):
         )
 
 
+@pytest.mark.xdist_group("translation_trained")  # one build of the fixtures
 def test_transformer_cache_holds_past_keys(transformer):
     model = transformer[0]
     source = ops.convert_to_tensor(model.preprocessor.encode_sources(["abc"]))
@@ -271,6 +275,7 @@ def test_transformer_cache_holds_past_keys(transformer):
     assert np.abs(entries[0, :, 1:]).sum() == 0
 
 
+@pytest.mark.xdist_group("translation_trained")  # one build of the fixtures
 def test_xla_decoding_equals_eager(rnn, transformer):
     words = random_words(5, seed=5)
     for model, beam_width in ((rnn[0], 1), (transformer[0], 2)):
@@ -341,6 +346,7 @@ def test_beam_search_matches_exhaustive_search():
     assert model._generated_ids(greedy[0])[:2] == [a, a]
 
 
+@pytest.mark.xdist_group("translation_trained")  # one build of the fixtures
 @pytest.mark.parametrize("name", MODELS)
 def test_save_and_load_translate_identically(name, request, tmp_path):
     model = request.getfixturevalue(name)[0]
@@ -376,6 +382,7 @@ def test_word_piece_vocabulary_is_saved(tmp_path):
     )
 
 
+@pytest.mark.xdist_group("translation_trained")  # one build of the fixtures
 def test_return_attention(rnn):
     model = rnn[0]
     texts, maps = model.translate(
@@ -537,6 +544,7 @@ def test_evaluate_translations_with_several_references_per_sentence():
         model.evaluate_translations(sources, ["1989-07-14"])
 
 
+@pytest.mark.xdist_group("translation_trained")  # one build of the fixtures
 def test_warns_when_translating_long_sentences(rnn):
     model = rnn[0]
     with warnings.catch_warnings(record=True) as caught:

@@ -159,23 +159,18 @@ class CompileDefaults:
     ):
         """`keras.Model.compile` with the defaults of `compile_defaults()`."""
         defaults = self.compile_defaults()
-        if optimizer == "auto":
-            optimizer = defaults["optimizer"]
-        if loss == "auto":
-            loss = defaults["loss"]
-        if weighted_metrics == "auto":
-            weighted_metrics = defaults["weighted_metrics"]
+        given = dict(
+            optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics
+        )
+        for name, value in given.items():
+            if isinstance(value, str) and value == "auto":
+                given[name] = defaults[name]
         if jit_compile is None:
             jit_compile = defaults.get("jit_compile", "auto")
             if jit_compile and _xla_slower_here(self):
                 jit_compile = False
         super().compile(
-            optimizer=optimizer,
-            loss=loss,
-            metrics=metrics,
-            weighted_metrics=weighted_metrics,
-            jit_compile=jit_compile,
-            **kwargs,
+            metrics=metrics, jit_compile=jit_compile, **given, **kwargs
         )
 
     def compile_from_config(self, config):
