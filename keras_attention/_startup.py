@@ -11,11 +11,12 @@ nothing is changed once TensorFlow is loaded):
   first imported after TensorFlow, e.g. by `keras-attention convert`, whose
   entry point imports this package (so TensorFlow) first: import it now.
 
-`TF_ENABLE_ONEDNN_OPTS` is left to the user: oneDNN's kernels made the
-attention layer 1.42x faster on an AVX2-only CPU, where TensorFlow leaves
-them off, but the small date translator's `keras-attention run` 1.17x
-slower (BENCHMARKS.md, "AVX2 only"); `keras_attention.ops.onednn_status()`
-says what runs.
+`TF_ENABLE_ONEDNN_OPTS` is left to the user: on an AVX2-only CPU, where
+TensorFlow leaves oneDNN's kernels off, they made the attention layer 1.42x
+faster, a small translator's training epochs about as fast, and its
+tracing and compilation seconds slower, so the short `keras-attention run`
+commands took up to 1.17x longer (BENCHMARKS.md, "AVX2 only");
+`keras_attention.ops.onednn_status()` says what runs.
 
 This module imports nothing heavy: it runs before keras is imported.
 """

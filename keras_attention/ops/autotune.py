@@ -113,9 +113,10 @@ def onednn_status():
     AVX-512 without VNNI). There, `TF_ENABLE_ONEDNN_OPTS=1` set before
     TensorFlow is imported made `MultiHeadAttention`'s forward + backward
     1.42x faster at 512 tokens (2048^2 matmul 121 -> 179 GFLOP/s) on an
-    AVX2-only AMD EPYC, but the small date translator's `keras-attention
-    run` (training and evaluation) 1.17x slower (BENCHMARKS.md, "AVX2
-    only"): a process-wide choice, left to the user.
+    AVX2-only AMD EPYC; a small translator's training epochs ran about as
+    fast and its first (tracing, compilation) seconds slower, so the short
+    `keras-attention run` commands took up to 1.17x longer (BENCHMARKS.md,
+    "AVX2 only"): a process-wide choice, left to the user.
 
     >>> from keras_attention import ops as attention_ops
     >>> attention_ops.onednn_status()  # doctest: +SKIP
