@@ -162,6 +162,26 @@ def test_set_loss_matches_scipy_reference(seed):
     np.testing.assert_array_equal(numpy(ours["assignment"]), ref["assignment"])
 
 
+def test_loss_settings_reach_every_term():
+    rng = np.random.default_rng(6)
+    logits, pred, boxes, labels = random_problem(rng, 4, 6, 4, NUM_CLASSES)
+    ours = detection_loss.set_prediction_loss(
+        logits, pred, boxes, labels, NUM_CLASSES, {"eos_coef": 0.3}
+    )
+    ref = reference_loss(logits, pred, boxes, labels, NUM_CLASSES, eos_coef=0.3)
+    np.testing.assert_allclose(numpy(ours["loss"]), ref["loss"], rtol=1e-4)
+    weighted = detection_loss.set_prediction_loss(
+        logits, pred, boxes, labels, NUM_CLASSES,
+        {"class_loss_weight": 2.0, "bbox_loss_weight": 0.5,
+         "giou_loss_weight": 0.0},
+    )
+    np.testing.assert_allclose(
+        numpy(weighted["loss"]),
+        2.0 * numpy(weighted["class_loss"]) + 0.5 * numpy(weighted["l1_loss"]),
+        rtol=1e-5,
+    )
+
+
 def test_stacked_layers_sum_their_losses():
     rng = np.random.default_rng(3)
     first = random_problem(rng, 3, 5, 3, NUM_CLASSES)
@@ -368,12 +388,33 @@ def test_invalid_arguments():
         DETR(**{**TINY, "num_queries": 0})
     with pytest.raises(ValueError, match="hidden_dim"):
         DETR(**{**TINY, "hidden_dim": 18})
-    with pytest.raises(ValueError, match="eos_coef"):
-        DETR(**{**TINY, "eos_coef": 0.0})
+    with pytest.raises(ValueError, match=r'loss_settings\["eos_coef"\]'):
+        DETR(**TINY, loss_settings={"eos_coef": 0.0})
+    with pytest.raises(ValueError, match="loss_settings.*unknown keys"):
+        DETR(**TINY, loss_settings={"eos_coeff": 0.2})
+    with pytest.raises(ValueError, match="loss_settings"):
+        DETR(**TINY, loss_settings=[("eos_coef", 0.2)])
     with pytest.raises(ValueError, match="not_a_layer|Unknown|unknown"):
         DETR(**TINY, attention_module="not_a_layer")
     with pytest.raises(ValueError, match="preset"):
         DETR.from_preset("nope")
+
+
+def test_loss_settings_config_and_older_files():
+    model = DETR(**TINY, loss_settings={"class_loss_weight": 2.0})
+    config = model.get_config()
+    assert config["loss_settings"] == {
+        **detection_loss.LOSS_DEFAULTS, "class_loss_weight": 2.0
+    }
+    assert DETR.from_config(config).loss_settings == model.loss_settings
+    # A config written before `loss_settings` held each setting on its own.
+    legacy = {k: v for k, v in config.items() if k != "loss_settings"}
+    legacy.update(eos_coef=0.2, class_loss_weight=2.0)
+    restored = DETR.from_config(legacy)
+    assert restored.loss_settings == {
+        **detection_loss.LOSS_DEFAULTS, "eos_coef": 0.2,
+        "class_loss_weight": 2.0,
+    }
 
 
 def test_fit_rejects_bad_targets_before_training():

@@ -31,7 +31,6 @@ from keras_attention.applications.base import PresetMixin
 from keras_attention._config import ArgumentConfig
 from keras_attention.applications.blocks import TransformerDecoderBlock
 from keras_attention.applications.blocks import TransformerEncoderBlock
-from keras_attention.applications.detection_training import LOSS_SETTINGS
 from keras_attention.applications.detection_training import DETRTraining
 from keras_attention.applications.converters.detr import DETRConverters
 from keras_attention.applications.detection_layers import feature_positions
@@ -119,9 +118,12 @@ class DETR(
             `value` and `key`); offered `num_heads`, `key_dim`, `dropout`.
         transformer_attention_kwargs: its extra constructor arguments.
         aux_loss: add the losses of the earlier decoder layers.
-        eos_coef: weight of the "no object" class in the class loss.
-        class_loss_weight, bbox_loss_weight, giou_loss_weight: loss weights.
-        class_cost, bbox_cost, giou_cost: matching-cost weights.
+        loss_settings: a dict of the loss's settings to change from DETR's
+            (`detection_loss.LOSS_DEFAULTS`): `eos_coef` (weight of the "no
+            object" class in the class loss, 0.1), `class_loss_weight`,
+            `bbox_loss_weight`, `giou_loss_weight` (1, 5, 2), and the
+            matching cost's `class_cost`, `bbox_cost`, `giou_cost` (1, 5, 2).
+            The model keeps all seven in `loss_settings`.
 
     Call arguments:
         images: `(B, height, width, C)`.
@@ -181,13 +183,7 @@ class DETR(
         transformer_attention="multi_head",
         transformer_attention_kwargs=None,
         aux_loss=True,
-        eos_coef=0.1,
-        class_loss_weight=1.0,
-        bbox_loss_weight=5.0,
-        giou_loss_weight=2.0,
-        class_cost=1.0,
-        bbox_cost=5.0,
-        giou_cost=2.0,
+        loss_settings=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -223,13 +219,26 @@ class DETR(
             transformer_attention_kwargs or {}
         )
         self.aux_loss = bool(aux_loss)
-        arguments = locals()
-        weights = detection_loss.check_loss_weights(
-            **{name: arguments[name] for name in LOSS_SETTINGS[1:]}
+        self.loss_settings = detection_loss.check_loss_settings(
+            loss_settings, "loss_settings"
         )
-        for name, value in weights.items():
-            setattr(self, name, value)
         self._make_layers()
+
+    @classmethod
+    def from_config(cls, config):
+        # Files written before `loss_settings` hold the seven settings as
+        # arguments of their own.
+        config = dict(config)
+        legacy = {
+            name: config.pop(name)
+            for name in detection_loss.LOSS_DEFAULTS
+            if name in config
+        }
+        if legacy:
+            config["loss_settings"] = {
+                **legacy, **(config.get("loss_settings") or {})
+            }
+        return super().from_config(config)
 
     def _make_layers(self):
         self.backbone = make_backbone(self)
@@ -494,7 +503,7 @@ presets.register_preset(
         "stem_strides": 2,
         # A class loss weight of 2 (DETR: 1) ends the early phase where
         # only boxes improve about twice as soon on this data.
-        "class_loss_weight": 2.0,
+        "loss_settings": {"class_loss_weight": 2.0},
     },
     weights="detr_digits.weights.h5",
     description="DETR for digits on 64x64 canvases (`make_detection_set`: "

@@ -143,19 +143,28 @@ def matching_cost(
     return {"cost": cost, "prob": prob, "l1": l1, "giou": giou}
 
 
+# DETR's loss settings and their defaults (the paper's): the weight of the
+# "no object" class in the class loss, the weights of the three loss terms,
+# and the weights of the matching cost's three terms. `DETR(loss_settings=)`
+# and `set_prediction_loss(settings=)` take any of them.
+LOSS_DEFAULTS = {
+    "eos_coef": 0.1,
+    "class_loss_weight": 1.0,
+    "bbox_loss_weight": 5.0,
+    "giou_loss_weight": 2.0,
+    "class_cost": 1.0,
+    "bbox_cost": 5.0,
+    "giou_cost": 2.0,
+}
+
+
 def set_prediction_loss(
     logits,
     pred_boxes,
     target_boxes,
     target_labels,
     num_classes,
-    eos_coef=0.1,
-    class_loss_weight=1.0,
-    bbox_loss_weight=5.0,
-    giou_loss_weight=2.0,
-    class_cost=1.0,
-    bbox_cost=5.0,
-    giou_cost=2.0,
+    settings=None,
     num_layers=1,
 ):
     """DETR's Hungarian loss for a batch of images (Carion et al., 2020).
@@ -183,10 +192,11 @@ def set_prediction_loss(
         target_boxes: `(B, M, 4)`, normalised `(cx, cy, w, h)`, `M <= N`.
         target_labels: int `(B, M)`, -1 for padding.
         num_classes: `K`.
-        eos_coef: weight of the "no object" class.
-        class_loss_weight, bbox_loss_weight, giou_loss_weight: the weights of
-            the loss terms.
-        class_cost, bbox_cost, giou_cost: the weights of the matching cost.
+        settings: a dict of any of `LOSS_DEFAULTS`' keys, the others taking
+            their defaults: `eos_coef` (weight of the "no object" class),
+            `class_loss_weight`, `bbox_loss_weight`, `giou_loss_weight` (the
+            weights of the loss terms), `class_cost`, `bbox_cost`,
+            `giou_cost` (the weights of the matching cost).
         num_layers: how many decoder layers the batch stacks.
 
     Returns:
@@ -195,6 +205,7 @@ def set_prediction_loss(
         the same four as `(num_layers,)` vectors; and `"assignment"`, the
         int32 `(B, M)` prediction matched to each target (-1 for padding).
     """
+    settings = check_loss_settings(settings)
     num_predictions = pred_boxes.shape[1]
     logits = ops.cast(logits, "float32")
     pred_boxes = ops.cast(pred_boxes, "float32")
@@ -206,9 +217,9 @@ def set_prediction_loss(
         pred_boxes,
         target_boxes,
         target_labels,
-        class_cost=class_cost,
-        bbox_cost=bbox_cost,
-        giou_cost=giou_cost,
+        class_cost=settings["class_cost"],
+        bbox_cost=settings["bbox_cost"],
+        giou_cost=settings["giou_cost"],
     )
     assignment = matching.linear_sum_assignment(terms["cost"], mask)
     pairs = matching.matched_pairs(assignment, num_predictions)  # B, N, M
@@ -223,7 +234,7 @@ def set_prediction_loss(
     cross_entropy = -ops.sum(
         target_onehot * ops.log_softmax(logits, axis=-1), axis=-1
     )  # B, N
-    class_weights = matched + eos_coef * (1.0 - matched)
+    class_weights = matched + settings["eos_coef"] * (1.0 - matched)
 
     def per_layer(x):
         # (B * L, ...) stacked image-major -> (L,) sums over the rest.
@@ -239,9 +250,9 @@ def set_prediction_loss(
     l1_loss = per_layer(pairs * terms["l1"]) / num_boxes
     giou_loss = per_layer(pairs * (1.0 - terms["giou"])) / num_boxes
     loss = (
-        class_loss_weight * class_loss
-        + bbox_loss_weight * l1_loss
-        + giou_loss_weight * giou_loss
+        settings["class_loss_weight"] * class_loss
+        + settings["bbox_loss_weight"] * l1_loss
+        + settings["giou_loss_weight"] * giou_loss
     )
     return {
         "loss": ops.sum(loss),
@@ -397,16 +408,37 @@ def _fit_to_queries(boxes, labels, real, num_queries):
     return boxes, labels
 
 
-def check_loss_weights(**weights):
-    """The loss and matching weights as floats; each non-negative."""
-    for name, value in weights.items():
+def check_loss_settings(settings, argument="settings"):
+    """`LOSS_DEFAULTS` updated with `settings` (a dict, or `None`), each a
+    non-negative float (`eos_coef` positive). Raises a `ValueError` naming
+    `argument` for an unknown key."""
+    if settings is None:
+        settings = {}
+    if not isinstance(settings, dict):
+        raise base.invalid(
+            argument, f"a dict with keys among {sorted(LOSS_DEFAULTS)}",
+            settings,
+        )
+    unknown = sorted(set(settings) - set(LOSS_DEFAULTS))
+    if unknown:
+        raise ValueError(
+            f"Received an invalid value for argument `{argument}`: unknown "
+            f"keys {unknown}. Expected keys among {sorted(LOSS_DEFAULTS)}."
+        )
+    checked = {}
+    for name, value in {**LOSS_DEFAULTS, **settings}.items():
         if isinstance(value, bool) or not isinstance(
             value, (int, float)
         ) or not (value >= 0 and math.isfinite(value)):
-            raise base.invalid(name, "a non-negative float", value)
-    if weights["eos_coef"] <= 0:
-        raise base.invalid("eos_coef", "a positive float", weights["eos_coef"])
-    return {name: float(value) for name, value in weights.items()}
+            raise base.invalid(
+                f'{argument}["{name}"]', "a non-negative float", value
+            )
+        checked[name] = float(value)
+    if checked["eos_coef"] <= 0:
+        raise base.invalid(
+            f'{argument}["eos_coef"]', "a positive float", checked["eos_coef"]
+        )
+    return checked
 
 
 def scale_for_replicas(loss):

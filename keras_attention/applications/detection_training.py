@@ -18,18 +18,11 @@ def _check_target_dict(y):
         )
 
 
-# The arguments of `detection_loss.set_prediction_loss` the model holds.
-LOSS_SETTINGS = (
-    "num_classes", "eos_coef", "class_loss_weight", "bbox_loss_weight",
-    "giou_loss_weight", "class_cost", "bbox_cost", "giou_cost",
-)
-
-
 class DETRTraining:
     """`compute_loss`, `validate_targets`, `fit` and `evaluate` of `DETR`.
 
-    Needs the model's loss settings (`LOSS_SETTINGS` as attributes),
-    `num_queries`, `num_classes`, `aux_loss` outputs and the three loss
+    Needs the model's `loss_settings` (for
+    `detection_loss.set_prediction_loss`), `num_queries`, `num_classes`, `aux_loss` outputs and the three loss
     trackers (`_class_loss_tracker`, `_l1_loss_tracker`,
     `_giou_loss_tracker`).
     """
@@ -45,7 +38,6 @@ class DETRTraining:
                 f"Received: boxes.shape={tuple(boxes.shape)}; run "
                 "`validate_targets` on the data to trim the padding"
             )
-        settings = {name: getattr(self, name) for name in LOSS_SETTINGS}
         logits, pred_boxes = y_pred["logits"], y_pred["boxes"]
         layers = 1
         if "aux_logits" in y_pred:
@@ -65,7 +57,8 @@ class DETRTraining:
             boxes = ops.repeat(boxes, layers, axis=0)
             labels = ops.repeat(labels, layers, axis=0)
         terms = detection_loss.set_prediction_loss(
-            logits, pred_boxes, boxes, labels, num_layers=layers, **settings
+            logits, pred_boxes, boxes, labels, self.num_classes,
+            self.loss_settings, num_layers=layers,
         )
         last = {k: v[-1] for k, v in terms["per_layer"].items()}
         return terms["loss"], last

@@ -46,14 +46,29 @@ class FeatureMapAttention(
     base.ProjectionMixin, base.TracedOutputSpec, keras.layers.Layer
 ):
     """Base of a layer that refines a feature map `(B, ..., C)`: its output
-    has the input's shape and positions (so its Keras mask)."""
+    has the input's shape and positions (so its Keras mask).
+
+    Every such layer (CBAM's, the non-local block) takes these arguments of
+    its projections' and convolutions' weights, as keras's `Conv2D` does:
+    `use_bias`, `kernel_initializer`, `bias_initializer`,
+    `kernel_regularizer`, `bias_regularizer`; a subclass passes them on
+    with `**kwargs` and its config holds them (`ArgumentConfig`)."""
 
     # The largest rank of the inputs (`None`: any): 1-, 2- or 3-D maps.
     _max_rank = 5
 
-    def __init__(self, **kwargs):
+    def __init__(
+        self,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.supports_masking = True
+        base.keep_weight_arguments(self, locals())
 
     def _dense(self, name, units, input_dim, kernel_initializer=None):
         """A built `keras.layers.Dense` projection on the channels (a 1x1

@@ -31,20 +31,7 @@ def _check_kernel_size(kernel_size):
 
 
 class _ImageAttention(FeatureMapAttention):
-    """What the CBAM layers share: the arguments of their weights, and
-    their convolutions."""
-
-    def __init__(
-        self,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        kernel_regularizer=None,
-        bias_regularizer=None,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        base.keep_weight_arguments(self, locals())
+    """What the CBAM layers share: their convolutions."""
 
     def _conv(self, name, input_shape, filters, kernel_size):
         """A built same-padded `keras.layers.Conv{1,2,3}D` (LoRA)."""

@@ -132,11 +132,6 @@ class NonLocalBlock(FeatureMapAttention):
         sub_sample=False,
         use_batch_norm=False,
         zero_init_residual=True,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        kernel_regularizer=None,
-        bias_regularizer=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -151,7 +146,6 @@ class NonLocalBlock(FeatureMapAttention):
         self.sub_sample = _check_sub_sample(sub_sample)
         self.use_batch_norm = bool(use_batch_norm)
         self.zero_init_residual = bool(zero_init_residual)
-        base.keep_weight_arguments(self, locals())
 
     def pool_size(self, spatial_rank):
         """The max-pool size of `phi` and `g`, or `None` for no pooling."""

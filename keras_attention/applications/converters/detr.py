@@ -50,7 +50,7 @@ _ARCHITECTURE = {
     "feedforward_dim": ("encoder_ffn_dim", 2048),
     "dropout": ("dropout", 0.1),
 }
-# DETR argument -> DetrConfig option: the loss. DetrConfig's defaults are
+# `DETR(loss_settings=)` key -> DetrConfig option: the loss. DetrConfig's defaults are
 # the paper's, as DETR's are, so an option a config leaves out is not
 # passed.
 _LOSS = {
@@ -186,8 +186,10 @@ def detr_arguments(config):
     block, depths, _ = backbone_arguments(config)
     arguments = {ours: config.get(theirs, default)
                  for ours, (theirs, default) in _ARCHITECTURE.items()}
-    arguments.update({ours: config[theirs]
-                      for ours, theirs in _LOSS.items() if theirs in config})
+    loss_settings = {ours: config[theirs]
+                     for ours, theirs in _LOSS.items() if theirs in config}
+    if loss_settings:
+        arguments["loss_settings"] = loss_settings
     return dict(arguments, norm_first=False, backbone_type="resnet",
                 resnet_depths=depths, resnet_block=block)
 
@@ -301,6 +303,10 @@ def from_transformers(cls, source, num_classes=None, image_size=(800, 800),
     channels = config.get("num_channels", 3)
     if isinstance(config.get("backbone_config"), dict):
         channels = config["backbone_config"].get("num_channels", channels)
+    if "loss_settings" in arguments and "loss_settings" in kwargs:
+        kwargs["loss_settings"] = {
+            **arguments["loss_settings"], **(kwargs["loss_settings"] or {})
+        }
     model = cls(num_classes=num_classes, **{**arguments, **kwargs})
     model.build((None, height, width, int(channels)))
     ignore = [] if load_class_head else [
@@ -344,7 +350,7 @@ class DETRConverters:
             image_size: `(height, width)` the model is built for (any size
                 runs; the `.keras` file rebuilds at this one).
             **kwargs: other `DETR` arguments that keep the weights' shapes
-                (`dropout`, `aux_loss`, loss weights, `transformer_attention`
+                (`dropout`, `aux_loss`, `loss_settings`, `transformer_attention`
                 with the same projections, ...).
 
         Returns:
