@@ -25,6 +25,15 @@ def fresh_choices(monkeypatch):
     monkeypatch.setattr(attention_ops.dispatch, "DENSE_THRESHOLD", 1000)
 
 
+def path_choices():
+    """The dense-or-blocked choices (not the rule that compiles the blocked
+    core outside XLA, `tests/test_fast_paths.py`)."""
+    return [
+        c for c in attention_ops.dispatch_choices()
+        if c.implementation != "blocked, compiled by XLA"
+    ]
+
+
 def long_qkv():
     return random_qkv(np.random.default_rng(3), t=40, s=48, h=2, k=2, d=8, dv=8)
 
@@ -49,7 +58,7 @@ def test_the_faster_measured_path_runs_and_the_choice_is_recorded(monkeypatch, f
     np.testing.assert_allclose(
         out.numpy(), attention_reference(q, k, v, causal=True)[0], atol=1e-5
     )
-    (choice,) = attention_ops.dispatch_choices()
+    (choice,) = path_choices()
     assert choice.implementation == faster
     assert choice.timings_ms == (
         {"dense": 1.0, "blocked": 2.0} if faster == "dense"
@@ -60,7 +69,7 @@ def test_the_faster_measured_path_runs_and_the_choice_is_recorded(monkeypatch, f
     # The same shape again: no new measurement, the same path.
     attention_ops.dot_product_attention(q, k, v, is_causal=True)
     assert measure.calls == 1
-    assert len(attention_ops.dispatch_choices()) == 1
+    assert len(path_choices()) == 1
 
 
 def test_a_real_measurement_in_graph_and_xla_gives_the_reference_values():
@@ -87,7 +96,7 @@ def test_a_real_measurement_in_graph_and_xla_gives_the_reference_values():
     # The gradient through whichever path each mode took is the same.
     np.testing.assert_allclose(grads[0], grads[1], atol=1e-5)
     # (Under XLA the fast forms' rules are listed too: `ops/xla_cpu.py`.)
-    choices = [c for c in attention_ops.dispatch_choices()
+    choices = [c for c in path_choices()
                if c.implementation in ("dense", "blocked")]
     assert [c.key[1] for c in choices] == ["graph", "xla"]
     # Under a gradient tape without training=True: timed as training too.
@@ -95,7 +104,7 @@ def test_a_real_measurement_in_graph_and_xla_gives_the_reference_values():
         q_ = tf.constant(q)
         tape.watch(q_)
         attention_ops.dot_product_attention(q_, k, v, attention_mask=mask)
-    assert attention_ops.dispatch_choices()[-1].key[2] == "train"
+    assert path_choices()[-1].key[2] == "train"
     for choice in choices:
         assert choice.key[2] == "train"
         assert set(choice.timings_ms) == {"dense", "blocked"}
@@ -108,13 +117,13 @@ def test_rules_when_not_measured(monkeypatch):
     q, k, v = long_qkv()
     attention_ops.set_autotune(memory_budget=1024)
     attention_ops.dot_product_attention(q, k, v)
-    (choice,) = attention_ops.dispatch_choices()
+    (choice,) = path_choices()
     assert choice.implementation == "blocked"
     assert "over the budget" in choice.reason and choice.timings_ms == {}
     attention_ops.clear_dispatch_choices()
     attention_ops.set_autotune(enabled=False, memory_budget=2**40)
     attention_ops.dot_product_attention(q, k, v)
-    (choice,) = attention_ops.dispatch_choices()
+    (choice,) = path_choices()
     assert (choice.implementation, choice.reason) == ("blocked", "rule: autotune is off")
     # Unknown batch size inside a function: the rule, nothing measured.
     attention_ops.clear_dispatch_choices()
@@ -123,7 +132,7 @@ def test_rules_when_not_measured(monkeypatch):
     tf.function(attention_ops.dot_product_attention).get_concrete_function(
         spec, tf.TensorSpec((None, 48, 2, 8)), tf.TensorSpec((None, 48, 2, 8))
     )
-    (choice,) = attention_ops.dispatch_choices()
+    (choice,) = path_choices()
     assert (choice.implementation, choice.reason) == ("blocked", "rule: shapes not static")
 
 
@@ -135,7 +144,7 @@ def test_short_sequences_and_explicit_implementations_are_not_measured(monkeypat
     q, k, v = long_qkv()
     attention_ops.dot_product_attention(q, k, v, implementation="blocked")
     attention_ops.dot_product_attention(q, k, v, return_weights=True)
-    assert measure.calls == 0 and attention_ops.dispatch_choices() == []
+    assert measure.calls == 0 and path_choices() == []
 
 
 @pytest.mark.parametrize(

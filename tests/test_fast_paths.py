@@ -184,3 +184,89 @@ def test_keys_product_loop_equals_einsum(monkeypatch, jit, dtype):
         np.asarray(tf.cast(got, "float32")), np.asarray(tf.cast(want, "float32")),
         atol=atol, rtol=atol,
     )
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(),
+        dict(mask_kind="keys", causal=True),
+        dict(mask_kind="full", window=5),
+        dict(kv_heads=1, alibi=True),
+    ],
+    ids=["plain", "keys-causal", "full-window", "gqa-alibi"],
+)
+def test_blocked_core_compiled_by_xla_equals_the_graph_one(monkeypatch, case):
+    """In a plain `tf.function` on a CPU the blocked core runs as its own
+    XLA computation: the same values and gradients as the graph's own
+    blocked core, with the batch known only when the graph runs, and the
+    rule recorded in `dispatch_choices()`."""
+    from keras_attention.ops import xla_cpu
+
+    if tf.config.list_logical_devices("GPU"):
+        pytest.skip("the rule is for CPUs")
+    rng = np.random.default_rng(7)
+    b, t, h, d = 3, 40, 4, 8
+    kv = case.get("kv_heads", h)
+    q = tf.constant(rng.normal(size=(b, t, h, d)), "float32")
+    k = tf.constant(rng.normal(size=(b, t, kv, d)), "float32")
+    v = tf.constant(rng.normal(size=(b, t, kv, d)), "float32")
+    mask = _mask(case.get("mask_kind"), rng, b, t, t)
+    slopes = (
+        tf.constant(rng.uniform(0.1, 1.0, size=(h,)), "float32")
+        if case.get("alibi") else None
+    )
+    extra = dict(
+        is_causal=case.get("causal", False),
+        sliding_window=case.get("window"),
+        alibi_slopes=slopes,
+    )
+
+    def run():
+        spec = [tf.TensorSpec((None,) + tuple(x.shape[1:]), "float32")
+                for x in (q, k, v)]
+
+        @tf.function(input_signature=spec)
+        def step(q, k, v):
+            m = None if mask is None else tf.constant(mask)[: tf.shape(q)[0]]
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                out = attention_ops.dot_product_attention(
+                    q, k, v, attention_mask=m, implementation="blocked",
+                    block_size=16, **extra,
+                )
+                loss = tf.reduce_sum(out * tf.cos(out))
+            return [out] + tape.gradient(loss, [q, k, v])
+
+        return [np.asarray(x) for x in step(q, k, v)]
+
+    attention_ops.clear_dispatch_choices()
+    compiled = run()
+    rules = [c for c in attention_ops.dispatch_choices()
+             if c.implementation == "blocked, compiled by XLA"]
+    assert len(rules) == 1
+    monkeypatch.setattr(xla_cpu, "compiles_blocked_core", lambda: False)
+    graph = run()
+    for name, got, want in zip(("out", "dq", "dk", "dv"), compiled, graph):
+        np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5, err_msg=name)
+
+
+def test_blocked_core_compiled_only_outside_xla_on_tensorflow():
+    from keras_attention.ops import xla_cpu
+
+    seen = {}
+
+    @tf.function(jit_compile=True)
+    def in_xla():
+        seen["xla"] = xla_cpu.compiles_blocked_core()
+        return tf.zeros(())
+
+    @tf.function
+    def in_graph():
+        seen["graph"] = xla_cpu.compiles_blocked_core()
+        return tf.zeros(())
+
+    in_xla(), in_graph()
+    cpu = not tf.config.list_logical_devices("GPU")
+    assert seen == {"xla": False, "graph": cpu}
+    assert xla_cpu.compiles_blocked_core() == cpu  # eager

@@ -54,7 +54,11 @@ def tiny_transformer(**kwargs):
 
 def train_copy(model, learning_rate, epochs):
     keras.utils.set_random_seed(0)
-    words = random_words(2048, seed=0)
+    # 2,084 pairs in batches of 64: the last batch has 36, so the compiled
+    # step also sees a second batch size (XLA cannot differentiate a
+    # `while` loop over a dynamic batch; the RNN decoder's loop is
+    # unrolled).
+    words = random_words(2084, seed=0)
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate), jit_compile=True
     )
@@ -200,25 +204,11 @@ def test_shapes_and_padding_do_not_change_outputs(name):
 @pytest.mark.parametrize("name", MODELS)
 def test_fit_with_xla_lowers_loss_and_learns_copy(name, request):
     model, losses = request.getfixturevalue(name)
-    assert model.jit_compile is True
-    assert losses[-1] < 0.2 * losses[0], losses
+    assert model.jit_compile is True  # and each epoch ended on 36 pairs
+    assert np.all(np.isfinite(losses)) and losses[-1] < 0.2 * losses[0], losses
     words = random_words(48, seed=7)
     translations = model.translate(words, jit_compile=False)
     assert np.mean([t == w for t, w in zip(translations, words)]) >= 0.95
-
-
-@pytest.mark.parametrize("name", MODELS)
-def test_xla_fit_with_a_partial_last_batch(name):
-    # 100 pairs in batches of 64: the last batch has 36, so the compiled
-    # step sees a second batch size (XLA cannot differentiate a `while`
-    # loop over a dynamic batch; the RNN decoder's loop is unrolled).
-    keras.utils.set_random_seed(3)
-    model = tiny_rnn() if name == "rnn" else tiny_transformer()
-    model.compile(optimizer=keras.optimizers.Adam(0.01), jit_compile=True)
-    words = random_words(100, seed=4)
-    x, y = model.prepare(words, words)
-    losses = model.fit(x, y, batch_size=64, epochs=3, verbose=0).history["loss"]
-    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
 
 
 @pytest.mark.xdist_group("translation_trained")  # one build of the fixtures

@@ -24,7 +24,11 @@ One module per topic:
 - `blocked`: `blocked_attention`, key blocks with an online softmax and
   recomputation in the backward pass; never holds the `T x S` scores. With
   `sliding_window` each query block visits only the key blocks its band
-  meets: `O(T * window)` work.
+  meets: `O(T * window)` work. On TensorFlow on a CPU outside XLA (a plain
+  `tf.function`, eager) its forward and backward passes each run as their
+  own XLA computation (`xla_cpu.compiles_blocked_core`; recorded in
+  `dispatch_choices()`).
+- `xla_cpu`: forms XLA's CPU backend runs faster than the simple ones.
 - `random`: `hash_bits`, `hash_dropout`, counter-based random bits and
   dropout masks that XLA fuses (the backend's generator is slow under XLA on
   CPU); the attention core's dropout when a seed is given.

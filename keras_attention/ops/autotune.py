@@ -158,7 +158,7 @@ def _memory_budget():
     return total // 4
 
 
-def _tf_mode():
+def tf_mode():
     """"xla" inside a `jit_compile=True` function, "graph" or "eager"."""
     import tensorflow as tf
 
@@ -185,7 +185,7 @@ def xla_on_cpu():
         import jax
 
         return jax.default_backend() == "cpu"
-    if backend != "tensorflow" or _tf_mode() != "xla":
+    if backend != "tensorflow" or tf_mode() != "xla":
         return False
     import tensorflow as tf
 
@@ -217,7 +217,7 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
         shapes.append(tuple(mask.shape))
     static = not any(d is None for shape in shapes for d in shape)
     mask_shape = shapes.pop() if mask is not None else None
-    mode = _tf_mode() if backend == "tensorflow" else "compiled"
+    mode = tf_mode() if backend == "tensorflow" else "compiled"
     training = bool(training) or _gradient_recorded(backend)
     (b, t, h, d), (_, s, kh, _), (_, _, _, dv) = shapes
     key_ = (

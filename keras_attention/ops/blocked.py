@@ -35,6 +35,7 @@ from keras_attention.ops.positions import alibi_bias
 from keras_attention.ops.shapes import check_attention_inputs
 from keras_attention.ops.shapes import check_attention_mask
 from keras_attention.ops.shapes import static_dim
+from keras_attention.ops.xla_cpu import compiled as xla_compiled
 
 DEFAULT_BLOCK_SIZE = 256
 DEFAULT_QUERY_BLOCK_SIZE = 256
@@ -343,15 +344,19 @@ def _pad_keys(k, v, mask, s_len, padded):
 
 
 def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
-                  query_block_size, sliding_window=None, alibi_slopes=None):
+                  query_block_size, sliding_window=None, alibi_slopes=None,
+                  compiled=False):
     """The blocked path on inputs `dot_product_attention` has checked.
 
     `mask` is rank 4 or `None`; `scale` a number. With `sliding_window`,
     each query block visits only the key blocks its band meets (a static
     count, `_window_span`), so the work is `O(T * window)`; the queries are
     then padded to whole query blocks. `alibi_slopes` `(H,)` adds
-    `slope * (s - t)` to each block's scores. Returns `(B, T, H, Dv)` in
-    `value`'s dtype.
+    `slope * (s - t)` to each block's scores. With `compiled`, the forward
+    and the backward pass each run as their own XLA computation
+    (`xla_cpu.compiles_blocked_core`); the custom gradient stays outside
+    them, so no XLA computation is ever differentiated. Returns
+    `(B, T, H, Dv)` in `value`'s dtype.
     """
     num_heads, kv_heads = query.shape[2], key.shape[2]
     s_len, t_len = static_dim(key, 1), static_dim(query, 1)
@@ -392,16 +397,27 @@ def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
         num_heads // kv_heads,
     )
     out_dtype = value.dtype
+    forward, backward = _forward, _backward
+    if compiled:
+        forward, backward = xla_compiled(_forward), xla_compiled(_backward)
 
     @ops.custom_gradient
     def attend(q, k, v):
         # Saved for the backward: the inputs, the output and the
         # log-sum-exp, nothing else of length size.
-        out, lse = _forward(q, k, v, out_dtype, plan)
+        if compiled:
+            # Not recorded by a tape: a compiled call under one would be
+            # made to output its loops' intermediates for a gradient
+            # (which XLA cannot), and `grad` is its gradient anyway.
+            out, lse = forward(
+                *(ops.stop_gradient(x) for x in (q, k, v)), out_dtype, plan
+            )
+        else:
+            out, lse = forward(q, k, v, out_dtype, plan)
 
         def grad(*args, upstream=None):
             d_out = upstream if upstream is not None else args[0]
-            return _backward(q, k, v, out, lse, d_out, plan)
+            return backward(q, k, v, out, lse, d_out, plan)
 
         return out, grad
 

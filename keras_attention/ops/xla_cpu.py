@@ -99,6 +99,46 @@ def projection(dense, x):
     return y
 
 
+def compiles_blocked_core():
+    """Whether the blocked core runs as its own XLA computation here: on
+    TensorFlow without a GPU, outside code XLA compiles already (a plain
+    `tf.function`, or eager).
+
+    TensorFlow's graph executor runs the blocked path's loop of small
+    block products one op at a time, much slower than XLA runs the same
+    loop (AVX2-only CPU, TF 2.21, 8 heads of 64, forward + backward: the
+    layer at 4,096 tokens 4.2-5.1 s in graph mode, 1.9-2.7 s with its
+    core compiled; at 16,384, 209 s before, 45 s after, as fast as the
+    whole step under XLA; BENCHMARKS.md, "AVX2 only"). Compiled on its
+    own, the core keeps its values and gradients
+    (`tests/test_fast_paths.py`) while the rest of the graph stays as the
+    user traced it.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return False
+    if autotune.tf_mode() == "xla":
+        return False
+    import tensorflow as tf
+
+    return not tf.config.list_logical_devices("GPU")
+
+
+_COMPILED = {}
+
+
+def compiled(function):
+    """`function` as one XLA computation (a `tf.function` with
+    `jit_compile=True`, made once per function); its Python arguments
+    (flags, block sizes) are part of each trace."""
+    if function not in _COMPILED:
+        import tensorflow as tf
+
+        _COMPILED[function] = tf.function(
+            function, jit_compile=True, autograph=False
+        )
+    return _COMPILED[function]
+
+
 def keys_product(p, x):
     """`einsum("bhts,bhtd->bhsd", p, x)`: `dV = P^T dO` and `dK = dS^T Q`.
 
