@@ -205,6 +205,7 @@ def test_blocked_core_compiled_by_xla_equals_the_graph_one(monkeypatch, case):
 
     if tf.config.list_logical_devices("GPU"):
         pytest.skip("the rule is for CPUs")
+    monkeypatch.setattr(xla_cpu, "_COMPILED_BLOCKED_SIZE", 1)
     rng = np.random.default_rng(7)
     b, t, h, d = 3, 40, 4, 8
     kv = case.get("kv_heads", h)
@@ -245,7 +246,7 @@ def test_blocked_core_compiled_by_xla_equals_the_graph_one(monkeypatch, case):
     rules = [c for c in attention_ops.dispatch_choices()
              if c.implementation == "blocked, compiled by XLA"]
     assert len(rules) == 1
-    monkeypatch.setattr(xla_cpu, "compiles_blocked_core", lambda: False)
+    monkeypatch.setattr(xla_cpu, "compiles_blocked_core", lambda *inputs: False)
     graph = run()
     for name, got, want in zip(("out", "dq", "dk", "dv"), compiled, graph):
         np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5, err_msg=name)
@@ -270,3 +271,9 @@ def test_blocked_core_compiled_only_outside_xla_on_tensorflow():
     cpu = not tf.config.list_logical_devices("GPU")
     assert seen == {"xla": False, "graph": cpu}
     assert xla_cpu.compiles_blocked_core() == cpu  # eager
+    # Short blocked calls stay in the graph (XLA's compilation would cost
+    # more than the loop): from `_COMPILED_BLOCKED_SIZE` scores per pair.
+    short = tf.zeros((1, 40, 2, 8))
+    long = tf.zeros((1, 1024, 2, 8))
+    assert not xla_cpu.compiles_blocked_core(short, short, short)
+    assert xla_cpu.compiles_blocked_core(long, long, long) == cpu

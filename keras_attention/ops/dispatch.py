@@ -173,20 +173,11 @@ def dot_product_attention(
             sliding_window, alibi_slopes, training,
         )
     if path == "blocked":
-        compiled = xla_cpu.compiles_blocked_core()
-        if compiled:
-            autotune.record_rule(
-                ("blocked core", tuple(query.shape), tuple(key.shape),
-                 tuple(value.shape), keras.backend.standardize_dtype(query.dtype)),
-                "blocked, compiled by XLA",
-                "rule: TensorFlow on a CPU outside XLA runs the blocked core "
-                "as its own XLA computation (its loop of block products is "
-                "2 to 5x faster there)",
-            )
         return blocked_heads(
             query, key, value, mask, is_causal, scale,
             block_size or DEFAULT_BLOCK_SIZE, DEFAULT_QUERY_BLOCK_SIZE,
-            sliding_window, alibi_slopes, compiled,
+            sliding_window, alibi_slopes,
+            xla_cpu.compiles_blocked_core(query, key, value),
         )
     if sliding_window is not None:
         band = sliding_window_mask(

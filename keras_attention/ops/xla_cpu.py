@@ -99,10 +99,18 @@ def projection(dense, x):
     return y
 
 
-def compiles_blocked_core():
+# The blocked core is compiled on its own from this many scores per
+# (batch, head) pair (static lengths): below, its loop is short and XLA's
+# compilation (seconds per shape) would cost more than it saves.
+_COMPILED_BLOCKED_SIZE = 1024 * 1024
+
+
+def compiles_blocked_core(query=None, key=None, value=None):
     """Whether the blocked core runs as its own XLA computation here: on
     TensorFlow without a GPU, outside code XLA compiles already (a plain
-    `tf.function`, or eager).
+    `tf.function`, or eager), for at least `_COMPILED_BLOCKED_SIZE` scores
+    per (batch, head) pair. With the inputs given, a choice is recorded in
+    `dispatch_choices()`.
 
     TensorFlow's graph executor runs the blocked path's loop of small
     block products one op at a time, much slower than XLA runs the same
@@ -120,7 +128,22 @@ def compiles_blocked_core():
         return False
     import tensorflow as tf
 
-    return not tf.config.list_logical_devices("GPU")
+    if tf.config.list_logical_devices("GPU"):
+        return False
+    if query is None:
+        return True
+    t_len, s_len = query.shape[1], key.shape[1]
+    if None in (t_len, s_len) or t_len * s_len < _COMPILED_BLOCKED_SIZE:
+        return False
+    autotune.record_rule(
+        ("blocked core", tuple(query.shape), tuple(key.shape),
+         tuple(value.shape), keras.backend.standardize_dtype(query.dtype)),
+        "blocked, compiled by XLA",
+        "rule: TensorFlow on a CPU outside XLA runs a long blocked core as "
+        "its own XLA computation (its loop of block products is 2 to 5x "
+        "faster there)",
+    )
+    return True
 
 
 _COMPILED = {}
