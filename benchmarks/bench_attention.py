@@ -10,19 +10,20 @@ weight), in one process:
 - `keras`: `keras.layers.MultiHeadAttention`, both modes (its best mode is
   the reference of the ratio column);
 - `torch MHA`: `torch.nn.MultiheadAttention(batch_first=True)` (projections
-  + `scaled_dot_product_attention`), eager, when torch is installed;
+  + `scaled_dot_product_attention`), eager and under `torch.compile`, when
+  torch is installed (`--no-torch-compile`: eager only);
 - the cores alone on projected `(B, L, H, D)` heads: ours
   (`keras_attention.ops.dot_product_attention`, both modes),
   `keras.ops.dot_product_attention` (both modes) and
-  `torch.nn.functional.scaled_dot_product_attention`.
+  `torch.nn.functional.scaled_dot_product_attention` (eager and compiled).
 
 GFLOP/s count the nominal matmul work only (projections 2 * 4 * B * L *
 dim^2, core 2 * 2 * B * H * L^2 * D; forward + backward = 3x forward),
 whatever an implementation recomputes. `% peak` divides by the best square
 float32 (or `--dtype`) matmul rate, TensorFlow's or PyTorch's, measured in
 the same run. `x keras` = keras's best time / this time (> 1: faster than
-keras); `x torch` = torch's time / this time, layers against `torch MHA`
-and cores against `torch SDPA`.
+keras); `x torch` = torch's best time (eager or compiled) / this time,
+layers against `torch MHA` and cores against `torch SDPA`.
 
     python benchmarks/bench_attention.py
     python benchmarks/bench_attention.py --lengths 512 2048 --repeats 5
@@ -47,12 +48,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # loads; an explicit OMP_WAIT_POLICY is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import keras_attention  # noqa: E402,F401  (before TensorFlow: torch.compile's triton)
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from machine import describe  # noqa: E402
 from machine import load_average  # noqa: E402
@@ -196,20 +198,21 @@ def tf_core_step(core, q, k, v, backward, jit):
     return lambda: sync_tf(step(q, k, v))
 
 
-def torch_layer_step(dim, heads, x_np, backward, dtype):
+def torch_layer_step(dim, heads, x_np, backward, dtype, compiled=False):
     dev = torch_device()
     layer = torch.nn.MultiheadAttention(dim, heads, batch_first=True).to(dev)
     x = torch.tensor(x_np, device=dev)
+    call = torch.compile(layer) if compiled else layer
 
     def run():
         with torch.autocast(dev, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
             if not backward:
                 with torch.no_grad():
-                    out = layer(x, x, x, need_weights=False)[0]
+                    out = call(x, x, x, need_weights=False)[0]
                 torch_sync()
                 return out
             xx = x.detach().requires_grad_(True)
-            out = layer(xx, xx, xx, need_weights=False)[0]
+            out = call(xx, xx, xx, need_weights=False)[0]
             loss = out.float().square().mean()
         layer.zero_grad(set_to_none=True)
         loss.backward()
@@ -219,7 +222,7 @@ def torch_layer_step(dim, heads, x_np, backward, dtype):
     return run
 
 
-def torch_core_step(q_np, k_np, v_np, backward, dtype):
+def torch_core_step(q_np, k_np, v_np, backward, dtype, compiled=False):
     dev = torch_device()
     tdtype = getattr(torch, dtype)
     # (B, L, H, D) -> (B, H, L, D), contiguous, as SDPA wants it.
@@ -228,6 +231,8 @@ def torch_core_step(q_np, k_np, v_np, backward, dtype):
         for a in (q_np, k_np, v_np)
     )
     sdpa = torch.nn.functional.scaled_dot_product_attention
+    if compiled:
+        sdpa = torch.compile(sdpa)
 
     def run():
         if not backward:
@@ -243,6 +248,13 @@ def torch_core_step(q_np, k_np, v_np, backward, dtype):
         return loss
 
     return run
+
+
+def torch_modes(args):
+    """torch's modes to time: eager, and `torch.compile` unless told not."""
+    if torch is None or args.no_torch:
+        return []
+    return ["eager"] if args.no_torch_compile else ["eager", "compiled"]
 
 
 def keras_core(q, k, v):
@@ -291,10 +303,11 @@ def run_length(args, length, matmul_fn, peaks, cpu_peaks, rows):
             ("layer", "keras", "tf.function", lambda: tf_layer_step(theirs, x, backward, False)),
             ("layer", "keras", "XLA", lambda: tf_layer_step(theirs, x, backward, True)),
         ]
-        if torch is not None and not args.no_torch:
+        for how in torch_modes(args):
             variants.append(
-                ("layer", "torch MHA", "eager",
-                 lambda: torch_layer_step(dim, h, x_np, backward, args.dtype))
+                ("layer", "torch MHA", how,
+                 lambda how=how: torch_layer_step(
+                     dim, h, x_np, backward, args.dtype, how == "compiled"))
             )
         variants += [
             ("core", "ours", "tf.function", lambda: tf_core_step(our_core, q, k, v, backward, False)),
@@ -302,10 +315,11 @@ def run_length(args, length, matmul_fn, peaks, cpu_peaks, rows):
             ("core", "keras.ops", "tf.function", lambda: tf_core_step(keras_core, q, k, v, backward, False)),
             ("core", "keras.ops", "XLA", lambda: tf_core_step(keras_core, q, k, v, backward, True)),
         ]
-        if torch is not None and not args.no_torch:
+        for how in torch_modes(args):
             variants.append(
-                ("core", "torch SDPA", "eager",
-                 lambda: torch_core_step(q_np, k_np, v_np, backward, compute))
+                ("core", "torch SDPA", how,
+                 lambda how=how: torch_core_step(
+                     q_np, k_np, v_np, backward, compute, how == "compiled"))
             )
         fns = {
             (kind, name, how): make()
@@ -331,14 +345,13 @@ def run_length(args, length, matmul_fn, peaks, cpu_peaks, rows):
             cpu = cpus[(kind, name, how)]
             ratios = []
             for times, mine in ((results, med), (cpus, cpu)):
-                keras_best = min(
-                    (t for (kk, nn, _), t in times.items()
-                     if kk == kind and nn == keras_name),
-                    default=None,
+                keras_best, torch_best = (
+                    min((t for (kk, nn, _), t in times.items()
+                         if kk == kind and nn == peer), default=None)
+                    for peer in (keras_name, torch_name)
                 )
-                torch_t = times.get((kind, torch_name, "eager"))
                 ratios += [keras_best / mine if keras_best else None,
-                           torch_t / mine if torch_t else None]
+                           torch_best / mine if torch_best else None]
             rows.append(
                 (length, mode, kind, name, how, med * 1e3, cpu * 1e3, gflops,
                  work / cpu / 1e9, *ratios)
@@ -357,6 +370,8 @@ def main():
                         "cores on bfloat16 inputs")
     parser.add_argument("--matmul-size", type=int, default=2048)
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--no-torch-compile", action="store_true",
+                        help="torch eager only (torch.compile needs a C++ compiler)")
     parser.add_argument("--only", nargs="*", default=None,
                         help="run only these implementations (e.g. ours keras)")
     args = parser.parse_args()
@@ -409,7 +424,7 @@ def main():
           f"{peak:.0f} GFLOP/s wall, {cpu_peak:.0f} GFLOP per CPU-second "
           f"({mm_dtype}, best of the run)")
     print("# wall: median wall-clock time per call; cpu: median process CPU "
-          "time per call; x keras / x torch: their time / ours (> 1: ours "
+          "time per call; x keras / x torch: their best mode's time / ours (> 1: ours "
           "faster), by wall and by CPU time")
     print("| L | pass | what | impl | mode | wall ms | cpu ms | GFLOP/s | "
           "% peak wall | % peak cpu | x keras wall | x torch wall | "
