@@ -16,6 +16,10 @@ compiles, and checks each against the library's values:
   and dropped inside the step, the backward recomputes them from the
   saved log-sum-exp); and per pair in query chunks of `--chunks` rows
   (each step's scores `chunk x S`, in cache).
+- `projections` (`--length`, batch 8, width 512): self-attention's three
+  input projections alone, forward + backward (the input's and the
+  kernels' gradients), as three `(B·T, 512) x (512, 512)` products or one
+  `(512, 1536)` product, in `tf.function` and under XLA.
 - `heads` (`--long-length`, batch 1, 8 heads of 64): the library's blocked
   core (`ops/blocked.py`) under XLA over all heads at once, against the
   same core called one head at a time in a `tf.map_fn` loop (a head's key
@@ -27,6 +31,7 @@ them is in the library, because none was faster where measured
 
     python benchmarks/bench_xla_core_forms.py --what dense --length 2048
     python benchmarks/bench_xla_core_forms.py --what heads --long-length 16384
+    python benchmarks/bench_xla_core_forms.py --what projections --length 512
 """
 
 import argparse
@@ -208,6 +213,43 @@ def blocked_per_head(q, k, v):
     return tf.transpose(out[:, :, :, 0], (1, 2, 0, 3))
 
 
+def projection_steps(length):
+    """`{name: step}` for the three input projections, forward + backward;
+    each step returns the input's and the kernels' gradients."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.standard_normal((8 * length, 512)).astype("float32"))
+    kernels = [tf.constant(rng.standard_normal((512, 512)).astype("float32") * 0.04)
+               for _ in range(3)]
+    upstream = [tf.constant(rng.standard_normal((8 * length, 512)).astype("float32"))
+                for _ in range(3)]
+
+    def separate(x, kernels):
+        return [tf.matmul(x, w) for w in kernels]
+
+    def fused(x, kernels):
+        return tf.split(tf.matmul(x, tf.concat(kernels, axis=1)), 3, axis=1)
+
+    def step(form, jit):
+        @tf.function(jit_compile=jit)
+        def run():
+            with tf.GradientTape() as tape:
+                tape.watch([x] + kernels)
+                outs = form(x, kernels)
+                loss = tf.add_n([tf.reduce_sum(y * d) for y, d in zip(outs, upstream)])
+            return tape.gradient(loss, [x] + kernels)
+
+        return run
+
+    return {
+        f"{name}, {'XLA' if jit else 'tf.function'}": step(form, jit)
+        for name, form in (("three products", separate), ("one fused product", fused))
+        for jit in (False, True)
+    }
+
+
 def gradient_step(core, jit):
     import tensorflow as tf
 
@@ -221,21 +263,27 @@ def gradient_step(core, jit):
     return step
 
 
-def compare(title, steps, shape, length, repeats, scale):
-    """Prints `title`, then round-robin best wall / CPU seconds; the largest gradient difference
-    from the first step's."""
+def heads(shape, scale):
+    """Random `(q, k, v, w)`: `q` scaled by `scale`, `w` weighs the output."""
     import numpy as np
     import tensorflow as tf
 
-    print(f"\n## {title}, batch {shape[0]}, 8 heads of 64, T = S = {length}\n")
     rng = np.random.default_rng(0)
-    q, k, v, w = (
+    return tuple(
         tf.constant(rng.standard_normal(shape).astype("float32") * (scale if i == 0 else 1.0))
         for i in range(4)
     )
+
+
+def compare(title, steps, args, repeats):
+    """Prints `title`, then each step's round-robin best wall and CPU time
+    on `args`, and the largest gradient difference from the first step's."""
+    import numpy as np
+
+    print(f"\n## {title}\n")
     reference, errors = None, {}
     for name, step in steps.items():
-        got = [g.numpy() for g in step(q, k, v, w)]
+        got = [g.numpy() for g in step(*args)]
         reference = got if reference is None else reference
         errors[name] = max(float(np.max(np.abs(a - b))) for a, b in zip(got, reference))
     wall = {name: float("inf") for name in steps}
@@ -243,7 +291,7 @@ def compare(title, steps, shape, length, repeats, scale):
     for _ in range(repeats):
         for name, step in steps.items():
             start, start_cpu = time.perf_counter(), time.process_time()
-            for g in step(q, k, v, w):
+            for g in step(*args):
                 g.numpy()
             wall[name] = min(wall[name], time.perf_counter() - start)
             cpu[name] = min(cpu[name], time.process_time() - start_cpu)
@@ -256,8 +304,8 @@ def compare(title, steps, shape, length, repeats, scale):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--what", nargs="+", choices=["dense", "heads"],
-                        default=["dense", "heads"])
+    parser.add_argument("--what", nargs="+", choices=["dense", "heads", "projections"],
+                        default=["dense", "heads", "projections"])
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--groups", type=int, nargs="*", default=[1, 4, 16],
                         help="(batch, head) pairs per loop step")
@@ -278,15 +326,21 @@ def main():
         for chunk in args.chunks:
             steps[f"per pair, {chunk} query rows per step, XLA"] = gradient_step(
                 chunked_core(chunk), True)
-        compare("Dense core forward + backward", steps, (8, 8, args.length, 64),
-                args.length, args.repeats, 0.125)
+        compare(f"Dense core forward + backward, batch 8, 8 heads of 64, "
+                f"T = S = {args.length}", steps,
+                heads((8, 8, args.length, 64), 0.125), args.repeats)
     if "heads" in args.what:
         steps = {
             "all heads at once (library), XLA": gradient_step(blocked_all_heads, True),
             "one head per loop step, XLA": gradient_step(blocked_per_head, True),
         }
-        compare("Blocked core forward + backward", steps,
-                (1, args.long_length, 8, 64), args.long_length, args.repeats, 1.0)
+        compare(f"Blocked core forward + backward, batch 1, 8 heads of 64, "
+                f"T = S = {args.long_length}", steps,
+                heads((1, args.long_length, 8, 64), 1.0), args.repeats)
+    if "projections" in args.what:
+        compare(f"Three input projections forward + backward, batch 8, width "
+                f"512, T = {args.length}", projection_steps(args.length), (),
+                args.repeats)
     print(f"\n# at the end: {describe()}")
 
 
