@@ -36,6 +36,7 @@ be shared.
 
 import argparse
 import os
+import shutil
 import sys
 import time
 
@@ -251,10 +252,16 @@ def torch_core_step(q_np, k_np, v_np, backward, dtype, compiled=False):
 
 
 def torch_modes(args):
-    """torch's modes to time: eager, and `torch.compile` unless told not."""
+    """torch's modes to time: eager, and `torch.compile` unless told not
+    or no C++ compiler is found (its CPU backend needs one)."""
     if torch is None or args.no_torch:
         return []
-    return ["eager"] if args.no_torch_compile else ["eager", "compiled"]
+    if args.no_torch_compile:
+        return ["eager"]
+    if not any(shutil.which(cc) for cc in ("cc", "gcc", "g++", "clang")):
+        print("# no C++ compiler found: torch is timed eager only", flush=True)
+        return ["eager"]
+    return ["eager", "compiled"]
 
 
 def keras_core(q, k, v):
