@@ -12,9 +12,10 @@ traces and compiles:
 - `xla`: the whole step under `jit_compile=True`;
 
 then `MultiHeadAttention` (projections and weight gradients included) in
-a plain `tf.function` with the graph core, the compiled core and the dense
-path; then, with `--block-sizes`, the core under XLA for each key x query
-block size. BENCHMARKS.md, "AVX2 only".
+a plain `tf.function` with the graph core, the compiled core, the dense
+path and `implementation="auto"` (its measured choice printed); then,
+with `--block-sizes`, the core under XLA for each key x query block size.
+BENCHMARKS.md, "AVX2 only".
 
     python benchmarks/bench_blocked_modes.py --lengths 4096
     python benchmarks/bench_blocked_modes.py --lengths 4096 8192 --skip-layer
@@ -109,6 +110,7 @@ def main():
     import numpy as np
     import tensorflow as tf
 
+    from keras_attention import ops as attention_ops
     from keras_attention.layers import MultiHeadAttention
 
     print("#", " ".join(["benchmarks/bench_blocked_modes.py"] + sys.argv[1:]))
@@ -133,12 +135,17 @@ def main():
                 ("graph blocked core", "blocked", False),
                 ("compiled blocked core", "blocked", True),
                 ("dense", "dense", False),
+                ("auto (the measured choice)", "auto", True),
             ):
                 layer = MultiHeadAttention(h, d, implementation=implementation)
                 layer(x[:, :8], x[:, :8])
                 seconds = best_seconds(layer_step(layer, compiled), (x,), args.repeats)
                 print(f"| {length} | layer, tf.function | {name} | {seconds:.2f} |",
                       flush=True)
+            for choice in attention_ops.dispatch_choices():
+                if choice.reason.startswith("measured") and length in choice.key:
+                    print(f"# measured choice: {choice.implementation} "
+                          f"({choice.reason}) for {choice.key}", flush=True)
         for sizes in args.block_sizes:
             key_block, query_block = (int(n) for n in sizes.split("x"))
             seconds = best_seconds(core_step(False, True, key_block, query_block),
