@@ -20,6 +20,18 @@ compiles, and checks each against the library's values:
   input projections alone, forward + backward (the input's and the
   kernels' gradients), as three `(B·T, 512) x (512, 512)` products or one
   `(512, 1536)` product, in `tf.function` and under XLA.
+- `keys` (`--length`, batch 8, 8 heads of 64): the backward's product
+  `dV = P^T dO` alone (`dK = dS^T Q` has the same form): the single
+  einsum, the library's loop over `(batch, head)` pairs
+  (`ops/xla_cpu.py::keys_product`), `P^T` materialised behind an
+  `optimization_barrier` (so XLA cannot fold the transpose back into the
+  product) and then a plain batched product, `dO^T` materialised the same
+  way and `dO^T P` as a plain product (output transposed after a
+  barrier), and the loop with each pair's `P^T` materialised; with the
+  forward's `P V` (the same arithmetic, the `(T, S)` operand contracted
+  along its columns) as the rate to reach. Also the system time and the
+  page faults of each call: a form whose temporary buffers are fresh
+  memory each call pays for them in the kernel.
 - `heads` (`--long-length`, batch 1, 8 heads of 64): the library's blocked
   core (`ops/blocked.py`) under XLA over all heads at once, against the
   same core called one head at a time in a `tf.map_fn` loop (a head's key
@@ -32,6 +44,7 @@ them is in the library, because none was faster where measured
     python benchmarks/bench_xla_core_forms.py --what dense --length 2048
     python benchmarks/bench_xla_core_forms.py --what heads --long-length 16384
     python benchmarks/bench_xla_core_forms.py --what projections --length 512
+    python benchmarks/bench_xla_core_forms.py --what keys --length 2048
 """
 
 import argparse
@@ -250,6 +263,88 @@ def projection_steps(length):
     }
 
 
+def _barrier(x):
+    """`x`, behind an XLA optimization barrier (no rewrite crosses it)."""
+    from tensorflow.compiler.tf2xla.python import xla
+
+    return xla.optimization_barrier(x)[0]
+
+
+def keys_forms():
+    """`{form: fn(p, x)}` computing `einsum("bhts,bhtd->bhsd", p, x)`,
+    compiled by XLA; the last, `P V`, is the forward's product (other
+    values) whose rate the others are measured against."""
+    import tensorflow as tf
+
+    from keras_attention.ops import xla_cpu
+
+    def looped_transposed(p, x):
+        batch, heads, t_len, s_len = p.shape
+        p = tf.reshape(p, (-1, t_len, s_len))
+        x = tf.reshape(x, (-1, t_len, x.shape[-1]))
+
+        def step(i, out):
+            p_t = _barrier(tf.transpose(tf.gather(p, i)))
+            return _put(out, i, tf.matmul(p_t, tf.gather(x, i)))
+
+        out = tf.zeros((batch * heads, s_len, x.shape[-1]))
+        _, out = tf.while_loop(lambda i, _: i < batch * heads,
+                               lambda i, out: (i + 1, step(i, out)), (0, out))
+        return tf.reshape(out, (batch, heads, s_len, -1))
+
+    forms = {
+        "one einsum": lambda p, x: tf.einsum("bhts,bhtd->bhsd", p, x),
+        "library: loop over pairs": xla_cpu.keys_product,
+        "P^T behind a barrier, then P^T dO": lambda p, x: tf.einsum(
+            "bhst,bhtd->bhsd", _barrier(tf.transpose(p, (0, 1, 3, 2))), x),
+        "dO^T behind a barrier, dO^T P, transposed": lambda p, x: tf.transpose(
+            _barrier(tf.einsum("bhdt,bhts->bhds",
+                               _barrier(tf.transpose(x, (0, 1, 3, 2))), p)),
+            (0, 1, 3, 2)),
+        "loop, each pair's P^T behind a barrier": looped_transposed,
+        "P V (the forward's product: the rate to reach)": lambda p, x: tf.einsum(
+            "bhts,bhsd->bhtd", p, x),
+    }
+    return {name: tf.function(fn, jit_compile=True) for name, fn in forms.items()}
+
+
+def compare_keys(length, repeats):
+    """Times `keys_forms()` round-robin on `(8, 8, length, length)` weights."""
+    import resource
+
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    p = tf.constant(rng.random((8, 8, length, length), dtype=np.float32))
+    x = tf.constant(rng.standard_normal((8, 8, length, 64)).astype("float32"))
+    forms = keys_forms()
+    reference = tf.einsum("bhts,bhtd->bhsd", p, x).numpy()
+    best = {}
+    for name, fn in forms.items():
+        got = fn(p, x).numpy()
+        best[name] = [float("inf")] * 4 + [
+            float(np.max(np.abs(got - reference))) if "forward" not in name else None]
+    for _ in range(repeats):
+        for name, fn in forms.items():
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn(p, x).numpy()
+            wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            if wall < best[name][0]:
+                best[name][:4] = [wall, cpu, after.ru_stime - before.ru_stime,
+                                  after.ru_minflt - before.ru_minflt]
+    flops = 2 * 8 * 8 * length * length * 64
+    print(f"\n## dV = P^T dO alone, XLA, batch 8, 8 heads of 64, T = S = {length}\n")
+    print("| form | wall ms | CPU ms | of which system ms | page faults | GFLOP/s | max difference |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, (wall, cpu, system, faults, error) in best.items():
+        shown = "—" if error is None else f"{error:.1e}"
+        print(f"| {name} | {1000 * wall:.1f} | {1000 * cpu:.1f} | {1000 * system:.1f} "
+              f"| {faults} | {flops / wall / 1e9:.0f} | {shown} |", flush=True)
+
+
 def gradient_step(core, jit):
     import tensorflow as tf
 
@@ -304,8 +399,8 @@ def compare(title, steps, args, repeats):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--what", nargs="+", choices=["dense", "heads", "projections"],
-                        default=["dense", "heads", "projections"])
+    parser.add_argument("--what", nargs="+", choices=["dense", "heads", "projections", "keys"],
+                        default=["dense", "heads", "projections", "keys"])
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--groups", type=int, nargs="*", default=[1, 4, 16],
                         help="(batch, head) pairs per loop step")
@@ -341,6 +436,8 @@ def main():
         compare(f"Three input projections forward + backward, batch 8, width "
                 f"512, T = {args.length}", projection_steps(args.length), (),
                 args.repeats)
+    if "keys" in args.what:
+        compare_keys(args.length, args.repeats)
     print(f"\n# at the end: {describe()}")
 
 
