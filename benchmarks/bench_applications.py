@@ -27,6 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from keras_attention import applications  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
+
 
 def images(n, size, classes, seed=0):
     rng = np.random.default_rng(seed)
@@ -161,9 +164,7 @@ def main():
     args = parser.parse_args()
     devices = sorted({d.device_type for d in tf.config.list_logical_devices()})
     print(f"# {' '.join(sys.argv)}")
-    print(f"# keras {keras.__version__}, tensorflow {tf.__version__}, devices "
-          f"{devices}, {os.cpu_count()} cores; load average "
-          f"{'%.2f %.2f %.2f' % os.getloadavg()}", flush=True)
+    print(f"# {describe()}; devices {devices}", flush=True)
     rows = []
     for name in args.apps:
         steps, losses, firsts = {}, {}, {}

@@ -94,6 +94,9 @@ from keras_attention.training import train_image_preset  # noqa: E402
 from keras_attention.applications.cbam_resnet import CBAMResNet  # noqa: E402
 from keras_attention.applications.vision_transformer import VisionTransformer  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
+
 MODELS = {"vit": VisionTransformer, "cbam_resnet": CBAMResNet}
 
 # Training budgets of the issue, in CPU seconds of this process
@@ -331,6 +334,7 @@ def main():
         "held out of the training data (for tuning: the test split is not read)",
     )
     args = parser.parse_args()
+    print(f"# {describe()}", flush=True)
     for task in args.tasks:
         if task not in TASKS:
             parser.error(f"unknown task {task!r}; known: {', '.join(TASKS)}")

@@ -46,6 +46,10 @@ from keras_attention.applications import evaluate_detections  # noqa: E402
 from keras_attention.datasets import make_detection_set  # noqa: E402
 from keras_attention.training import TimeBudget  # noqa: E402
 from keras_attention.training import detr_optimizer  # noqa: E402
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
 
 
 class EpochReport(keras.callbacks.Callback):
@@ -103,6 +107,7 @@ def main():
     parser.add_argument("--save", default=None, help="write the model here")
     parser.add_argument("--json", default=None, help="write the summary here")
     args = parser.parse_args()
+    print(f"# {describe()}", flush=True)
 
     start = time.time()
     cpu_start = time.process_time()
@@ -166,12 +171,13 @@ def main():
         "args": vars(args),
         "load_average": os.getloadavg(),
         "cpu_count": os.cpu_count(),
+        "machine": describe(),
         "affinity": sorted(os.sched_getaffinity(0)),
         "history": history,
     }
     shown = (
         "train_seconds", "train_cpu_seconds", "epochs_run", "map50", "map",
-        "map75", "mar100", "load_average",
+        "map75", "mar100", "machine",
     )
     print(json.dumps({k: summary[k] for k in shown}), flush=True)
     if args.save:

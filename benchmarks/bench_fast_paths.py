@@ -45,6 +45,9 @@ from keras_attention.applications.blocks import transformer as transformer_block
 from keras_attention.layers import MultiHeadAttention  # noqa: E402
 from keras_attention.layers.dropout import HashDropout  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
+
 KERAS_RANDOM_DROPOUT = keras.random.dropout
 
 
@@ -185,8 +188,7 @@ def main(argv=None):
                         choices=["core", "layer", "dropout"])
     args = parser.parse_args(argv)
     b, h, d, length = 8, 8, 64, args.length
-    print(f"TF {tf.__version__}, keras {keras.__version__}, {os.cpu_count()} CPUs, "
-          f"load average {'%.2f %.2f %.2f' % os.getloadavg()}", flush=True)
+    print(f"# {describe()}", flush=True)
     rng = np.random.default_rng(0)
     if "core" in args.sections:
         q, k, v = (tf.constant(rng.normal(size=(b, length, h, d)).astype("float32"))

@@ -50,6 +50,9 @@ from keras_attention.applications.node_classification import (  # noqa: E402
 from keras_attention.datasets import load_planetoid  # noqa: E402
 from keras_attention.training import cpu_seconds  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
+
 PAPER = {"cora": (83.0, 0.7), "citeseer": (72.5, 0.7), "pubmed": (79.0, 0.3)}
 
 
@@ -171,6 +174,7 @@ def main():
         help="GAT (v1) or GATv2 (v2) attention in the same model and recipe",
     )
     args = parser.parse_args()
+    print(f"# {describe()}", flush=True)
     start, cpu = time.perf_counter(), cpu_seconds()
     load = os.getloadavg()[0]
     for name in args.datasets:

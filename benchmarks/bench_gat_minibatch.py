@@ -35,6 +35,9 @@ from keras_attention.applications import node_classification_data  # noqa: E402
 from keras_attention.applications import sampled_node_dataset  # noqa: E402
 from keras_attention.datasets import load_planetoid  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
+
 
 def run_seed(graph, data, mode, seed, fanouts, batch_size, max_epochs, patience):
     keras.utils.set_random_seed(seed)
@@ -78,6 +81,7 @@ def main():
     parser.add_argument("--max-epochs", type=int, default=1000)
     parser.add_argument("--patience", type=int, default=100)
     args = parser.parse_args()
+    print(f"# {describe()}", flush=True)
     graph = load_planetoid(args.data, "cora", normalize_features=True)
     data = node_classification_data(graph)
     load = os.getloadavg()[0]

@@ -25,6 +25,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import print_machine  # noqa: E402
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -196,6 +199,7 @@ def main():
     ] + ([] if args.inference else ["--no-inference"]) + (
         ["--pyg"] if args.pyg else []
     )
+    print_machine()
     for size in args.sizes:
         completed = subprocess.run(
             [sys.executable, os.path.abspath(__file__), "--one", str(size)] + forwarded,

@@ -30,6 +30,10 @@ import tensorflow as tf  # noqa: E402
 
 from keras_attention.layers import LocalWindowAttention  # noqa: E402
 from keras_attention.layers import MultiHeadAttention  # noqa: E402
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
 
 
 def train_step(layer, flatten):
@@ -72,9 +76,9 @@ def main():
     args = parser.parse_args()
 
     devices = [d.device_type for d in tf.config.list_logical_devices()]
+    print(f"# {describe()}", flush=True)
     print(
-        f"keras {keras.__version__}, tensorflow {tf.__version__}, devices "
-        f"{sorted(set(devices))}; B={args.batch}, C={args.channels}, "
+        f"devices {sorted(set(devices))}; B={args.batch}, C={args.channels}, "
         f"heads={args.heads}, window={args.window}, shift={args.shift}, "
         f"forward+backward, median of {args.repeats}"
     )

@@ -36,6 +36,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import print_machine  # noqa: E402
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -213,6 +216,7 @@ def main():
             args.chunk,
         )))
         return
+    print_machine()
     cases = [(n, args.window) for n in args.lengths]
     cases += [(n, None) for n in args.full_lengths]
     print("| length | window | first call (s) | median (s) | peak RSS (MB) |")

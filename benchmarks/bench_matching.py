@@ -24,6 +24,10 @@ import numpy as np  # noqa: E402
 from scipy import optimize  # noqa: E402
 
 from keras_attention.matching import linear_sum_assignment  # noqa: E402
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
 
 
 def compiled(fn):
@@ -124,6 +128,7 @@ def main():
 
     rng = np.random.default_rng(args.seed)
     solve = compiled(linear_sum_assignment)
+    print(f"# {describe()}", flush=True)
     print(f"backend {keras.backend.backend()}, {args.repeats} repeats, median")
     ok = True
     for kind in args.kinds.split(","):

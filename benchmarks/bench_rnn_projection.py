@@ -31,6 +31,10 @@ from keras_attention.applications.text_preprocessing import (  # noqa: E402
 from keras_attention.applications import Seq2SeqTranslator  # noqa: E402
 from keras_attention.applications.translation import load_translation_corpus  # noqa: E402
 from keras_attention.training import cpu_seconds  # noqa: E402
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
 
 
 class PerStepProjection(Seq2SeqTranslator):
@@ -49,6 +53,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    print(f"# {describe()}", flush=True)
     with open(args.preprocessor) as f:
         preprocessor = TranslationPreprocessor.from_config(json.load(f))
     b = args.batch_size

@@ -77,6 +77,9 @@ from keras_attention.applications.translation import load_translation_corpus  # 
 from keras_attention.training import InverseSqrt  # noqa: E402
 from keras_attention.training import fit_translator  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
+
 
 def exact_match(hypotheses, references):
     return float(np.mean([h == r for h, r in zip(hypotheses, references)]))
@@ -415,6 +418,7 @@ def main(argv=None):
                         help="the exponent of Wu et al.'s length normalisation")
     parser.add_argument("--output", default="out/translation")
     args = parser.parse_args(argv)
+    print(f"# {describe()}", flush=True)
     args.batch_size = {
         "rnn": args.rnn_batch_size,
         "transformer": args.transformer_batch_size,

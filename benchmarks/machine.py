@@ -76,5 +76,19 @@ def describe():
     )
 
 
+def print_machine():
+    """Print `describe()` from a process of its own, for a parent script
+    that runs its cases in subprocesses and stays free of the frameworks
+    (their memory would count in its peak RSS)."""
+    import subprocess
+
+    sys.stdout.flush()
+    subprocess.run(
+        [sys.executable, os.path.abspath(__file__)],
+        stderr=subprocess.DEVNULL, check=False,
+    )
+    sys.stdout.flush()
+
+
 if __name__ == "__main__":
     print(describe())

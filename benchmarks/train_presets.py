@@ -39,6 +39,10 @@ import keras  # noqa: E402
 import keras_attention  # noqa: E402
 from keras_attention import training  # noqa: E402
 from keras_attention.applications import presets  # noqa: E402
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
 
 SHIPPED = (
     "cbam_resnet_digits", "vit_digits", "causal_lm_dates", "transformer_dates",
@@ -151,6 +155,7 @@ def main():
     parser.add_argument("names", nargs="*", default=list(SHIPPED))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    print(f"# {describe()}", flush=True)
     for name in args.names:
         if name not in SHIPPED:
             parser.error(f"{name!r} ships no weights; choose from {sorted(SHIPPED)}")

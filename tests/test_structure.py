@@ -1,6 +1,7 @@
 """The package's shape stays what docs/design.md promises (issue 15): no
 import cycle inside `keras_attention` (lazy imports in functions included),
-no file over 600 lines, no function over 120 lines."""
+no file over 600 lines, no function over 120 lines; every benchmark
+prints its machine."""
 
 import ast
 import pathlib
@@ -101,3 +102,23 @@ def test_no_function_over_120_lines():
                 if length > MAX_FUNCTION_LINES:
                     long[f"{name}.{node.name}"] = length
     assert long == {}, f"split these functions (lines): {long}"
+
+
+def test_every_benchmark_prints_its_machine():
+    """Issue 17: no figure without its machine (CPU model, instruction sets,
+    cores, versions, load), so every benchmark script prints
+    `benchmarks/machine.py`'s line."""
+    benchmarks = ROOT.parent / "benchmarks"
+    scripts = [
+        p for p in sorted(benchmarks.glob("*.py"))
+        if p.name.startswith(("bench_", "profile_", "train_"))
+    ]
+    assert scripts, "no benchmark scripts found"
+    silent = [
+        p.name for p in scripts
+        if not any(
+            marker in p.read_text(encoding="utf-8")
+            for marker in ("describe()", "print_machine()")
+        )
+    ]
+    assert silent == [], f"print the machine in: {silent}"
