@@ -116,9 +116,9 @@ def _xla_slower_here(model):
 
     On a CPU, TensorFlow's XLA backend computes bfloat16 and float16
     products without the CPU's half-precision units (oneDNN in graph mode
-    uses them): a `mixed_bfloat16` attention layer ran 0.43x of its float32
-    speed under XLA and 1.96x in graph mode on an AVX512-BF16 machine
-    (BENCHMARKS.md, "Speed per machine"). So a half-precision model on a
+    uses them): a `mixed_bfloat16` attention layer at 2,048 tokens ran
+    0.53x of its float32 speed under XLA and 1.62x in graph mode on an
+    AVX512-BF16 machine (BENCHMARKS.md, "Speed per machine", bfloat16). So a half-precision model on a
     CPU compiles without XLA unless `jit_compile` is given.
     """
     if keras.backend.backend() != "tensorflow":
@@ -137,7 +137,8 @@ class CompileDefaults:
     `optimizer`, `loss` and `weighted_metrics` given as `"auto"`, and
     `jit_compile=None`, take the values of `compile_defaults()`, which
     subclasses implement (except that a bfloat16/float16 model on a CPU
-    compiles without XLA, which is slower there: `_xla_slower_here`). Metrics default to `weighted_metrics`, so that a
+    compiles without XLA, which is slower there: `_xla_slower_here`).
+    Metrics default to `weighted_metrics`, so that a
     `sample_weight` (a split's mask) weighs them too; Keras 3 updates
     `metrics=` without it. Keras leaves `compile_from_config` to a class that
     overrides `compile`; ours takes the same arguments, so a loaded model is
