@@ -115,8 +115,9 @@ def onednn_status():
     1.41x faster at 512 tokens, best mode each (2048^2 matmul 121 -> 179
     GFLOP/s), on an AVX2-only AMD EPYC; a small translator's training
     epochs ran about as fast and its first (tracing, compilation) seconds
-    slower, so the short `keras-attention run` commands took up to 1.17x longer (BENCHMARKS.md,
-    "AVX2 only"): a process-wide choice, left to the user.
+    slower, so the short `keras-attention run` commands took up to 1.17x
+    longer (BENCHMARKS.md, "AVX2 only"): a process-wide choice, left to the
+    user.
 
     >>> from keras_attention import ops as attention_ops
     >>> attention_ops.onednn_status()  # doctest: +SKIP
