@@ -10,7 +10,9 @@ The attention layers (`keras_attention.layers`) and the applications both
 use it; it imports only keras, so any module of the package may import it.
 """
 
+import contextlib
 import functools
+import gc
 import inspect
 import threading
 
@@ -196,10 +198,40 @@ def quantized_layers(model, skip=None):
     }
 
 
+@contextlib.contextmanager
+def collections_of_new_objects():
+    """Within it, a `gc.collect()` walks only the objects made inside it.
+
+    Keras runs a full `gc.collect()` each time a layer deletes a variable,
+    and `quantize` deletes every kernel it replaces: after the imports of
+    TensorFlow (or torch) each collection walks ~600,000 objects, 0.3 s, so
+    quantizing `vit_digits` took 8 s (BENCHMARKS.md, "`quantize` in a
+    process that has imported TensorFlow"). This freezes what exists on
+    entry (`gc.freeze()`), unfreezes it on exit and runs one collection
+    then, so what the deleted kernels held is freed before it returns.
+    Nothing is done when something is frozen already (the caller's
+    `gc.freeze()` is theirs to undo).
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.collect()
+
+
 def requantize(model, quantized, skip=None):
     """Quantize the layers of `model` that `quantized_layers` listed."""
     if not quantized:
         return model
+    with collections_of_new_objects():
+        return _requantize(model, quantized, skip)
+
+
+def _requantize(model, quantized, skip):
     skipped = set() if skip is None else {id(x) for x in skip._flatten_layers()}
     layers = {
         layer.path: layer

@@ -240,6 +240,32 @@ def test_model_quantize_skips_a_weightless_layer_as_keras_does(mode):
         attention.quantize(mode)
 
 
+def _outputs(model, x):
+    y = model(x)
+    if isinstance(y, dict):  # DETR: logits and boxes
+        return {k: numpy(v) for k, v in y.items()}
+    return {"": numpy(y)}
+
+
+def _modes(model):
+    return {
+        layer.path: layer.quantization_mode
+        for layer in model._flatten_layers() if layer.quantization_mode
+    }
+
+
+def _quantized_and_loaded(model, x, tmp_path):
+    """`(loaded, outputs)`: `model` quantized to int8, saved to a `.keras`
+    file and loaded back, and the quantized model's outputs on `x`."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.quantize("int8")
+    quantized = _outputs(model, x)
+    path = str(tmp_path / "quantized.keras")
+    model.save(path)
+    return keras.saving.load_model(path), quantized
+
+
 @pytest.mark.parametrize("application", ["vit", "text"])
 def test_quantized_application_keras_file_loads(application, tmp_path):
     # An application's config is its constructor's arguments: rebuilt from
@@ -261,23 +287,117 @@ def test_quantized_application_keras_file_loads(application, tmp_path):
             depth=1, num_heads=2, mlp_dim=8, attention="additive",
         )
         x = rng.integers(0, 20, (2, 6)).astype("int32")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.quantize("int8")
-    quantized = numpy(model(x))
-    path = str(tmp_path / "quantized.keras")
-    model.save(path)
-    loaded = keras.saving.load_model(path)
-    modes = {
-        layer.path: layer.quantization_mode
-        for layer in loaded._flatten_layers() if layer.quantization_mode
-    }
+    loaded, quantized = _quantized_and_loaded(model, x, tmp_path)
+    modes = _modes(loaded)
     assert "predictions" in modes and any("attention" in p for p in modes), modes
-    np.testing.assert_array_equal(numpy(loaded(x)), quantized)
+    np.testing.assert_array_equal(_outputs(loaded, x)[""], quantized[""])
     # The backbone alone too.
     model.backbone.save(str(tmp_path / "backbone.keras"))
     backbone = keras.saving.load_model(str(tmp_path / "backbone.keras"))
     np.testing.assert_array_equal(numpy(backbone(x)), numpy(model.backbone(x)))
+
+
+def _tiny_subclassed_application(kind):
+    """`(model, inputs)`: a built translator or DETR, whose config is its
+    constructor's arguments and whose layers are not a functional graph."""
+    from keras_attention import applications
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    if kind == "detr":
+        model = applications.DETR(
+            num_classes=3, num_queries=4, hidden_dim=16, num_heads=2,
+            num_encoder_layers=1, num_decoder_layers=1, feedforward_dim=32,
+            backbone_filters=(8, 16),
+        )
+        x = rng.random((2, 16, 16, 1)).astype("float32")
+        model(x)
+        return model, x
+    preprocessor = applications.TranslationPreprocessor(
+        source_length=6, target_length=6
+    )
+    if kind == "transformer":
+        model = applications.TransformerTranslator(
+            preprocessor, num_layers=1, hidden_dim=16, num_heads=2,
+            intermediate_dim=32,
+        )
+    else:
+        model = applications.Seq2SeqTranslator(
+            preprocessor, embedding_dim=8, hidden_dim=16
+        )
+    words = ["abc", "bca", "cab"]
+    return model, model.prepare(words, words)[0]
+
+
+@pytest.mark.parametrize("kind", ["transformer", "seq2seq", "detr"])
+def test_quantized_and_frozen_subclassed_application_keras_file_loads(
+    kind, tmp_path
+):
+    # The translators' and DETR's configs held no quantized layers, so their
+    # quantized `.keras` files did not load ("Layer 'key' expected 2
+    # variables, but received 0"), and frozen layers came back trainable.
+    model, x = _tiny_subclassed_application(kind)
+    frozen = model.layers[0].name
+    model.get_layer(frozen).trainable = False
+    loaded, quantized = _quantized_and_loaded(model, x, tmp_path)
+    assert _modes(loaded) == _modes(model) and _modes(model)
+    assert not loaded.get_layer(frozen).trainable
+    got = _outputs(loaded, x)
+    for key, value in quantized.items():
+        np.testing.assert_array_equal(got[key], value)
+
+
+def test_quantize_collects_only_objects_made_while_it_runs(monkeypatch):
+    # Keras runs `gc.collect()` per replaced kernel; over everything the
+    # imports left that took seconds (BENCHMARKS.md, `quantize`). During an
+    # application's `quantize` the older objects are frozen out of the
+    # collector's way, and unfrozen after; a caller's own freeze is kept.
+    import gc
+
+    from keras_attention import applications
+
+    keras.utils.set_random_seed(0)
+    model = applications.VisionTransformer(
+        image_size=8, patch_size=4, num_classes=3, hidden_dim=8, depth=1,
+        num_heads=2, mlp_dim=8, num_channels=1,
+    )
+    frozen_during = []
+    collect = gc.collect
+    monkeypatch.setattr(
+        gc, "collect",
+        lambda *args: frozen_during.append(gc.get_freeze_count()) or collect(*args),
+    )
+    already = gc.get_freeze_count()  # tests/conftest.py freezes after collection
+    gc.unfreeze()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.quantize("int8")
+        assert gc.get_freeze_count() == 0
+        # One collection per replaced kernel while frozen, one after.
+        assert len(frozen_during) > 2 and all(frozen_during[:-1]), frozen_during
+        assert frozen_during[-1] == 0
+    finally:
+        if already:
+            gc.freeze()
+    # Something frozen already: left as the caller set it.
+    frozen_during.clear()
+    model = applications.VisionTransformer(
+        image_size=8, patch_size=4, num_classes=3, hidden_dim=8, depth=1,
+        num_heads=2, mlp_dim=8, num_channels=1,
+    )
+    gc.freeze()
+    calls = []
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(gc, "unfreeze", lambda: calls.append("unfreeze"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.quantize("int8")
+    monkeypatch.undo()
+    assert calls == [] and gc.get_freeze_count() > 0
+    assert model.get_layer("predictions").quantization_mode == "int8"
+    if not already:
+        gc.unfreeze()
 
 
 def test_backbone_enable_lora_target_names_none_takes_the_default():

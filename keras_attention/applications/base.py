@@ -32,6 +32,7 @@ from keras_attention._config import DTypeArgument
 from keras_attention._config import FunctionalConfig
 from keras_attention._config import dtype_config
 from keras_attention._config import build_with_graph_state
+from keras_attention._config import collections_of_new_objects
 from keras_attention._config import graph_state_config
 
 PACKAGE = preset_registry.PACKAGE
@@ -280,7 +281,18 @@ class TaskConfig(DTypeArgument):
         )
 
 
-class Backbone(FunctionalConfig, InputChecks, keras.Model):
+class QuickQuantize:
+    """`model.quantize(mode)` without Keras's full garbage collection per
+    replaced kernel, which took seconds after TensorFlow's imports
+    (`keras_attention._config.collections_of_new_objects`); the same
+    arguments and result as `keras.Model.quantize`."""
+
+    def quantize(self, mode=None, *args, **kwargs):
+        with collections_of_new_objects():
+            return super().quantize(mode, *args, **kwargs)
+
+
+class Backbone(FunctionalConfig, InputChecks, QuickQuantize, keras.Model):
     """A functional model from the inputs to one feature vector per sample.
 
     Subclasses build their graph in `__init__`, call
@@ -407,7 +419,8 @@ class ImageBackbone(Backbone):
 
 
 class Classifier(
-    TaskConfig, PresetMixin, CompileDefaults, InputChecks, keras.Model
+    TaskConfig, PresetMixin, CompileDefaults, InputChecks, QuickQuantize,
+    keras.Model,
 ):
     """A head (dropout, `Dense(num_classes)`) on a `Backbone`.
 

@@ -197,7 +197,7 @@ class CausalLMBackbone(app_base.Backbone):
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class CausalLM(
     app_base.TaskConfig, app_base.PresetMixin, app_base.CompileDefaults,
-    app_base.InputChecks, keras.Model,
+    app_base.InputChecks, app_base.QuickQuantize, keras.Model,
 ):
     """Decoder-only language model: `CausalLMBackbone` and next-token logits.
 

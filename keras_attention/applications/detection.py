@@ -28,7 +28,12 @@ from keras_attention import registry
 from keras_attention.applications import detection_loss
 from keras_attention.applications import presets
 from keras_attention.applications.base import PresetMixin
+from keras_attention.applications.base import QuickQuantize
 from keras_attention._config import ArgumentConfig
+from keras_attention._config import QUANTIZED_LAYERS
+from keras_attention._config import build_with_frozen_layers
+from keras_attention._config import graph_state_config
+from keras_attention._config import requantize
 from keras_attention.applications.blocks import TransformerDecoderBlock
 from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention.applications.detection_training import DETRTraining
@@ -60,7 +65,8 @@ def _check_widths(hidden_dim, num_heads, num_encoder_layers):
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class DETR(
-    ArgumentConfig, PresetMixin, DETRConverters, DETRTraining, keras.Model
+    ArgumentConfig, PresetMixin, DETRConverters, DETRTraining, QuickQuantize,
+    keras.Model,
 ):
     """DETR: end-to-end object detection with transformers (Carion, 2020).
 
@@ -238,7 +244,20 @@ class DETR(
             config["loss_settings"] = {
                 **legacy, **(config.get("loss_settings") or {})
             }
-        return super().from_config(config)
+        quantized = config.pop(QUANTIZED_LAYERS, None)
+        parent = super().from_config
+        model = build_with_frozen_layers(lambda **kwargs: parent(kwargs), config)
+        # Built later (`build_from_config`, before the weights load): its
+        # layers are quantized again then.
+        object.__setattr__(model, "_quantize_when_built", quantized)
+        return model
+
+    def get_config(self):
+        config = super().get_config()
+        # Frozen and quantized layers, which the constructor does not make
+        # again (a quantized DETR's file could not load before).
+        config.update(graph_state_config(self))
+        return config
 
     def _make_layers(self):
         self.backbone = make_backbone(self)
@@ -324,6 +343,10 @@ class DETR(
         )
         self.feature_size = (feature_shape[1], feature_shape[2])
         self.built = True
+        quantized = getattr(self, "_quantize_when_built", None)
+        if quantized:
+            object.__setattr__(self, "_quantize_when_built", None)
+            requantize(self, quantized)
 
     def call(self, images, training=None, return_attention_scores=False,
              pixel_mask=None):

@@ -26,7 +26,8 @@ from keras_attention.applications.text_classifier import TextClassifierBackbone
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class MaskedLanguageModel(
-    app_base.TaskConfig, app_base.CompileDefaults, keras.Model
+    app_base.TaskConfig, app_base.CompileDefaults, app_base.QuickQuantize,
+    keras.Model,
 ):
     """A text backbone and a masked-LM head (BERT's pretraining task).
 

@@ -132,6 +132,7 @@ class GATNodeClassifier(
     app_base.PresetMixin,
     app_base.CompileDefaults,
     app_base.InputChecks,
+    app_base.QuickQuantize,
     keras.Model,
 ):
     """The two-layer graph attention network of Veličković et al. (2018).

@@ -37,7 +37,10 @@ from keras_attention._validation import invalid
 from keras_attention.applications.base import CompileDefaults
 from keras_attention.applications.base import deserialize_preprocessor
 from keras_attention._config import ArgumentConfig
+from keras_attention._config import build_with_graph_state
+from keras_attention._config import graph_state_config
 from keras_attention.applications.base import PresetMixin
+from keras_attention.applications.base import QuickQuantize
 from keras_attention.applications.translation_decoding import SearchDecoding
 from keras_attention.applications.translation_metrics import TokenAccuracy
 
@@ -108,7 +111,8 @@ def _next_power_of_two(n):
 
 
 class Translator(
-    ArgumentConfig, PresetMixin, CompileDefaults, SearchDecoding, keras.Model
+    ArgumentConfig, PresetMixin, CompileDefaults, SearchDecoding,
+    QuickQuantize, keras.Model,
 ):
     """Base of the translators: preprocessing, training defaults, decoding.
 
@@ -221,13 +225,18 @@ class Translator(
         config["preprocessor"] = keras.saving.serialize_keras_object(
             self.preprocessor
         )
+        # Frozen and quantized layers, which the constructor does not make
+        # again (a quantized translator's file could not load before).
+        config.update(graph_state_config(self))
         return config
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
         preprocessor = deserialize_preprocessor(config.pop("preprocessor", None))
-        return cls(preprocessor=preprocessor, **config)
+        return build_with_graph_state(
+            lambda **kwargs: cls(preprocessor=preprocessor, **kwargs), config
+        )
 
     @classmethod
     def from_preset(cls, preset, preprocessor=None, **kwargs):

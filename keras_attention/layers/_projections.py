@@ -6,6 +6,7 @@ import keras
 
 from keras_attention._config import KERAS_OBJECTS
 from keras_attention._config import ArgumentConfig
+from keras_attention._config import collections_of_new_objects
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
 
@@ -339,8 +340,9 @@ class ProjectionMixin(ArgumentConfig):
                 f"The projections {done} of the layer {self.name!r} are "
                 f"already quantized. Received: mode={mode!r}"
             )
-        for sub in targets:
-            sub.quantize(mode, type_check=type_check, config=config)
+        with collections_of_new_objects():
+            for sub in targets:
+                sub.quantize(mode, type_check=type_check, config=config)
 
     def legacy_variables(self):
         """The variables in the order the layer held them as raw weights,
