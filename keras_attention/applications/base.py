@@ -119,8 +119,9 @@ def _xla_slower_here(model):
     products without the CPU's half-precision units (oneDNN in graph mode
     uses them): a `mixed_bfloat16` attention layer at 2,048 tokens ran
     0.53x of its float32 speed under XLA and 1.62x in graph mode on an
-    AVX512-BF16 machine (BENCHMARKS.md, "Speed per machine", bfloat16). So a half-precision model on a
-    CPU compiles without XLA unless `jit_compile` is given.
+    AVX512-BF16 machine (BENCHMARKS.md, "Speed per machine", bfloat16). So
+    a half-precision model on a CPU compiles without XLA unless
+    `jit_compile` is given.
     """
     if keras.backend.backend() != "tensorflow":
         return False
