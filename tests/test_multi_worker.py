@@ -184,7 +184,7 @@ def test_unreachable_worker_fails_within_the_timeout(tmp_path):
     workers = cluster()  # nobody listens on worker 1's port
     start_time = time.monotonic()
     process = start(
-        tmp_path / "out.npz", ["--timeout", "10"], tf_config(workers, 0)
+        tmp_path / "out.npz", ["--timeout", "3"], tf_config(workers, 0)
     )
     (code, output), = finish([process], timeout=180)
     elapsed = time.monotonic() - start_time
