@@ -1,6 +1,6 @@
 """Our MultiHeadAttention on Keras's PyTorch backend against plain torch.
 
-Forward + backward of self-attention, batch 8, 8 heads of 64 (width 512),
+Forward + backward of self-attention, batch 8 (`--batch`), 8 heads of 64 (width 512),
 at lengths 512 and 2,048, against the same work written in plain torch: the
 same four projections (`nn.Linear`, biases on), `scaled_dot_product_attention`
 and the output projection, gradients of the input and of every weight. Both
@@ -9,6 +9,8 @@ sides run eagerly (Keras's torch backend runs eagerly) and also under
 interleaved round-robin in one process; the ratio is ours / plain torch.
 
     KERAS_BACKEND=torch python benchmarks/bench_torch_backend.py --lengths 512 2048
+    KERAS_BACKEND=torch python benchmarks/bench_torch_backend.py --lengths 16384 \
+        --batch 1 --repeats 2
 
 The first line names the machine (`benchmarks/machine.py`).
 """
@@ -32,7 +34,7 @@ from machine import describe  # noqa: E402
 
 from keras_attention.layers import MultiHeadAttention  # noqa: E402
 
-HEADS, HEAD_DIM, BATCH = 8, 64, 8
+HEADS, HEAD_DIM = 8, 64
 WIDTH = HEADS * HEAD_DIM
 
 
@@ -70,9 +72,9 @@ def step_function(module, parameters):
     return step
 
 
-def ours(length):
+def ours(batch, length):
     layer = MultiHeadAttention(num_heads=HEADS, key_dim=HEAD_DIM)
-    layer.build((BATCH, length, WIDTH))
+    layer.build((batch, length, WIDTH))
     parameters = [v.value for v in layer.trainable_variables]
     return step_function(lambda x: layer(x), parameters)
 
@@ -99,20 +101,21 @@ def interleaved(functions, x, repeats):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", nargs="+", type=int, default=[512, 2048])
+    parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true")
     args = parser.parse_args()
     if keras.backend.backend() != "torch":
         parser.error("run with KERAS_BACKEND=torch")
     print(describe(), flush=True)
-    print(f"torch threads {torch.get_num_threads()}; batch {BATCH}, {HEADS} heads of {HEAD_DIM}")
+    print(f"torch threads {torch.get_num_threads()}; batch {args.batch}, {HEADS} heads of {HEAD_DIM}")
     print("| length | ours (Keras torch backend) ms | plain torch eager ms | "
           "plain torch compiled ms | ours / best plain |")
     print("| --- | --- | --- | --- | --- |")
     for length in args.lengths:
         torch.manual_seed(0)
-        x = torch.randn(BATCH, length, WIDTH, requires_grad=True)
-        functions = {"ours": ours(length), "eager": plain(length, False)}
+        x = torch.randn(args.batch, length, WIDTH, requires_grad=True)
+        functions = {"ours": ours(args.batch, length), "eager": plain(length, False)}
         if not args.no_compile:
             functions["compiled"] = plain(length, True)
         result = interleaved(functions, x, args.repeats)
