@@ -160,6 +160,9 @@ def main(argv=None):
                              "graph (oneDNN kernels)")
     parser.add_argument("--what", nargs="*", default=["core", "keras-core", "torch"],
                         choices=["core", "keras-core", "layer", "keras", "torch"])
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="bfloat16: cores on bfloat16 inputs, layers under "
+                             "the mixed_bfloat16 policy")
     parser.add_argument("--threads", type=int, default=0,
                         help="TensorFlow's intra-op threads; 1 gives each "
                              "operation's own work, which neither the other "
@@ -173,9 +176,12 @@ def main(argv=None):
     mode = "XLA" if jit else "tf.function"
     print(f"# {describe()}")
     threads = args.threads or "default"
-    print(f"batch {b}, length {l}, {h} heads of {d}, {mode}, threads {threads}")
+    print(f"batch {b}, length {l}, {h} heads of {d}, {mode}, threads {threads}, "
+          f"{args.dtype}")
+    if args.dtype == "bfloat16":
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
     rng = np.random.default_rng(0)
-    q, k, v = (tf.constant(rng.normal(size=(b, l, h, d)).astype("float32"))
+    q, k, v = (tf.cast(rng.normal(size=(b, l, h, d)).astype("float32"), args.dtype)
                for _ in range(3))
     x = tf.constant(rng.normal(size=(b, l, h * d)).astype("float32"))
 
