@@ -277,3 +277,42 @@ def test_blocked_core_compiled_only_outside_xla_on_tensorflow():
     long = tf.zeros((1, 1024, 2, 8))
     assert not xla_cpu.compiles_blocked_core(short, short, short)
     assert xla_cpu.compiles_blocked_core(long, long, long) == cpu
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask_kind", [None, "keys"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_dense_custom_gradient_bfloat16_against_float32(causal, mask_kind, jit):
+    """bfloat16 heads keep their scores, weights and `dS` in bfloat16 (and
+    `dP - delta` is one bfloat16 product): the values and gradients stay
+    within bfloat16's rounding of autodiff's float32 path on the same
+    inputs."""
+    rng = np.random.default_rng(6)
+    b, t, s, h, kv, d = 2, 16, 24, 4, 2, 8
+    inputs = [
+        tf.cast(rng.normal(size=shape).astype("float32"), "bfloat16")
+        for shape in ((b, t, h, d), (b, s, kv, d), (b, s, kv, d))
+    ]
+    mask = _mask(mask_kind, rng, b, t, s)
+
+    def run(q, k, v, custom):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = attention_ops.dot_product_attention(
+                q, k, v, attention_mask=mask, is_causal=causal,
+                implementation="dense", custom_gradient=custom,
+            )
+            out32 = tf.cast(out, "float32")
+            loss = tf.reduce_sum(out32 * tf.cos(out32))
+        return [out] + tape.gradient(loss, [q, k, v])
+
+    # The reference: autodiff through the float32 dense path.
+    low = tf.function(run, jit_compile=jit)(*inputs, True)
+    high = tf.function(run, jit_compile=jit)(
+        *[tf.cast(x, "float32") for x in inputs], False
+    )
+    for name, got, want in zip(["out", "dq", "dk", "dv"], low, high):
+        assert got.dtype == tf.bfloat16, name
+        got, want = np.asarray(tf.cast(got, "float32")), np.asarray(want)
+        scale = np.abs(want).max()
+        assert np.abs(got - want).max() <= 0.03 * scale, name
