@@ -6,7 +6,8 @@ a few large matrix multiplications) or on the blocked path (key blocks, an
 online softmax, `O(T * block)` memory). Which is faster depends on the
 machine: on an AVX2-only CPU the blocked path beat the dense one at 2,048
 tokens, on an AVX-512 CPU with bf16 instructions the dense path is 1.5x
-faster there (BENCHMARKS.md, "Dispatch"). No rule written from one machine
+faster there, on an Intel CPU with AMX units 1.4x (BENCHMARKS.md,
+"Dispatch", "Intel Xeon with AMX"). No rule written from one machine
 holds on the other, so the first call of each shape measures both paths
 (forward, and backward when training) on random tensors of that shape,
 keeps the faster one for that shape, dtype and mode, and records the
