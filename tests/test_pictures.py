@@ -7,12 +7,15 @@
   character of the ISO date, most of the attention lies on the source
   characters that determine it, on 200 held-out dates.
 
-- A ViT's attention rollout on the same canvases, after 20 epochs: the
-  paper's rollout puts at least three times the box's share of the canvas
-  (about 11 %) inside the digit's box, Gildenblat's filtered one (max over
-  heads, 90 % discarded) at least 40 % (measured 0.370 / 0.372 / 0.404 and
-  0.463 / 0.458 / 0.524 at seeds 0 / 1 / 2; after one epoch 0.095, about
-  uniform; 50 s on 2 idle cores).
+- A ViT's attention rollout on the same canvases, after 20 epochs (train
+  accuracy at least 0.8): the paper's rollout puts at least 2.5 times the
+  box's share of the canvas (about 11 %) inside the digit's box,
+  Gildenblat's filtered one (max over heads, 90 % discarded) at least 40 %
+  (measured 0.370 / 0.372 / 0.404 and 0.463 / 0.458 / 0.524 at seeds 0 /
+  1 / 2 on an AMD machine with Adam at 3e-3; on an Intel AMX machine that
+  rate left the model at 0.56 accuracy and the rollout at 0.297, so the
+  test trains at 1e-3: 0.349 and 0.504 there; after one epoch 0.095,
+  about uniform; 50 s on 2 idle cores).
 
 `benchmarks/meaningful_pictures.py` draws the figures of these recipes for
 the README. The Grad-CAM and rollout checks train for about a minute each
@@ -176,13 +179,20 @@ def test_vit_rollout_mass_lies_on_the_digit():
         image_size=64, patch_size=8, num_classes=10, hidden_dim=64, depth=3,
         num_heads=4, mlp_dim=128, num_channels=1,
     )
-    model.compile(optimizer=keras.optimizers.Adam(3e-3), jit_compile=True)
-    model.fit(images, labels, epochs=20, batch_size=64, verbose=0)
+    # At 3e-3 the model stayed at chance for 6 of its 20 epochs on an
+    # Intel AMX machine (train accuracy 0.56 at the end); at 1e-3 it leaves
+    # chance after 4 and ends at 0.91 there.
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), jit_compile=True)
+    history = model.fit(images, labels, epochs=20, batch_size=64, verbose=0)
+    assert history.history["accuracy"][-1] >= 0.8, history.history["accuracy"]
     rollout = vis.attention_rollout(model, held_out, upsample=True)
     share = mass_inside(rollout, boxes)
     area = float(np.mean([b[2] * b[3] for b in boxes]))  # normalised boxes
-    # Uniform attention would put `area` (about 0.11) inside the box.
-    assert share >= 3 * area, (share, area)
+    # Uniform attention would put `area` (about 0.11) inside the box. The
+    # plain rollout (heads averaged, nothing discarded) is diffuse: 3.2-3.3x
+    # `area` for models trained to 0.8-0.97 accuracy; the filtered one
+    # below is the sharp picture.
+    assert share >= 2.5 * area, (share, area)
     filtered = vis.attention_rollout(
         model, held_out, upsample=True, head_fusion="max", discard_ratio=0.9
     )
