@@ -49,7 +49,6 @@ class ShapeInference:
             )
         self._check_position_shapes(query_shape)
 
-
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         query_shape, value_shape, key_shape = base.split_shapes(
             query_shape, value_shape, key_shape
