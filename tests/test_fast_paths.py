@@ -26,6 +26,24 @@ def _mask(kind, rng, b, t, s):
     return None
 
 
+def _dense_outputs_and_grads(q, k, v, mask, causal, custom, jit):
+    """The dense core's output and `(dq, dk, dv)` of a smooth loss on it,
+    with its own backward (`custom`) or autodiff's, compiled by `jit`."""
+
+    def f(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = attention_ops.dot_product_attention(
+                q, k, v, attention_mask=mask, is_causal=causal,
+                implementation="dense", custom_gradient=custom,
+            )
+            out32 = tf.cast(out, "float32")
+            loss = tf.reduce_sum(out32 * tf.cos(out32))
+        return [out] + tape.gradient(loss, [q, k, v])
+
+    return tf.function(f, jit_compile=jit)(q, k, v)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mask_kind", [None, "keys", "full"])
 @pytest.mark.parametrize("jit", [False, True, "looped"])
@@ -46,18 +64,7 @@ def test_dense_custom_gradient_equals_autodiff(monkeypatch, causal, mask_kind, j
     mask = _mask(mask_kind, rng, b, t, s)
 
     def run(custom):
-        def f(q, k, v):
-            with tf.GradientTape() as tape:
-                tape.watch([q, k, v])
-                out = attention_ops.dot_product_attention(
-                    q, k, v, attention_mask=mask, is_causal=causal,
-                    implementation="dense", custom_gradient=custom,
-                )
-                out32 = tf.cast(out, "float32")
-                loss = tf.reduce_sum(out32 * tf.cos(out32))
-            return [out] + tape.gradient(loss, [q, k, v])
-
-        return tf.function(f, jit_compile=jit)(q, k, v)
+        return _dense_outputs_and_grads(q, k, v, mask, causal, custom, jit)
 
     simple, fast = run(False), run(True)
     atol = 1e-5 if dtype == "float32" else 2e-2
@@ -294,22 +301,10 @@ def test_dense_custom_gradient_bfloat16_against_float32(causal, mask_kind, jit):
         for shape in ((b, t, h, d), (b, s, kv, d), (b, s, kv, d))
     ]
     mask = _mask(mask_kind, rng, b, t, s)
-
-    def run(q, k, v, custom):
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            out = attention_ops.dot_product_attention(
-                q, k, v, attention_mask=mask, is_causal=causal,
-                implementation="dense", custom_gradient=custom,
-            )
-            out32 = tf.cast(out, "float32")
-            loss = tf.reduce_sum(out32 * tf.cos(out32))
-        return [out] + tape.gradient(loss, [q, k, v])
-
+    low = _dense_outputs_and_grads(*inputs, mask, causal, True, jit)
     # The reference: autodiff through the float32 dense path.
-    low = tf.function(run, jit_compile=jit)(*inputs, True)
-    high = tf.function(run, jit_compile=jit)(
-        *[tf.cast(x, "float32") for x in inputs], False
+    high = _dense_outputs_and_grads(
+        *[tf.cast(x, "float32") for x in inputs], mask, causal, False, jit
     )
     for name, got, want in zip(["out", "dq", "dk", "dv"], low, high):
         assert got.dtype == tf.bfloat16, name
