@@ -11,9 +11,11 @@ traces and compiles:
   `implementation="auto"` / `"blocked"` runs there now on a CPU);
 - `xla`: the whole step under `jit_compile=True`;
 
-then `MultiHeadAttention` (projections and weight gradients included) in
-a plain `tf.function` with the graph core, the compiled core, the dense
-path and `implementation="auto"` (its measured choice printed); then,
+then the chunked core (`ops/dense.py`: query chunks against all keys, in
+the graph executor; `--chunks` rows each); then `MultiHeadAttention`
+(projections and weight gradients included) in a plain `tf.function` with
+the graph core, the compiled core, the dense path, the chunked path and
+`implementation="auto"` (its measured choice printed); then,
 with `--block-sizes`, the core under XLA for each key x query block size.
 BENCHMARKS.md, "AVX2 only".
 
@@ -47,23 +49,32 @@ def best_seconds(step, args, repeats):
     return min(times)
 
 
-def core_step(compiled, jit, block_size=None, query_block_size=None):
+def core_step(compiled, jit, block_size=None, query_block_size=None, chunked=False):
     import tensorflow as tf
 
     from keras_attention.ops.blocked import DEFAULT_BLOCK_SIZE
     from keras_attention.ops.blocked import DEFAULT_QUERY_BLOCK_SIZE
     from keras_attention.ops.blocked import blocked_heads
+    from keras_attention.ops.dense import chunked_heads
 
     @tf.function(jit_compile=jit)
     def step(q, k, v):
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
-            out = blocked_heads(
-                q, k, v, None, False, q.shape[-1] ** -0.5,
-                block_size or DEFAULT_BLOCK_SIZE,
-                query_block_size or DEFAULT_QUERY_BLOCK_SIZE,
-                compiled=compiled,
-            )
+            if chunked:
+                # Query chunks against all keys: `query_block_size` rows
+                # (default: the library's `dense.chunk_rows`).
+                out = chunked_heads(
+                    q, k, v, None, False, q.shape[-1] ** -0.5,
+                    chunk=query_block_size,
+                )
+            else:
+                out = blocked_heads(
+                    q, k, v, None, False, q.shape[-1] ** -0.5,
+                    block_size or DEFAULT_BLOCK_SIZE,
+                    query_block_size or DEFAULT_QUERY_BLOCK_SIZE,
+                    compiled=compiled,
+                )
             loss = tf.reduce_sum(out * out)
         return tape.gradient(loss, [q, k, v])
 
@@ -103,6 +114,9 @@ def main():
     parser.add_argument("--core-modes", nargs="*", default=["graph", "compiled", "xla"],
                         choices=["graph", "compiled", "xla"])
     parser.add_argument("--skip-layer", action="store_true")
+    parser.add_argument("--chunks", type=int, nargs="*", default=[0],
+                        help="query rows per chunk of the chunked core, in "
+                        "the graph executor (0: the library's default)")
     parser.add_argument("--block-sizes", nargs="*", default=[],
                         help="key x query block sizes for the XLA sweep, e.g. 256x256")
     args = parser.parse_args()
@@ -129,12 +143,20 @@ def main():
                 continue
             seconds = best_seconds(core_step(compiled, jit), (q, k, v), args.repeats)
             print(f"| {length} | core | {name} | {seconds:.2f} |", flush=True)
+        for rows in args.chunks:
+            seconds = best_seconds(
+                core_step(False, False, query_block_size=rows or None, chunked=True),
+                (q, k, v), args.repeats,
+            )
+            print(f"| {length} | core | chunked, {rows or 'default'} rows, graph "
+                  f"| {seconds:.2f} |", flush=True)
         if not args.skip_layer:
             x = tf.constant(rng.standard_normal((1, length, h * d)), "float32")
             for name, implementation, compiled in (
                 ("graph blocked core", "blocked", False),
                 ("compiled blocked core", "blocked", True),
                 ("dense", "dense", False),
+                ("chunked", "chunked", False),
                 ("auto (the measured choice)", "auto", True),
             ):
                 layer = MultiHeadAttention(h, d, implementation=implementation)

@@ -5,9 +5,11 @@ forward + backward (gradients of `mean(out ** 2)` with respect to the inputs
 and every weight). Each case runs in its own subprocess, so that its peak
 resident memory (`ru_maxrss`) is its own:
 
-- `ours`: `keras_attention.layers.MultiHeadAttention` (long sequences take
-  the blocked online-softmax core), `tf.function`, and `ours-xla` compiled
-  with `jit_compile=True`;
+- `ours`: `keras_attention.layers.MultiHeadAttention` (`implementation=
+  "auto"`: long sequences take the blocked online-softmax core or the
+  chunked dense core, whichever it measured faster; the choice and its
+  reason are printed), `tf.function`, and `ours-xla` compiled with
+  `jit_compile=True`;
 - `ours-core`: `keras_attention.ops.dot_product_attention` alone on
   projected heads, `jit_compile=True`;
 - `keras`: `keras.layers.MultiHeadAttention` (`tf.function`; it holds the
@@ -194,7 +196,16 @@ def run_case(impl, length, heads, head_dim, repeats, block_size):
         step()
         times.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
+    paths = []
+    if not impl.startswith("torch"):
+        # What `implementation="auto"` took, and why (measured or a rule).
+        paths = [
+            f"{c.implementation}: {c.reason}"
+            for c in attention_ops.dispatch_choices()
+            if c.implementation in ("dense", "blocked", "chunked")
+        ]
     return {
+        "paths": paths,
         "first": first,
         "time": float(np.median(times)) if times else first,
         "cpu": float(np.median(cpus)) if cpus else first_cpu,
@@ -263,6 +274,9 @@ def main():
             results[(impl, length)] = result
             print(f"  {impl:<10} {length:>6} {json.dumps(result)}", flush=True)
 
+    for (impl, length), r in results.items():
+        for path in r.get("paths", []):
+            print(f"# {impl} at {length}: {path}")
     print(f"\n# load average at the end: {'%.2f %.2f %.2f' % os.getloadavg()}")
     print("# x torch: torch-sdpa's time / this time (> 1: faster than torch SDPA)")
     print("# x torch layer: the best of torch-layer / torch-layer-compiled over "

@@ -38,10 +38,16 @@ def long_qkv():
     return random_qkv(np.random.default_rng(3), t=40, s=48, h=2, k=2, d=8, dv=8)
 
 
-def fake_measure(dense_ms, blocked_ms):
+def fake_measure(dense_ms, blocked_ms, chunked_ms=None):
+    """Times for the candidates asked for (the chunked path, unless timed
+    here, as the slowest)."""
+    table = {"dense": dense_ms, "blocked": blocked_ms,
+             "chunked": chunked_ms if chunked_ms is not None else 1e9}
+
     def measure(*args, **kwargs):
         measure.calls += 1
-        return {"dense": dense_ms, "blocked": blocked_ms}
+        measure.candidates = list(args[7])
+        return {c: table[c] for c in args[7]}
 
     measure.calls = 0
     return measure
@@ -61,8 +67,8 @@ def test_the_faster_measured_path_runs_and_the_choice_is_recorded(monkeypatch, f
     (choice,) = path_choices()
     assert choice.implementation == faster
     assert choice.timings_ms == (
-        {"dense": 1.0, "blocked": 2.0} if faster == "dense"
-        else {"dense": 2.0, "blocked": 1.0}
+        {"dense": 1.0, "blocked": 2.0, "chunked": 1e9} if faster == "dense"
+        else {"dense": 2.0, "blocked": 1.0, "chunked": 1e9}
     )
     assert choice.reason.startswith("measured: dense")
     assert choice.key[3:6] == (2, 40, 48)  # B, T, S
@@ -97,7 +103,7 @@ def test_a_real_measurement_in_graph_and_xla_gives_the_reference_values():
     np.testing.assert_allclose(grads[0], grads[1], atol=1e-5)
     # (Under XLA the fast forms' rules are listed too: `ops/xla_cpu.py`.)
     choices = [c for c in path_choices()
-               if c.implementation in ("dense", "blocked")]
+               if c.implementation in ("dense", "blocked", "chunked")]
     assert [c.key[1] for c in choices] == ["graph", "xla"]
     # Under a gradient tape without training=True: timed as training too.
     with tf.GradientTape() as tape:
@@ -107,7 +113,11 @@ def test_a_real_measurement_in_graph_and_xla_gives_the_reference_values():
     assert path_choices()[-1].key[2] == "train"
     for choice in choices:
         assert choice.key[2] == "train"
-        assert set(choice.timings_ms) == {"dense", "blocked"}
+        # The chunked path is a candidate outside XLA only.
+        assert set(choice.timings_ms) == (
+            {"dense", "blocked"} if choice.key[1] == "xla"
+            else {"dense", "blocked", "chunked"}
+        )
         assert all(t > 0 for t in choice.timings_ms.values())
         assert choice.implementation == min(choice.timings_ms, key=choice.timings_ms.get)
 

@@ -198,3 +198,42 @@ def test_text_classifier_predict_keeps_the_padding_mask():
     ids = np.array([[17, 12, 10, 5, 6, 0], [1, 0, 3, 16, 12, 18]], "int32")
     eager = keras.ops.convert_to_numpy(model(ids))
     np.testing.assert_allclose(model.predict(ids, verbose=0), eager, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_chunked_path_equals_the_dense_one(monkeypatch, causal):
+    # Chunks of 16 rows: 21 queries make two chunks, the second padded.
+    from keras_attention import ops as attention_ops
+    from keras_attention.ops import dense
+
+    monkeypatch.setattr(dense, "CHUNK_SCORE_BYTES", 16 * 4 * 2 * 2 * 21)
+    q = RNG.normal(size=(2, 21, 2, 8)).astype("float32")
+    k = RNG.normal(size=(2, 21, 1, 8)).astype("float32")
+    v = RNG.normal(size=(2, 21, 1, 8)).astype("float32")
+    mask = RNG.random((2, 21)) > 0.2
+
+    def loss(implementation):
+        def fn(q, k, v):
+            out = attention_ops.dot_product_attention(
+                q, k, v, attention_mask=mask, is_causal=causal,
+                implementation=implementation,
+            )
+            return keras.ops.sum(out * keras.ops.cos(out))
+        return fn
+
+    def value_and_grads(fn):
+        if keras.backend.backend() == "jax":
+            import jax
+
+            value, grads = jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2)))(q, k, v)
+            return [np.asarray(value)] + [np.asarray(g) for g in grads]
+        import torch
+
+        xs = [torch.tensor(x, requires_grad=True) for x in (q, k, v)]
+        value = fn(*xs)
+        value.backward()
+        return [value.detach().numpy()] + [x.grad.numpy() for x in xs]
+
+    got, want = value_and_grads(loss("chunked")), value_and_grads(loss("dense"))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-5)

@@ -326,13 +326,14 @@ def test_bad_implementation_and_blocked_with_weights():
     q, k, v = random_qkv(np.random.default_rng(7))
     with pytest.raises(ValueError, match="implementation"):
         attention_ops.dot_product_attention(q, k, v, implementation="flash")
-    with pytest.raises(ValueError, match="return_weights"):
-        attention_ops.dot_product_attention(
-            q, k, v, implementation="blocked", return_weights=True
-        )
+    for implementation in ("blocked", "chunked"):
+        with pytest.raises(ValueError, match="return_weights"):
+            attention_ops.dot_product_attention(
+                q, k, v, implementation=implementation, return_weights=True
+            )
 
 
-@pytest.mark.parametrize("implementation", ["dense", "blocked"])
+@pytest.mark.parametrize("implementation", ["dense", "blocked", "chunked"])
 @pytest.mark.parametrize(
     "mask_shape",
     [(2, 3, 4, 5), (2, 4, 4), (3, 5), (2, 6), (2, 1, 4, 6)],

@@ -32,11 +32,11 @@ from keras_attention.layers._multi_head_masks import KerasMasks
 from keras_attention.layers._multi_head_positions import PositionEncodings
 from keras_attention.layers._multi_head_positions import check_position_arguments
 from keras_attention.layers._multi_head_shapes import ShapeInference
+from keras_attention.ops.dispatch import IMPLEMENTATIONS
 from keras_attention.ops.masks import check_sliding_window
 from keras_attention.ops.xla_cpu import projection
 from keras_attention.registry import register
 
-IMPLEMENTATIONS = ("auto", "dense", "blocked", "fused")
 
 
 def _projection_equation(free_dims, bound_dims, output_dims):
@@ -130,8 +130,8 @@ class MultiHeadAttention(
             `num_heads`; defaults to `num_heads` (plain multi-head).
         use_causal_mask: always apply a causal mask (for `Sequential` use);
             a call's `use_causal_mask` overrides it.
-        implementation: `"auto"`, `"dense"`, `"blocked"` or `"fused"` (see
-            `keras_attention.ops.dot_product_attention`). With `"auto"`,
+        implementation: `"auto"`, `"dense"`, `"blocked"`, `"chunked"` or
+            `"fused"` (see `keras_attention.ops.dot_product_attention`). With `"auto"`,
             windowed self-attention from 8,192 tokens runs the whole layer
             in chunks (`layers/_multi_head_long.py`: about half the
             memory); `"blocked"` keeps its projections around the

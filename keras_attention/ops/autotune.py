@@ -2,25 +2,32 @@
 
 Where the backend has no fused kernel (TensorFlow; JAX on a CPU) a long
 attention can run on the dense path (the `(B, H, T, S)` scores in memory,
-a few large matrix multiplications) or on the blocked path (key blocks, an
-online softmax, `O(T * block)` memory). Which is faster depends on the
-machine: on an AVX2-only CPU the blocked path beat the dense one at 2,048
-tokens, on an AVX-512 CPU with bf16 instructions the dense path is 1.5x
-faster there, on an Intel CPU with AMX units 1.4x (BENCHMARKS.md,
-"Dispatch", "Intel Xeon with AMX"). No rule written from one machine
-holds on the other, so the first call of each shape measures both paths
-(forward, and backward when training) on random tensors of that shape,
-keeps the faster one for that shape, dtype and mode, and records the
-choice:
+a few large matrix multiplications), on the blocked path (key blocks, an
+online softmax, `O(T * block)` memory) or on the chunked path (the dense
+core over chunks of queries, each against all keys, the weights
+recomputed in the backward pass: `O(rows * S)` memory, large products).
+Which is faster depends on the machine: on an AVX2-only CPU the blocked
+path beat the dense one at 2,048 tokens, on an AVX-512 CPU with bf16
+instructions the dense path is 1.5x faster there, on an Intel CPU with AMX
+units 1.4x, and at 16,384 tokens there the chunked path beats the blocked
+one (BENCHMARKS.md, "Dispatch", "Intel Xeon with AMX"). No rule written
+from one machine holds on the other, so the first call of each shape
+measures the candidate paths (forward, and backward when training) on
+random tensors of that shape (its first `MEASURED_ROWS` queries, against
+all keys), keeps the fastest for that shape, dtype and mode, and records
+the choice:
 
     >>> from keras_attention import ops as attention_ops
     >>> for choice in attention_ops.dispatch_choices():   # doctest: +SKIP
     ...     print(choice.implementation, choice.reason)
-    dense measured: dense 842.1 ms, blocked 1367.0 ms (B=8, T=2048, ...)
+    dense measured: dense 842.1 ms, blocked 1367.0 ms, chunked 1012.4 ms
 
 The dense path is a candidate only while its scores fit the memory budget
 (`set_autotune(memory_budget=...)`, a quarter of the machine's memory by
-default); shapes that are not static, `set_autotune(False)` or the
+default); the chunked path only on TensorFlow outside XLA (XLA's CPU
+products are what it would need fast), without a sliding window (the
+blocked path skips the keys outside it), with its chunks sized to the
+budget. Shapes that are not static, `set_autotune(False)` or the
 environment variable `KERAS_ATTENTION_AUTOTUNE=0` keep the fixed rule (the
 blocked path once `T * S` passes `DENSE_THRESHOLD`). Every path is tested
 equal to the dense one in values and gradients, so the choice changes
@@ -38,6 +45,11 @@ import numpy as np
 logger = logging.getLogger("keras_attention")
 
 Choice = collections.namedtuple("Choice", "key implementation reason timings_ms")
+
+# The paths are timed on at most this many queries of a long call.
+MEASURED_ROWS = 2048
+# The chunked path's fewest query rows per chunk (`dense.chunk_rows`).
+MIN_CHUNK_ROWS = 16
 
 _CHOICES = {}
 _OPTIONS = {
@@ -150,7 +162,8 @@ def onednn_status():
     return f"{'on' if enabled else 'off'}: {why}"
 
 
-def _memory_budget():
+def memory_budget():
+    """Bytes the dense path's score tensors may take (`set_autotune`)."""
     if _OPTIONS["memory_budget"] is not None:
         return _OPTIONS["memory_budget"]
     try:
@@ -208,7 +221,8 @@ def _gradient_recorded(backend):
 
 
 def choose(run, query, key, value, mask, is_causal, sliding_window, training):
-    """`"dense"` or `"blocked"` for one long call; see the module docstring.
+    """`"dense"`, `"blocked"` or `"chunked"` for one long call; see the
+    module docstring.
 
     `run(implementation, q, k, v, mask)` computes the attention on the
     given path; it is called on random inputs of the call's shapes.
@@ -229,24 +243,42 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
     )
     if key_ in _CHOICES:
         return _CHOICES[key_].implementation
-    dense_bytes = 3 * 4 * b * h * t * s if static else None
+    candidates, over = ["blocked"], ""
+    if static:
+        dense_bytes = 3 * 4 * b * h * t * s
+        if dense_bytes <= memory_budget():
+            candidates.insert(0, "dense")
+        else:
+            over = (
+                f"the dense scores would take {dense_bytes / 2**30:.1f} GiB, "
+                f"over the budget of {memory_budget() / 2**30:.1f} GiB"
+            )
+        # The chunked path: where the graph executor runs its large
+        # products (not under XLA, whose CPU products are the slow part),
+        # without a window (the blocked path skips the keys outside it),
+        # and while a chunk of its fewest rows fits the budget.
+        if (
+            backend == "tensorflow" and mode != "xla" and sliding_window is None
+            and 3 * 4 * b * h * MIN_CHUNK_ROWS * s <= memory_budget()
+        ):
+            candidates.append("chunked")
     if backend != "tensorflow":
         choice = Choice(key_, "blocked", "rule: measured on TensorFlow only", {})
     elif not static:
         choice = Choice(key_, "blocked", "rule: shapes not static", {})
-    elif dense_bytes > _memory_budget():
-        choice = Choice(
-            key_, "blocked",
-            f"rule: the dense scores would take {dense_bytes / 2**30:.1f} GiB, "
-            f"over the budget of {_memory_budget() / 2**30:.1f} GiB", {},
-        )
+    elif len(candidates) == 1:
+        choice = Choice(key_, "blocked", f"rule: {over}", {})
     elif not _OPTIONS["enabled"]:
         choice = Choice(key_, "blocked", "rule: autotune is off", {})
     else:
+        rows = min(t, MEASURED_ROWS)
         timings = _measure(run, shapes, query.dtype, value.dtype, mask_shape,
-                           mode, training)
+                           mode, training, candidates, rows)
         best = min(timings, key=timings.get)
         text = ", ".join(f"{k} {v:.1f} ms" for k, v in timings.items())
+        notes = [f"on {rows:,} of {t:,} queries"] if rows < t else []
+        notes += [over] if over else []
+        text += f" ({'; '.join(notes)})" if notes else ""
         choice = Choice(key_, best, f"measured: {text}", timings)
     _CHOICES[key_] = choice
     logger.info("keras_attention: %s attention for %s (%s)",
@@ -254,10 +286,19 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
     return choice.implementation
 
 
-def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training):
-    """Milliseconds of each path on random inputs (TensorFlow, eagerly)."""
+def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
+             candidates=("dense", "blocked"), rows=None):
+    """Milliseconds of each candidate path on random inputs (TensorFlow,
+    eagerly), on the first `rows` queries: each path's time grows with
+    the number of queries at a fixed number of keys, so a slice of them
+    ranks the paths as the whole call would, in a fraction of its time."""
     import tensorflow as tf
 
+    shapes = [list(shape) for shape in shapes]
+    if rows is not None:
+        shapes[0][1] = rows
+        if mask_shape is not None and mask_shape[2] != 1:
+            mask_shape = mask_shape[:2] + (rows,) + mask_shape[3:]
     rng = np.random.default_rng(0)
     with tf.init_scope():
         q, k, v = (
@@ -266,7 +307,7 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training):
         )
         m = None if mask_shape is None else tf.ones(mask_shape, "bool")
         timings = {}
-        for implementation in ("dense", "blocked"):
+        for implementation in candidates:
             fn = _timed_fn(run, implementation, m, mode, training)
             fn(q, k, v)  # trace and compile, outside the timing
             best = float("inf")

@@ -34,7 +34,8 @@ from keras_attention.ops.masks import sliding_window_mask
 from keras_attention.ops.positions import alibi_bias
 from keras_attention.ops.shapes import check_attention_inputs
 from keras_attention.ops.shapes import check_attention_mask
-from keras_attention.ops.shapes import static_dim
+from keras_attention.ops.shapes import check_mask_rows
+from keras_attention.ops.shapes import static_lengths
 from keras_attention.ops.xla_cpu import compiled as xla_compiled
 
 DEFAULT_BLOCK_SIZE = 256
@@ -84,7 +85,7 @@ def _first_key_block(i, plan):
     return ops.clip(first, 0, last)
 
 
-def _block_mask(mask, q_start, q_size, k_start, k_size, is_causal, window=None):
+def block_mask(mask, q_start, q_size, k_start, k_size, is_causal, window=None):
     """The `(B|1, H|1, q_size|1, k_size|1)` mask of a query and key block."""
     block = None
     if mask is not None:
@@ -172,7 +173,7 @@ def _scores(q_i, k_j, i, j, plan):
             plan.slopes, 0 if q_start is None else q_start, plan.q_block,
             j * plan.block, plan.block,
         )
-    mask = _block_mask(
+    mask = block_mask(
         plan.mask, q_start, plan.q_block, j * plan.block, plan.block,
         plan.is_causal, plan.window,
     )
@@ -359,22 +360,11 @@ def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
     `(B, T, H, Dv)` in `value`'s dtype.
     """
     num_heads, kv_heads = query.shape[2], key.shape[2]
-    s_len, t_len = static_dim(key, 1), static_dim(query, 1)
-    if s_len is None or t_len is None:
-        raise ValueError(
-            "The blocked attention path needs static sequence lengths. "
-            f"Received: query.shape={tuple(query.shape)}, "
-            f"key.shape={tuple(key.shape)}"
-        )
+    t_len, s_len = static_lengths(query, key, "blocked")
     block = max(1, min(int(block_size), s_len))
     num_blocks = -(-s_len // block)
     k, v, mask = _pad_keys(key, value, mask, s_len, num_blocks * block)
-    if mask is not None and mask.shape[2] not in (1, t_len):
-        raise ValueError(
-            "Received an invalid value for argument `attention_mask`, its "
-            f"query axis must be 1 or {t_len}. Received: "
-            f"attention_mask.shape={tuple(mask.shape)}"
-        )
+    check_mask_rows(mask, t_len)
     q = query
     if sliding_window is None:
         q_block = _pick_query_block(t_len, query_block_size)
@@ -383,7 +373,7 @@ def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
         # Query blocks are what lets a window skip keys: pad T to them.
         q_block = max(1, min(int(query_block_size or t_len), t_len))
         padded_t = -(-t_len // q_block) * q_block
-        q, mask = _pad_queries(q, mask, t_len, padded_t)
+        q, mask = pad_queries(q, mask, t_len, padded_t)
     num_q_blocks = padded_t // q_block
     plan = _Plan(
         block, num_blocks, q_block, num_q_blocks, mask, is_causal,
@@ -427,7 +417,7 @@ def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
     return out
 
 
-def _pad_queries(q, mask, t_len, padded):
+def pad_queries(q, mask, t_len, padded):
     """Queries `(B, T, H, D)` padded to whole query blocks (their rows are
     dropped after)."""
     if padded == t_len:

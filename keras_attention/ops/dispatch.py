@@ -1,10 +1,10 @@
-"""Attention dispatch: the dense path, the fused kernels, the blocked path.
+"""Attention dispatch: the dense path, the fused kernels, the long paths.
 
 `dot_product_attention` checks its inputs once and picks a path: the
-backend's fused kernel, the memory-efficient blocked path
-(`ops/blocked.py`) for long sequences, or the dense path, which has its own
-backward pass when no weights, bias or dropout are involved
-(`_dense_attention`; `dense_custom_gradient(False)` or the
+backend's fused kernel; for long sequences the memory-efficient blocked
+path (`ops/blocked.py`) or the chunked one (`ops/dense.py`); or the dense
+path, which has its own backward pass when no weights, bias or dropout are
+involved (`dense.dense_core`; `dense_custom_gradient(False)` or the
 `custom_gradient=False` argument gives autodiff's, for comparisons).
 """
 
@@ -19,6 +19,8 @@ from keras_attention.ops import xla_cpu
 from keras_attention.ops.blocked import DEFAULT_BLOCK_SIZE
 from keras_attention.ops.blocked import DEFAULT_QUERY_BLOCK_SIZE
 from keras_attention.ops.blocked import blocked_heads
+from keras_attention.ops.dense import chunked_heads
+from keras_attention.ops.dense import dense_core
 from keras_attention.ops.masks import causal_mask
 from keras_attention.ops.masks import check_sliding_window
 from keras_attention.ops.masks import expand_mask
@@ -35,6 +37,8 @@ from keras_attention.ops.shapes import static_dim
 DENSE_THRESHOLD = 1024 * 1024
 
 _CONFIG = {"dense_custom_gradient": True}
+
+IMPLEMENTATIONS = ("auto", "dense", "blocked", "chunked", "fused")
 
 
 def set_dense_custom_gradient(enabled):
@@ -58,13 +62,13 @@ def dense_custom_gradient(enabled):
 
 
 def _check_implementation(implementation, can_block, same_dims, query, value, received):
-    if implementation not in ("auto", "dense", "blocked", "fused"):
+    if implementation not in IMPLEMENTATIONS:
         raise ValueError(
             "Received an invalid value for argument `implementation`, "
-            "expected one of 'auto', 'dense', 'blocked', 'fused'. "
+            "expected one of 'auto', 'dense', 'blocked', 'chunked', 'fused'. "
             f"Received: implementation={implementation!r}"
         )
-    if implementation in ("blocked", "fused") and not can_block:
+    if implementation in ("blocked", "chunked", "fused") and not can_block:
         raise ValueError(
             f"The {implementation} implementation returns no weights and "
             "supports no `bias` or dropout (in a layer: no "
@@ -121,19 +125,19 @@ def dot_product_attention(
         return_weights: also return the weights `(B, H, T, S)`, taken
             before dropout (normalised over keys, zero for a query that
             sees no key).
-        implementation: `"auto"`, `"dense"`, `"blocked"` or `"fused"`.
-            `"auto"`, when the weights are not requested and no bias or
-            dropout applies, takes the backend's fused kernel where there
-            is one (`keras.ops.dot_product_attention`: PyTorch SDPA on
+        implementation: `"auto"`, `"dense"`, `"blocked"`, `"chunked"`
+            (the dense core over chunks of queries, `ops/dense.py`) or
+            `"fused"`. `"auto"`, without weights, bias or dropout, takes
+            the backend's fused kernel where there is one (PyTorch SDPA on
             the torch backend, cuDNN on JAX with a GPU); elsewhere, once
-            `T * S` passes `DENSE_THRESHOLD`, the faster of the dense and
-            blocked paths for this machine and shape, measured at the
-            first call (`ops/autotune.py`; `dispatch_choices()` lists what
-            it picked and why); otherwise the dense path.
+            `T * S` passes `DENSE_THRESHOLD`, the fastest path for this
+            machine and shape, measured at the first call
+            (`ops/autotune.py`; `dispatch_choices()` says what and why);
+            otherwise the dense path.
         block_size: key block length of the memory-efficient path.
         custom_gradient: whether the dense path (no weights returned, no
             bias, no dropout) uses its own backward pass
-            (`_dense_attention`) instead of autodiff's; `None` takes
+            (`dense.dense_core`) instead of autodiff's; `None` takes
             `dense_custom_gradient()` (on by default).
         sliding_window: if set, query `t` sees only keys `s` with
             `|t - s| < sliding_window` (keras's meaning); with `is_causal`,
@@ -172,12 +176,10 @@ def dot_product_attention(
             query, key, value, mask, is_causal, scale, block_size,
             sliding_window, alibi_slopes, training,
         )
-    if path == "blocked":
-        return blocked_heads(
-            query, key, value, mask, is_causal, scale,
-            block_size or DEFAULT_BLOCK_SIZE, DEFAULT_QUERY_BLOCK_SIZE,
+    if path in ("chunked", "blocked"):
+        return _long_path(
+            path, query, key, value, mask, is_causal, scale, block_size,
             sliding_window, alibi_slopes,
-            xla_cpu.compiles_blocked_core(query, key, value),
         )
     if sliding_window is not None:
         band = sliding_window_mask(
@@ -197,6 +199,23 @@ def dot_product_attention(
     return _dense_path(
         query, key, value, mask, bias, is_causal, scale, dropout_rate, seed,
         dropout_active, return_weights, custom_gradient and can_block,
+    )
+
+
+def _long_path(path, query, key, value, mask, is_causal, scale, block_size,
+               sliding_window, alibi_slopes):
+    """The chunked or the blocked path, neither of which holds the
+    `(B, H, T, S)` scores."""
+    if path == "chunked":
+        return chunked_heads(
+            query, key, value, mask, is_causal, scale, sliding_window,
+            alibi_slopes,
+        )
+    return blocked_heads(
+        query, key, value, mask, is_causal, scale,
+        block_size or DEFAULT_BLOCK_SIZE, DEFAULT_QUERY_BLOCK_SIZE,
+        sliding_window, alibi_slopes,
+        xla_cpu.compiles_blocked_core(query, key, value),
     )
 
 
@@ -259,7 +278,7 @@ def _dense_path(
         causal = causal_mask(ops.shape(query)[1], ops.shape(key)[1])
         mask = causal if mask is None else ops.logical_and(mask, causal)
     if custom_gradient:
-        out = _dense_attention(
+        out = dense_core(
             q,
             ops.transpose(key, (0, 2, 1, 3)),
             ops.transpose(value, (0, 2, 1, 3)),
@@ -288,67 +307,6 @@ def _dense_path(
     if return_weights:
         return out, weights
     return out
-
-
-def _dense_attention(q, k, v, mask):
-    """`softmax(q k^T, mask) v` on `(B, H, T, D)` heads, with its own gradient.
-
-    `q` is already scaled. The backward pass is the one of flash attention
-    (Dao et al., 2022) with the weights kept from the forward pass instead
-    of recomputed: `dV = P^T dO`, `dP = dO V^T`, `dS = P (dP - delta)` with
-    `delta = rowsum(dO * O)` (a `(B, H, T)` reduction over the head size,
-    where autodiff reduces `dP * P` over all `S` keys; `dP - delta` is
-    one product, `[dO, -delta] [V, 1]^T`), `dQ = dS K`,
-    `dK = dS^T Q`. Fewer passes over the `(B, H, T, S)` tensors than
-    autodiff through `masked_softmax`, the same values (tested). The
-    products are einsums, so no `(B, H, T, S)` tensor is ever transposed
-    in memory (the backends contract along either axis); bfloat16 heads
-    keep their scores, weights and `dS` in bfloat16 (the backend's fused
-    softmax, which accumulates in float32), where float32 copies would
-    cost as much as the bfloat16 products save; float16 heads go through
-    float32 (its range is too short for scores). Under XLA on a CPU,
-    float32 heads take `xla_cpu.unnormalised_attention` (the same values,
-    one pass over the weights fewer) and `dV`, `dK` take
-    `xla_cpu.keys_product`'s loop.
-    """
-    low = keras.backend.standardize_dtype(q.dtype) == "bfloat16"
-    if xla_cpu.takes_unnormalised(q):
-        return xla_cpu.unnormalised_attention(q, k, v, mask)
-
-    @ops.custom_gradient
-    def attend(q, k, v):
-        scores = ops.einsum("bhtd,bhsd->bhts", q, k)
-        weights = ops.cast(masked_softmax(scores, mask, float32=not low), v.dtype)
-        out = ops.matmul(weights, v)  # (B, H, T, Dv)
-
-        def grad(*args, upstream=None):
-            d_out = upstream if upstream is not None else args[0]
-            d_out = ops.cast(d_out, v.dtype)
-            delta = ops.sum(
-                ops.cast(d_out, "float32") * ops.cast(out, "float32"),
-                axis=-1,
-                keepdims=True,
-            )
-            d_v = xla_cpu.keys_product(weights, d_out)
-            # dP - delta as one product, [dO, -delta] [V, 1]^T: a pass
-            # over the (B, H, T, S) tensors fewer than subtracting after.
-            d_p = ops.einsum(
-                "bhtd,bhsd->bhts",
-                ops.concatenate([d_out, ops.cast(-delta, d_out.dtype)], -1),
-                ops.concatenate([v, ops.ones_like(v[..., :1])], -1),
-            )
-            if low:
-                d_s = weights * d_p
-            else:
-                d_s = ops.cast(weights, "float32") * ops.cast(d_p, "float32")
-            d_s = ops.cast(d_s, q.dtype)
-            d_q = ops.matmul(d_s, k)
-            d_k = xla_cpu.keys_product(d_s, q)
-            return d_q, d_k, d_v
-
-        return out, grad
-
-    return attend(q, k, v)
 
 
 _FUSED = {}

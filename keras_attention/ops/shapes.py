@@ -65,3 +65,26 @@ def repeat_heads(x, num_heads):
     if k == num_heads:
         return x
     return ops.repeat(x, num_heads // k, axis=2)
+
+
+def static_lengths(query, key, path):
+    """`(T, S)` as ints, or a `ValueError` naming `path` (the blocked and
+    chunked paths need them static)."""
+    t_len, s_len = static_dim(query, 1), static_dim(key, 1)
+    if s_len is None or t_len is None:
+        raise ValueError(
+            f"The {path} attention path needs static sequence lengths. "
+            f"Received: query.shape={tuple(query.shape)}, "
+            f"key.shape={tuple(key.shape)}"
+        )
+    return t_len, s_len
+
+
+def check_mask_rows(mask, t_len):
+    """Raise unless the rank-4 `mask`'s query axis is 1 or `T`."""
+    if mask is not None and mask.shape[2] not in (1, t_len):
+        raise ValueError(
+            "Received an invalid value for argument `attention_mask`, its "
+            f"query axis must be 1 or {t_len}. Received: "
+            f"attention_mask.shape={tuple(mask.shape)}"
+        )

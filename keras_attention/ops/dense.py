@@ -1,0 +1,244 @@
+"""The dense core with its own backward pass, whole or in query chunks.
+
+`dense_core` is the dense path's core when no weights, bias or dropout are
+involved: `softmax(q k^T, mask) v` on `(B, H, T, D)` heads, the `(B, H, T,
+S)` weights kept from the forward pass for the backward one.
+
+`chunked_heads` is the same core over chunks of queries, each against all
+its keys, with the weights recomputed in the backward pass instead of kept
+(flash attention's trade with chunks of whole rows): memory `O(chunk * S)`
+per head, never `O(T * S)`, and each chunk's products are the dense core's
+large matrix products, which a graph executor runs at full speed where the
+blocked path's small block products do not (BENCHMARKS.md, "Intel Xeon
+with AMX": 16,384 tokens). Both share one forward (`_weights`) and one
+backward (`_backward`) per set of rows, so the chunked path is the dense
+core's arithmetic by construction (and tested equal to it).
+"""
+
+from keras import ops
+
+from keras_attention.ops import autotune
+from keras_attention.ops import xla_cpu
+from keras_attention.ops.blocked import block_mask
+from keras_attention.ops.blocked import pad_queries
+from keras_attention.ops.masks import masked_softmax
+from keras_attention.ops.positions import alibi_bias
+from keras_attention.ops.shapes import repeat_heads
+from keras_attention.ops.shapes import check_mask_rows
+from keras_attention.ops.shapes import static_dim
+from keras_attention.ops.shapes import static_lengths
+
+# A chunk's scores take at most about this many bytes per (B, H, rows, S)
+# tensor: at 16,384 keys, batch 1 and 8 heads, chunks of 1,024 rows; within
+# 1 % of 2,048-row chunks' time there, at half their memory
+# (BENCHMARKS.md, "Intel Xeon with AMX").
+CHUNK_SCORE_BYTES = 512 * 2**20
+
+
+def _is_low(x):
+    import keras
+
+    return keras.backend.standardize_dtype(x.dtype) == "bfloat16"
+
+
+def _weights(q, k, mask, bias, dtype):
+    """The softmax of `q k^T (+ bias)` under `mask`, in `dtype`.
+
+    bfloat16 heads keep their scores and weights in bfloat16 (the backend's
+    fused softmax accumulates in float32), where float32 copies would cost
+    as much as the bfloat16 products save."""
+    low = _is_low(q)
+    scores = ops.einsum("bhtd,bhsd->bhts", q, k)
+    if bias is not None:
+        scores = ops.cast(scores, "float32") + bias
+        scores = ops.cast(scores, q.dtype) if low else scores
+    return ops.cast(masked_softmax(scores, mask, float32=not low), dtype)
+
+
+def _delta(d_out, out):
+    """`rowsum(dO * O)` `(B, H, T, 1)`, in float32."""
+    return ops.sum(
+        ops.cast(d_out, "float32") * ops.cast(out, "float32"),
+        axis=-1,
+        keepdims=True,
+    )
+
+
+def _backward(q, k, v, weights, d_out, delta):
+    """`(dQ, dK, dV)` of rows `q` given their `weights` (flash attention's
+    backward with the weights at hand): `dV = P^T dO`, `dS = P (dP -
+    delta)`, `dQ = dS K`, `dK = dS^T Q`; `dP - delta` is one product,
+    `[dO, -delta] [V, 1]^T`, a pass over the `(B, H, T, S)` tensors fewer
+    than subtracting after."""
+    low = _is_low(q)
+    d_out = ops.cast(d_out, v.dtype)
+    d_v = xla_cpu.keys_product(weights, d_out)
+    d_p = ops.einsum(
+        "bhtd,bhsd->bhts",
+        ops.concatenate([d_out, ops.cast(-delta, d_out.dtype)], -1),
+        ops.concatenate([v, ops.ones_like(v[..., :1])], -1),
+    )
+    if low:
+        d_s = weights * d_p
+    else:
+        d_s = ops.cast(weights, "float32") * ops.cast(d_p, "float32")
+    d_s = ops.cast(d_s, q.dtype)
+    return ops.matmul(d_s, k), xla_cpu.keys_product(d_s, q), d_v
+
+
+def dense_core(q, k, v, mask):
+    """`softmax(q k^T, mask) v` on `(B, H, T, D)` heads, with its own gradient.
+
+    `q` is already scaled. The backward pass is the one of flash attention
+    (Dao et al., 2022) with the weights kept from the forward pass instead
+    of recomputed (`_backward`): `delta = rowsum(dO * O)` is a `(B, H, T)`
+    reduction over the head size, where autodiff reduces `dP * P` over all
+    `S` keys. Fewer passes over the `(B, H, T, S)` tensors than autodiff
+    through `masked_softmax`, the same values (tested). The products are
+    einsums, so no `(B, H, T, S)` tensor is ever transposed in memory (the
+    backends contract along either axis); float16 heads go through float32
+    (its range is too short for scores). Under XLA on a CPU, float32 heads
+    take `xla_cpu.unnormalised_attention` (the same values, one pass over
+    the weights fewer) and `dV`, `dK` take `xla_cpu.keys_product`'s loop.
+    """
+    if xla_cpu.takes_unnormalised(q):
+        return xla_cpu.unnormalised_attention(q, k, v, mask)
+
+    @ops.custom_gradient
+    def attend(q, k, v):
+        weights = _weights(q, k, mask, None, v.dtype)
+        out = ops.matmul(weights, v)  # (B, H, T, Dv)
+
+        def grad(*args, upstream=None):
+            d_out = upstream if upstream is not None else args[0]
+            return _backward(q, k, v, weights, d_out, _delta(d_out, out))
+
+        return out, grad
+
+    return attend(q, k, v)
+
+
+def chunk_rows(batch, heads, s_len, t_len):
+    """Query rows per chunk: the largest power of two whose `(B, H, rows,
+    S)` scores fit `CHUNK_SCORE_BYTES` and whose three such tensors fit
+    the memory budget (`autotune.set_autotune`), at least
+    `autotune.MIN_CHUNK_ROWS`, at most `T`."""
+    per_row = 4 * (batch or 1) * heads * s_len
+    limit = min(CHUNK_SCORE_BYTES, autotune.memory_budget() // 3)
+    rows = autotune.MIN_CHUNK_ROWS
+    while rows * 2 * per_row <= limit and rows < t_len:
+        rows *= 2
+    return min(rows, t_len)
+
+
+def _loop(count, body, init):
+    """`body(i, carry)` for `i < count`, one iteration at a time.
+
+    TensorFlow's loop would otherwise start up to ten iterations at once
+    (`parallel_iterations`): each chunk's scores only need the counter, so
+    ten chunks' `(B, H, rows, S)` tensors would be alive together."""
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        return ops.fori_loop(0, count, body, init)
+    import tensorflow as tf
+
+    return tf.while_loop(
+        lambda i, carry: i < count,
+        lambda i, carry: (i + 1, body(i, carry)),
+        (tf.constant(0), init),
+        parallel_iterations=1,
+    )[1]
+
+
+def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of):
+    """`dense_core` over `num_chunks` chunks of `chunk` query rows (`q`
+    padded to them), recomputing each chunk's weights in the backward
+    pass. `mask_of(start)`, `bias_of(start)`: the chunk's mask and bias
+    (constants: they get no gradient)."""
+
+    def rows(x, i):
+        shape = list(ops.shape(x))
+        shape[2] = chunk
+        return ops.slice(x, [0, 0, i * chunk, 0], shape)
+
+    def weights_of(q_i, k, i, dtype):
+        return _weights(q_i, k, mask_of(i * chunk), bias_of(i * chunk), dtype)
+
+    @ops.custom_gradient
+    def attend(q, k, v):
+        def forward(i, out):
+            out_i = ops.matmul(weights_of(rows(q, i), k, i, v.dtype), v)
+            return ops.slice_update(out, [0, 0, i * chunk, 0], out_i)
+
+        b, h, t = ops.shape(q)[0], q.shape[1], q.shape[2]
+        out = _loop(num_chunks, forward, ops.zeros((b, h, t, v.shape[-1]), v.dtype))
+
+        def grad(*args, upstream=None):
+            d_out = upstream if upstream is not None else args[0]
+            delta = _delta(d_out, out)
+
+            def backward(i, carry):
+                d_q, d_k, d_v = carry
+                q_i = rows(q, i)
+                d_q_i, d_k_i, d_v_i = _backward(
+                    q_i, k, v, weights_of(q_i, k, i, v.dtype), rows(d_out, i),
+                    rows(delta, i),
+                )
+                return (
+                    ops.slice_update(d_q, [0, 0, i * chunk, 0], d_q_i),
+                    d_k + ops.cast(d_k_i, "float32"),
+                    d_v + ops.cast(d_v_i, "float32"),
+                )
+
+            # Keys' gradients sum over the chunks: accumulated in float32.
+            init = (
+                ops.zeros_like(q),
+                ops.zeros(ops.shape(k), "float32"),
+                ops.zeros(ops.shape(v), "float32"),
+            )
+            d_q, d_k, d_v = _loop(num_chunks, backward, init)
+            return d_q, ops.cast(d_k, k.dtype), ops.cast(d_v, v.dtype)
+
+        return out, grad
+
+    return attend(q, k, v)
+
+
+def chunked_heads(query, key, value, mask, is_causal, scale,
+                  sliding_window=None, alibi_slopes=None, chunk=None):
+    """The chunked path on inputs `dot_product_attention` has checked.
+
+    `query` `(B, T, H, D)`, `key`/`value` `(B, S, K, D|Dv)` (grouped heads
+    are repeated to `H`, as on the dense path); `mask` rank 4 or `None`;
+    `scale` a number; `sliding_window`, `is_causal` and `alibi_slopes` are
+    applied chunk by chunk (every chunk still visits all keys: for a
+    window, the blocked path skips the blocks outside the band). `chunk`:
+    query rows per chunk (default `chunk_rows`); `T` is padded to whole
+    chunks and the padding dropped after. Returns `(B, T, H, Dv)` in
+    `value`'s dtype.
+    """
+    num_heads = query.shape[2]
+    t_len, s_len = static_lengths(query, key, "chunked")
+    check_mask_rows(mask, t_len)
+    chunk = chunk or chunk_rows(static_dim(query, 0), num_heads, s_len, t_len)
+    chunk = max(1, min(int(chunk), t_len))
+    num_chunks = -(-t_len // chunk)
+    q, mask = pad_queries(query, mask, t_len, num_chunks * chunk)
+    low = _is_low(query)
+    dtype = query.dtype if low else "float32"
+    q = ops.transpose(ops.cast(q, dtype), (0, 2, 1, 3)) * ops.cast(scale, dtype)
+    k = ops.transpose(ops.cast(repeat_heads(key, num_heads), dtype), (0, 2, 1, 3))
+    v = ops.transpose(ops.cast(repeat_heads(value, num_heads), dtype), (0, 2, 1, 3))
+
+    def mask_of(start):
+        return block_mask(mask, start, chunk, 0, s_len, is_causal, sliding_window)
+
+    def bias_of(start):
+        if alibi_slopes is None:
+            return None
+        return alibi_bias(alibi_slopes, start, chunk, 0, s_len)
+
+    out = _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of)
+    out = ops.transpose(out, (0, 2, 1, 3))[:, :t_len]
+    return ops.cast(out, value.dtype)

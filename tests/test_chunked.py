@@ -1,0 +1,185 @@
+"""The chunked path (`ops/dense.py`): the dense core over chunks of queries,
+the weights recomputed in the backward pass. Equal to the dense path in
+values and gradients, whatever the chunking, mask, window or heads."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attention import ops as attention_ops
+from keras_attention.layers import MultiHeadAttention
+from keras_attention.ops import dense
+from keras_attention.ops.masks import expand_mask
+from keras_attention.ops.positions import alibi_slopes
+from tests.test_ops import attention_reference
+from tests.test_ops import random_qkv
+from tests.test_sliding_window import values_and_grads
+
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="TensorFlow tapes (the path itself runs on every backend: "
+    "tests/test_backends.py)",
+)
+
+
+def mask_of(kind, rng, b, t, s):
+    if kind == "keys":
+        mask = rng.random((b, s)) > 0.3
+        mask[1] = False  # a batch row that sees no key: zeros, no NaN
+        return mask
+    if kind == "full":
+        mask = rng.random((b, t, s)) > 0.5
+        mask[0, 3] = False
+        return mask
+    return None
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 8, 37, 64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask_kind", [None, "keys", "full"])
+def test_chunked_equals_dense_in_values_and_gradients(chunk, causal, mask_kind):
+    # 37 queries (no chunk size but 1 and 37 divides them: padded rows),
+    # 29 keys, 4 query heads on 2 key heads, a value head size of 6.
+    rng = np.random.default_rng(chunk)
+    q, k, v = (tf.constant(x) for x in random_qkv(rng, t=37, s=29, dv=6))
+    mask = mask_of(mask_kind, rng, 2, 37, 29)
+    scale = 8**-0.5
+
+    def chunked(q, k, v):
+        m = None if mask is None else expand_mask(tf.constant(mask))
+        return dense.chunked_heads(q, k, v, m, causal, scale, chunk=chunk)
+
+    def dense_path(q, k, v):
+        return attention_ops.dot_product_attention(
+            q, k, v, attention_mask=mask, is_causal=causal, implementation="dense"
+        )
+
+    got, want = values_and_grads(chunked, q, k, v), values_and_grads(dense_path, q, k, v)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=2e-5)
+    ref = attention_reference(
+        q, k, v, None if mask is None else expand_mask(mask).numpy(), causal
+    )[0]
+    np.testing.assert_allclose(got[0].numpy(), ref, atol=1e-5)
+    if mask_kind == "keys":
+        assert np.all(got[0].numpy()[1] == 0.0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_windows_and_alibi_chunk_by_chunk_equal_the_dense_path(causal):
+    rng = np.random.default_rng(5)
+    q, k, v = (tf.constant(x) for x in random_qkv(rng, t=40, s=40, h=4, k=4))
+    slopes = alibi_slopes(4)
+    results = {}
+    for implementation in ("dense", "chunked"):
+        def fn(q, k, v, implementation=implementation):
+            return attention_ops.dot_product_attention(
+                q, k, v, is_causal=causal, sliding_window=7,
+                alibi_slopes=slopes, implementation=implementation,
+            )
+        results[implementation] = values_and_grads(fn, q, k, v)
+    for a, b in zip(results["chunked"], results["dense"]):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=2e-5)
+
+
+def test_several_chunks_through_the_public_call_in_graph_and_xla(monkeypatch):
+    # A budget of 16 rows per chunk: 3 chunks of 40 queries, padded.
+    monkeypatch.setattr(dense, "CHUNK_SCORE_BYTES", 16 * 4 * 2 * 4 * 48)
+    rng = np.random.default_rng(11)
+    q, k, v = (tf.constant(x) for x in random_qkv(rng, t=40, s=48, h=4, k=2, dv=8))
+    mask = rng.random((2, 48)) > 0.2
+    want = None
+    for how in ("eager", "graph", "xla"):
+        def fn(q, k, v):
+            return attention_ops.dot_product_attention(
+                q, k, v, attention_mask=mask, implementation="chunked"
+            )
+        if how != "eager":
+            fn = tf.function(fn, jit_compile=how == "xla")
+        got = values_and_grads(fn, q, k, v)
+        if want is None:
+            want = values_and_grads(
+                lambda q, k, v: attention_ops.dot_product_attention(
+                    q, k, v, attention_mask=mask, implementation="dense"
+                ), q, k, v,
+            )
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), atol=2e-5)
+    assert dense.chunk_rows(2, 4, 48, 40) == 16
+
+
+def test_the_graph_loop_runs_one_chunk_at_a_time():
+    # TensorFlow's while loop would otherwise start ten iterations at once,
+    # ten chunks of scores alive together (11.7 GB at 16,384 tokens).
+    rng = np.random.default_rng(2)
+    q, k, v = (tf.constant(x) for x in random_qkv(rng, t=32, s=32, h=2, k=2, d=8, dv=8))
+
+    @tf.function
+    def step(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch(q)
+            loss = tf.reduce_sum(dense.chunked_heads(q, k, v, None, False, 0.3, chunk=8))
+        return tape.gradient(loss, q)
+
+    graph = step.get_concrete_function(q, k, v).graph
+    loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    for function in graph._functions.values():
+        loops += [n for n in function.definition.node_def if n.op in ("While", "StatelessWhile")]
+    assert len(loops) >= 2  # the forward and the backward loop
+    for op in loops:
+        attr = op.get_attr("parallel_iterations") if hasattr(op, "get_attr") else (
+            op.attr["parallel_iterations"].i
+        )
+        assert attr == 1
+
+
+def test_bfloat16_heads_stay_close_to_float32():
+    rng = np.random.default_rng(4)
+    q, k, v = random_qkv(rng, t=33, s=33, h=2, k=2, d=16, dv=16)
+    low = [tf.constant(x, "bfloat16") for x in (q, k, v)]
+    got = values_and_grads(
+        lambda q, k, v: dense.chunked_heads(q, k, v, None, True, 0.25, chunk=8), *low
+    )
+    want = values_and_grads(
+        lambda q, k, v: dense.chunked_heads(q, k, v, None, True, 0.25, chunk=8),
+        *(tf.cast(x, "float32") for x in low),
+    )
+    assert got[0].dtype == tf.bfloat16
+    for a, b in zip(got, want):
+        a, b = tf.cast(a, "float32").numpy(), b.numpy()
+        assert np.max(np.abs(a - b)) <= 0.05 * max(1.0, np.max(np.abs(b)))
+
+
+def test_the_layer_takes_the_chunked_path_and_saves_it():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 24, 16)).astype("float32")
+    chunked = MultiHeadAttention(num_heads=2, key_dim=8, implementation="chunked")
+    out = chunked(x, x, use_causal_mask=True)
+    plain = MultiHeadAttention.from_config(
+        dict(chunked.get_config(), implementation="dense")
+    )
+    plain(x, x)
+    plain.set_weights(chunked.get_weights())
+    np.testing.assert_allclose(
+        out.numpy(), plain(x, x, use_causal_mask=True).numpy(), atol=1e-5
+    )
+    restored = MultiHeadAttention.from_config(chunked.get_config())
+    assert restored.implementation == "chunked"
+
+
+def test_what_the_chunked_path_cannot_do_is_named():
+    q, k, v = random_qkv(np.random.default_rng(7))
+    with pytest.raises(ValueError, match="return_weights"):
+        attention_ops.dot_product_attention(
+            q, k, v, implementation="chunked", return_weights=True
+        )
+    with pytest.raises(ValueError, match="static sequence lengths"):
+        tf.function(
+            lambda q, k, v: attention_ops.dot_product_attention(
+                q, k, v, implementation="chunked"
+            )
+        ).get_concrete_function(
+            tf.TensorSpec((2, None, 4, 8)), tf.TensorSpec((2, 13, 2, 8)),
+            tf.TensorSpec((2, 13, 2, 5)),
+        )
