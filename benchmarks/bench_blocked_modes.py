@@ -12,7 +12,8 @@ traces and compiles:
 - `xla`: the whole step under `jit_compile=True`;
 
 then the chunked core (`ops/dense.py`: query chunks against all keys, in
-the graph executor; `--chunks` rows each); then `MultiHeadAttention`
+the graph executor, and under XLA with the `xla` core mode; `--chunks`
+rows each); then `MultiHeadAttention`
 (projections and weight gradients included) in a plain `tf.function` with
 the graph core, the compiled core, the dense path, the chunked path and
 `implementation="auto"` (its measured choice printed); then,
@@ -144,12 +145,14 @@ def main():
             seconds = best_seconds(core_step(compiled, jit), (q, k, v), args.repeats)
             print(f"| {length} | core | {name} | {seconds:.2f} |", flush=True)
         for rows in args.chunks:
-            seconds = best_seconds(
-                core_step(False, False, query_block_size=rows or None, chunked=True),
-                (q, k, v), args.repeats,
-            )
-            print(f"| {length} | core | chunked, {rows or 'default'} rows, graph "
-                  f"| {seconds:.2f} |", flush=True)
+            # In the graph executor; under XLA too when `xla` is a core mode.
+            for jit in (False, True)[: 1 + ("xla" in args.core_modes)]:
+                seconds = best_seconds(
+                    core_step(False, jit, query_block_size=rows or None, chunked=True),
+                    (q, k, v), args.repeats,
+                )
+                print(f"| {length} | core | chunked, {rows or 'default'} rows, "
+                      f"{'xla' if jit else 'graph'} | {seconds:.2f} |", flush=True)
         if not args.skip_layer:
             x = tf.constant(rng.standard_normal((1, length, h * d)), "float32")
             for name, implementation, compiled in (

@@ -15,12 +15,16 @@ One module per topic:
   padding masks, an arbitrary boolean mask, a causal flag, an additive bias,
   dropout on the weights and optionally the weights themselves (taken before
   dropout). It checks its inputs once and takes the backend's fused kernel
-  (`fused_attention`), the memory-efficient blocked path for long sequences,
+  (`fused_attention`), the blocked or the chunked path for long sequences,
   or the dense path with its own backward pass (`dense_custom_gradient`).
-- `autotune`: which of the dense and blocked paths `implementation="auto"`
-  takes for a long sequence, measured per machine and shape at the first
-  call (`dispatch_choices()` says what it picked and why; `set_autotune`),
-  and whether TensorFlow runs its oneDNN kernels (`onednn_status()`).
+- `dense`: the dense core with its own backward pass, whole or over chunks
+  of queries with the weights recomputed (the chunked path: `O(rows * S)`
+  memory, the dense core's large products).
+- `autotune`: which of the dense, blocked and chunked paths
+  `implementation="auto"` takes for a long sequence, measured per machine
+  and shape at the first call (`dispatch_choices()` says what it picked and
+  why; `set_autotune`), and whether TensorFlow runs its oneDNN kernels
+  (`onednn_status()`).
 - `blocked`: `blocked_attention`, key blocks with an online softmax and
   recomputation in the backward pass; never holds the `T x S` scores. With
   `sliding_window` each query block visits only the key blocks its band
