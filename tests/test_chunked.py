@@ -168,6 +168,22 @@ def test_the_layer_takes_the_chunked_path_and_saves_it():
     assert restored.implementation == "chunked"
 
 
+def test_a_model_with_an_unknown_batch_trains_saves_and_loads(tmp_path):
+    inputs = keras.Input((24, 16))
+    layer = MultiHeadAttention(num_heads=2, key_dim=8, implementation="chunked")
+    model = keras.Model(inputs, layer(inputs, inputs))
+    model.compile("adam", "mse")
+    x = np.random.default_rng(1).normal(size=(4, 24, 16)).astype("float32")
+    history = model.fit(x, x, epochs=2, batch_size=2, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"]))
+    path = tmp_path / "chunked.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0),
+                               atol=1e-6)
+    assert loaded.layers[-1].implementation == "chunked"
+
+
 def test_what_the_chunked_path_cannot_do_is_named():
     q, k, v = random_qkv(np.random.default_rng(7))
     with pytest.raises(ValueError, match="return_weights"):
