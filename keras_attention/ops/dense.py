@@ -15,6 +15,7 @@ backward (`_backward`) per set of rows, so the chunked path is the dense
 core's arithmetic by construction (and tested equal to it).
 """
 
+import keras
 from keras import ops
 
 from keras_attention.ops import autotune
@@ -23,21 +24,19 @@ from keras_attention.ops.blocked import block_mask
 from keras_attention.ops.blocked import pad_queries
 from keras_attention.ops.masks import masked_softmax
 from keras_attention.ops.positions import alibi_bias
-from keras_attention.ops.shapes import repeat_heads
 from keras_attention.ops.shapes import check_mask_rows
+from keras_attention.ops.shapes import repeat_heads
 from keras_attention.ops.shapes import static_dim
 from keras_attention.ops.shapes import static_lengths
 
 # A chunk's scores take at most about this many bytes per (B, H, rows, S)
-# tensor: at 16,384 keys, batch 1 and 8 heads, chunks of 1,024 rows; within
-# 1 % of 2,048-row chunks' time there, at half their memory
-# (BENCHMARKS.md, "Intel Xeon with AMX").
+# tensor: at 16,384 keys, batch 1 and 8 heads, chunks of 1,024 rows; 3 %
+# slower than 2,048-row chunks there, at half their memory, 4 % faster
+# than 512-row ones (BENCHMARKS.md, "Intel Xeon with AMX").
 CHUNK_SCORE_BYTES = 512 * 2**20
 
 
 def _is_low(x):
-    import keras
-
     return keras.backend.standardize_dtype(x.dtype) == "bfloat16"
 
 
@@ -137,8 +136,6 @@ def _loop(count, body, init):
     TensorFlow's loop would otherwise start up to ten iterations at once
     (`parallel_iterations`): each chunk's scores only need the counter, so
     ten chunks' `(B, H, rows, S)` tensors would be alive together."""
-    import keras
-
     if keras.backend.backend() != "tensorflow":
         return ops.fori_loop(0, count, body, init)
     import tensorflow as tf
