@@ -197,3 +197,23 @@ def test_half_precision_applications_compile_without_xla_on_a_cpu(dtype):
     x = np.zeros((2, 8, 8, 1), "float32")
     model.compile()
     model.train_on_batch(x, np.array([0, 1]))
+
+
+def test_a_causal_call_is_timed_without_its_mask_unless_windowed(monkeypatch):
+    # The chunked path skips a causal chunk's later keys; the first queries
+    # that are timed see few of them, which would favour it unfairly.
+    seen = []
+    timed = autotune._timed_fn
+
+    def spy(run, implementation, mask, mode, training, causal=False):
+        seen.append((implementation, causal))
+        return timed(run, implementation, mask, mode, training, causal)
+
+    monkeypatch.setattr(autotune, "_timed_fn", spy)
+    q, k, v = long_qkv()
+    attention_ops.dot_product_attention(q, k, v, is_causal=True)
+    assert sorted(seen) == [("blocked", False), ("chunked", False), ("dense", False)]
+    seen.clear()
+    # With a window the blocked path's work depends on the band's side.
+    attention_ops.dot_product_attention(q, k, v, is_causal=True, sliding_window=5)
+    assert sorted(seen) == [("blocked", True), ("dense", True)]

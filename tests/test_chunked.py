@@ -83,8 +83,11 @@ def test_windows_and_alibi_chunk_by_chunk_equal_the_dense_path(causal):
         np.testing.assert_allclose(a.numpy(), b.numpy(), atol=2e-5)
 
 
-def test_several_chunks_through_the_public_call_in_graph_and_xla(monkeypatch):
-    # A budget of 16 rows per chunk: 3 chunks of 40 queries, padded.
+@pytest.mark.parametrize("causal", [False, True])
+def test_several_chunks_through_the_public_call_in_graph_and_xla(monkeypatch, causal):
+    # A budget of 16 rows per chunk: 3 chunks of 40 queries, padded. A
+    # causal chunk skips the keys after its last query outside XLA (a
+    # dynamic number of keys per step) and masks them under XLA.
     monkeypatch.setattr(dense, "CHUNK_SCORE_BYTES", 16 * 4 * 2 * 4 * 48)
     rng = np.random.default_rng(11)
     q, k, v = (tf.constant(x) for x in random_qkv(rng, t=40, s=48, h=4, k=2, dv=8))
@@ -93,7 +96,8 @@ def test_several_chunks_through_the_public_call_in_graph_and_xla(monkeypatch):
     for how in ("eager", "graph", "xla"):
         def fn(q, k, v):
             return attention_ops.dot_product_attention(
-                q, k, v, attention_mask=mask, implementation="chunked"
+                q, k, v, attention_mask=mask, is_causal=causal,
+                implementation="chunked",
             )
         if how != "eager":
             fn = tf.function(fn, jit_compile=how == "xla")
@@ -101,12 +105,30 @@ def test_several_chunks_through_the_public_call_in_graph_and_xla(monkeypatch):
         if want is None:
             want = values_and_grads(
                 lambda q, k, v: attention_ops.dot_product_attention(
-                    q, k, v, attention_mask=mask, implementation="dense"
+                    q, k, v, attention_mask=mask, is_causal=causal,
+                    implementation="dense",
                 ), q, k, v,
             )
         for a, b in zip(got, want):
             np.testing.assert_allclose(a.numpy(), b.numpy(), atol=2e-5)
     assert dense.chunk_rows(2, 4, 48, 40) == 16
+
+
+def test_a_causal_chunk_visits_only_the_keys_up_to_its_last_query(monkeypatch):
+    seen = []
+    weights = dense._weights
+
+    def spy(q, k, *args):
+        seen.append(int(k.shape[2]))
+        return weights(q, k, *args)
+
+    monkeypatch.setattr(dense, "_weights", spy)
+    rng = np.random.default_rng(8)
+    q, k, v = (tf.constant(x) for x in random_qkv(rng, t=40, s=40, h=2, k=2))
+    for causal, want in ((True, [16, 32, 40]), (False, [40, 40, 40])):
+        seen.clear()
+        dense.chunked_heads(q, k, v, None, causal, 0.3, chunk=16)  # eagerly
+        assert seen == want
 
 
 def test_the_graph_loop_runs_one_chunk_at_a_time():

@@ -224,8 +224,13 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
     """`"dense"`, `"blocked"` or `"chunked"` for one long call; see the
     module docstring.
 
-    `run(implementation, q, k, v, mask)` computes the attention on the
-    given path; it is called on random inputs of the call's shapes.
+    `run(implementation, q, k, v, mask, causal)` computes the attention on
+    the given path; it is called on random inputs of the call's shapes. A
+    causal call without a window is timed without its causal mask: the
+    dense and blocked paths do the same work either way, the chunked path
+    less (it skips the keys after each chunk, and the first queries that
+    are timed would see few keys), so it is chosen only where it wins
+    without that saving.
     """
     backend = keras.backend.backend()
     shapes = [tuple(x.shape) for x in (query, key, value)]
@@ -272,7 +277,8 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
     else:
         rows = min(t, MEASURED_ROWS)
         timings = _measure(run, shapes, query.dtype, value.dtype, mask_shape,
-                           mode, training, candidates, rows)
+                           mode, training, candidates, rows,
+                           bool(is_causal) and sliding_window is not None)
         best = min(timings, key=timings.get)
         text = ", ".join(f"{k} {v:.1f} ms" for k, v in timings.items())
         notes = [f"on {rows:,} of {t:,} queries"] if rows < t else []
@@ -286,7 +292,7 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
 
 
 def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
-             candidates=("dense", "blocked"), rows=None):
+             candidates=("dense", "blocked"), rows=None, causal=False):
     """Milliseconds of each candidate path on random inputs (TensorFlow,
     eagerly), on the first `rows` queries: each path's time grows with
     the number of queries at a fixed number of keys, so a slice of them
@@ -307,7 +313,7 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
         m = None if mask_shape is None else tf.ones(mask_shape, "bool")
         timings = {}
         for implementation in candidates:
-            fn = _timed_fn(run, implementation, m, mode, training)
+            fn = _timed_fn(run, implementation, m, mode, training, causal)
             fn(q, k, v)  # trace and compile, outside the timing
             best = float("inf")
             for _ in range(_OPTIONS["repeats"]):
@@ -318,15 +324,14 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
     return timings
 
 
-def _timed_fn(run, implementation, mask, mode, training):
+def _timed_fn(run, implementation, mask, mode, training, causal=False):
     import tensorflow as tf
 
     def step(q, k, v):
+        out = tf.cast(run(implementation, q, k, v, mask, causal), "float32")
         if not training:
-            return tf.reduce_sum(tf.cast(run(implementation, q, k, v, mask),
-                                         "float32"))
+            return tf.reduce_sum(out)
         # Symbolic gradients: `tf.init_scope` pauses every gradient tape.
-        out = tf.cast(run(implementation, q, k, v, mask), "float32")
         grads = tf.gradients(tf.reduce_sum(out * out), [q, k, v])
         return tf.add_n([tf.reduce_sum(tf.cast(g, "float32")) for g in grads])
 

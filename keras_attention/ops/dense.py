@@ -148,25 +148,46 @@ def _loop(count, body, init):
     )[1]
 
 
-def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of):
+def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None):
     """`dense_core` over `num_chunks` chunks of `chunk` query rows (`q`
     padded to them), recomputing each chunk's weights in the backward
-    pass. `mask_of(start)`, `bias_of(start)`: the chunk's mask and bias
-    (constants: they get no gradient)."""
+    pass. `mask_of(start, keys)`, `bias_of(start, keys)`: the mask and bias
+    of the chunk from query `start` against the first `keys` keys
+    (constants: they get no gradient). `key_end(i)`: how many keys chunk
+    `i` can see (a causal chunk sees none after its last query), or `None`
+    for all of them; the keys after are skipped, not masked."""
 
     def rows(x, i):
         shape = list(ops.shape(x))
         shape[2] = chunk
         return ops.slice(x, [0, 0, i * chunk, 0], shape)
 
-    def weights_of(q_i, k, i, dtype):
-        return _weights(q_i, k, mask_of(i * chunk), bias_of(i * chunk), dtype)
+    def first(x, n):
+        if key_end is None:
+            return x
+        shape = list(ops.shape(x))
+        shape[2] = n
+        return ops.slice(x, [0, 0, 0, 0], shape)
+
+    def chunk_of(q, k, v, i):
+        """Chunk `i`'s queries, its keys and values, and its weights."""
+        n = k.shape[2] if key_end is None else key_end(i)
+        k_i, v_i = first(k, n), first(v, n)
+        start = i * chunk
+        w = _weights(rows(q, i), k_i, mask_of(start, n), bias_of(start, n), v.dtype)
+        return rows(q, i), k_i, v_i, w
+
+    def to_all_keys(d, like):
+        if key_end is None:
+            return ops.cast(d, "float32")
+        missing = ops.shape(like)[2] - ops.shape(d)[2]
+        return ops.pad(ops.cast(d, "float32"), [[0, 0], [0, 0], [0, missing], [0, 0]])
 
     @ops.custom_gradient
     def attend(q, k, v):
         def forward(i, out):
-            out_i = ops.matmul(weights_of(rows(q, i), k, i, v.dtype), v)
-            return ops.slice_update(out, [0, 0, i * chunk, 0], out_i)
+            _, _, v_i, w = chunk_of(q, k, v, i)
+            return ops.slice_update(out, [0, 0, i * chunk, 0], ops.matmul(w, v_i))
 
         b, h, t = ops.shape(q)[0], q.shape[1], q.shape[2]
         out = _loop(num_chunks, forward, ops.zeros((b, h, t, v.shape[-1]), v.dtype))
@@ -177,15 +198,14 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of):
 
             def backward(i, carry):
                 d_q, d_k, d_v = carry
-                q_i = rows(q, i)
+                q_i, k_i, v_i, w = chunk_of(q, k, v, i)
                 d_q_i, d_k_i, d_v_i = _backward(
-                    q_i, k, v, weights_of(q_i, k, i, v.dtype), rows(d_out, i),
-                    rows(delta, i),
+                    q_i, k_i, v_i, w, rows(d_out, i), rows(delta, i)
                 )
                 return (
                     ops.slice_update(d_q, [0, 0, i * chunk, 0], d_q_i),
-                    d_k + ops.cast(d_k_i, "float32"),
-                    d_v + ops.cast(d_v_i, "float32"),
+                    d_k + to_all_keys(d_k_i, k),
+                    d_v + to_all_keys(d_v_i, v),
                 )
 
             # Keys' gradients sum over the chunks: accumulated in float32.
@@ -202,6 +222,13 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of):
     return attend(q, k, v)
 
 
+def _skips_keys():
+    """Whether chunks may see fewer keys than the call has: a dynamic
+    shape per loop step, which TensorFlow's graph executor takes and XLA
+    (TensorFlow's `jit_compile`, JAX) does not."""
+    return keras.backend.backend() == "tensorflow" and autotune.tf_mode() != "xla"
+
+
 def chunked_heads(query, key, value, mask, is_causal, scale,
                   sliding_window=None, alibi_slopes=None, chunk=None):
     """The chunked path on inputs `dot_product_attention` has checked.
@@ -209,8 +236,10 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
     `query` `(B, T, H, D)`, `key`/`value` `(B, S, K, D|Dv)` (grouped heads
     are repeated to `H`, as on the dense path); `mask` rank 4 or `None`;
     `scale` a number; `sliding_window`, `is_causal` and `alibi_slopes` are
-    applied chunk by chunk (every chunk still visits all keys: for a
-    window, the blocked path skips the blocks outside the band). `chunk`:
+    applied chunk by chunk. With `is_causal`, outside XLA on TensorFlow,
+    each chunk visits only the keys up to its last query (about half the
+    work); otherwise every chunk visits all keys (for a window the blocked
+    path skips the blocks outside the band). `chunk`:
     query rows per chunk (default `chunk_rows`); `T` is padded to whole
     chunks and the padding dropped after. Returns `(B, T, H, Dv)` in
     `value`'s dtype.
@@ -228,14 +257,21 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
     k = ops.transpose(ops.cast(repeat_heads(key, num_heads), dtype), (0, 2, 1, 3))
     v = ops.transpose(ops.cast(repeat_heads(value, num_heads), dtype), (0, 2, 1, 3))
 
-    def mask_of(start):
-        return block_mask(mask, start, chunk, 0, s_len, is_causal, sliding_window)
+    def mask_of(start, keys):
+        return block_mask(mask, start, chunk, 0, keys, is_causal, sliding_window)
 
-    def bias_of(start):
+    def bias_of(start, keys):
         if alibi_slopes is None:
             return None
-        return alibi_bias(alibi_slopes, start, chunk, 0, s_len)
+        return alibi_bias(alibi_slopes, start, chunk, 0, keys)
 
-    out = _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of)
+    key_end = None
+    if is_causal and _skips_keys():
+        # A causal chunk sees no key after its last query: about half the
+        # work of a causal self-attention.
+        def key_end(i):
+            return ops.minimum((i + 1) * chunk, s_len)
+
+    out = _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end)
     out = ops.transpose(out, (0, 2, 1, 3))[:, :t_len]
     return ops.cast(out, value.dtype)

@@ -246,9 +246,9 @@ def _measured_path(
 ):
     """`"dense"` or `"blocked"`, the faster for this call (`autotune`)."""
 
-    def run(path, q, k, v, m):
+    def run(path, q, k, v, m, causal=is_causal):
         return dot_product_attention(
-            q, k, v, attention_mask=m, is_causal=is_causal, scale=scale,
+            q, k, v, attention_mask=m, is_causal=causal, scale=scale,
             implementation=path, block_size=block_size,
             sliding_window=sliding_window, alibi_slopes=alibi_slopes,
         )
