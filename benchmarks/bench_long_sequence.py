@@ -32,6 +32,11 @@ the first call (inputs, weights and the framework already loaded).
     python benchmarks/bench_long_sequence.py --lengths 16384 --impls ours-xla torch-sdpa
     python benchmarks/bench_long_sequence.py --lengths 16384 \
         --impls ours ours-xla torch-layer torch-layer-compiled
+    python benchmarks/bench_long_sequence.py --lengths 16384 --causal \
+        --impls ours torch-layer torch-layer-compiled
+
+`--causal`: causal self-attention on every side (our layer's
+`use_causal_mask`, SDPA's `is_causal`).
 """
 
 import argparse
@@ -58,7 +63,7 @@ def peak_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def torch_layer_step(torch, x_np, heads, head_dim, dev, compiled):
+def torch_layer_step(torch, x_np, heads, head_dim, dev, compiled, causal=False):
     """Our layer's work in plain torch: four projections with biases and
     SDPA; one step is forward + backward to the input and every weight."""
     dim = heads * head_dim
@@ -73,7 +78,7 @@ def torch_layer_step(torch, x_np, heads, head_dim, dev, compiled):
             p(x).view(1, length, heads, head_dim).transpose(1, 2)
             for p in projections[:3]
         )
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return projections[3](out.transpose(1, 2).reshape(1, length, dim))
 
     forward = torch.compile(layer) if compiled else layer
@@ -90,7 +95,7 @@ def torch_layer_step(torch, x_np, heads, head_dim, dev, compiled):
     return step
 
 
-def run_case(impl, length, heads, head_dim, repeats, block_size):
+def run_case(impl, length, heads, head_dim, repeats, block_size, causal=False):
     import numpy as np
 
     dim = heads * head_dim
@@ -115,13 +120,13 @@ def run_case(impl, length, heads, head_dim, repeats, block_size):
             def step():
                 for t in (q, k, v):
                     t.grad = None
-                loss = sdpa(q, k, v).square().mean()
+                loss = sdpa(q, k, v, is_causal=causal).square().mean()
                 loss.backward()
                 return float(loss)
 
         elif impl.startswith("torch-layer"):
             step = torch_layer_step(torch, x_np, heads, head_dim, dev,
-                                    impl.endswith("compiled"))
+                                    impl.endswith("compiled"), causal)
         else:
             layer = torch.nn.MultiheadAttention(dim, heads, batch_first=True).to(dev)
             x = torch.tensor(x_np, device=dev, requires_grad=True)
@@ -129,7 +134,10 @@ def run_case(impl, length, heads, head_dim, repeats, block_size):
             def step():
                 layer.zero_grad(set_to_none=True)
                 x.grad = None
-                loss = layer(x, x, x, need_weights=False)[0].square().mean()
+                mask = (torch.nn.Transformer.generate_square_subsequent_mask(length)
+                        if causal else None)
+                loss = layer(x, x, x, need_weights=False, attn_mask=mask,
+                             is_causal=causal)[0].square().mean()
                 loss.backward()
                 return float(loss)
 
@@ -158,7 +166,7 @@ def run_case(impl, length, heads, head_dim, repeats, block_size):
                 with tf.GradientTape() as tape:
                     tape.watch([q, k, v])
                     out = attention_ops.dot_product_attention(
-                        q, k, v, block_size=block_size
+                        q, k, v, block_size=block_size, is_causal=causal
                     )
                     loss = tf.reduce_mean(tf.square(out))
                 grads = tape.gradient(loss, [q, k, v])
@@ -179,7 +187,8 @@ def run_case(impl, length, heads, head_dim, repeats, block_size):
             def compiled(x):
                 with tf.GradientTape() as tape:
                     tape.watch(x)
-                    loss = tf.reduce_mean(tf.square(layer(x, x)))
+                    loss = tf.reduce_mean(tf.square(
+                        layer(x, x, use_causal_mask=causal)))
                 grads = tape.gradient(loss, [x] + layer.trainable_variables)
                 return tf.add_n([tf.reduce_sum(g) for g in grads])
 
@@ -228,6 +237,8 @@ def main():
     parser.add_argument("--keras-max", type=int, default=8192)
     parser.add_argument("--block-size", type=int, default=None,
                         help="ours-core's key block (default: the library's)")
+    parser.add_argument("--causal", action="store_true",
+                        help="causal self-attention on every side")
     parser.add_argument("--timeout", type=int, default=900,
                         help="seconds per case")
     parser.add_argument("--case", nargs=2, metavar=("IMPL", "LENGTH"),
@@ -238,7 +249,7 @@ def main():
         impl, length = args.case[0], int(args.case[1])
         repeats = args.repeats if length <= args.repeat_max else 0
         result = run_case(impl, length, args.heads, args.head_dim, repeats,
-                          args.block_size)
+                          args.block_size, args.causal)
         print("RESULT " + json.dumps(result), flush=True)
         return
 
@@ -246,7 +257,7 @@ def main():
 
     print(f"# {' '.join(sys.argv)}")
     print(f"# {describe()}")
-    print(f"# batch 1, "
+    print(f"# batch 1, {'causal, ' if args.causal else ''}"
           f"{args.heads} heads, head size {args.head_dim}, forward+backward; "
           f"load average {'%.2f %.2f %.2f' % os.getloadavg()}", flush=True)
     results = {}
@@ -260,6 +271,8 @@ def main():
                    "--repeat-max", str(args.repeat_max)]
             if args.block_size:
                 cmd += ["--block-size", str(args.block_size)]
+            if args.causal:
+                cmd += ["--causal"]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True,
                                       timeout=args.timeout)
