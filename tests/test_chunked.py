@@ -221,3 +221,16 @@ def test_what_the_chunked_path_cannot_do_is_named():
             tf.TensorSpec((2, None, 4, 8)), tf.TensorSpec((2, 13, 2, 8)),
             tf.TensorSpec((2, 13, 2, 5)),
         )
+
+
+def test_a_softmax_told_no_row_is_empty_gives_the_same_weights():
+    # The chunked path's causal chunks skip the zeroing pass for rows
+    # without keys: under a causal mask alone there are none.
+    rng = np.random.default_rng(6)
+    scores = rng.normal(size=(2, 3, 7, 9)).astype("float32")
+    causal = attention_ops.causal_mask(7, 9)
+    for float32 in (True, False):
+        got = attention_ops.masked_softmax(scores, causal, float32=float32, empty_rows=False)
+        want = attention_ops.masked_softmax(scores, causal, float32=float32)
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(got),
+                                      keras.ops.convert_to_numpy(want))

@@ -40,7 +40,7 @@ def _is_low(x):
     return keras.backend.standardize_dtype(x.dtype) == "bfloat16"
 
 
-def _weights(q, k, mask, bias, dtype):
+def _weights(q, k, mask, bias, dtype, empty_rows=True):
     """The softmax of `q k^T (+ bias)` under `mask`, in `dtype`.
 
     bfloat16 heads keep their scores and weights in bfloat16 (the backend's
@@ -51,7 +51,8 @@ def _weights(q, k, mask, bias, dtype):
     if bias is not None:
         scores = ops.cast(scores, "float32") + bias
         scores = ops.cast(scores, q.dtype) if low else scores
-    return ops.cast(masked_softmax(scores, mask, float32=not low), dtype)
+    weights = masked_softmax(scores, mask, float32=not low, empty_rows=empty_rows)
+    return ops.cast(weights, dtype)
 
 
 def _delta(d_out, out):
@@ -148,14 +149,16 @@ def _loop(count, body, init):
     )[1]
 
 
-def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None):
+def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
+                  empty_rows=True):
     """`dense_core` over `num_chunks` chunks of `chunk` query rows (`q`
     padded to them), recomputing each chunk's weights in the backward
     pass. `mask_of(start, keys)`, `bias_of(start, keys)`: the mask and bias
     of the chunk from query `start` against the first `keys` keys
     (constants: they get no gradient). `key_end(i)`: how many keys chunk
     `i` can see (a causal chunk sees none after its last query), or `None`
-    for all of them; the keys after are skipped, not masked."""
+    for all of them; the keys after are skipped, not masked. `empty_rows`:
+    whether a query may see no key (`masked_softmax`)."""
 
     def rows(x, i):
         shape = list(ops.shape(x))
@@ -174,7 +177,8 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None):
         n = k.shape[2] if key_end is None else key_end(i)
         k_i, v_i = first(k, n), first(v, n)
         start = i * chunk
-        w = _weights(rows(q, i), k_i, mask_of(start, n), bias_of(start, n), v.dtype)
+        w = _weights(rows(q, i), k_i, mask_of(start, n), bias_of(start, n), v.dtype,
+                     empty_rows)
         return rows(q, i), k_i, v_i, w
 
     def to_all_keys(d, like):
@@ -272,6 +276,10 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
         def key_end(i):
             return ops.minimum((i + 1) * chunk, s_len)
 
-    out = _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end)
+    # Under a causal mask alone every query sees a key (the first one).
+    empty_rows = mask is not None or sliding_window is not None or not is_causal
+    out = _chunked_core(
+        q, k, v, chunk, num_chunks, mask_of, bias_of, key_end, empty_rows
+    )
     out = ops.transpose(out, (0, 2, 1, 3))[:, :t_len]
     return ops.cast(out, value.dtype)

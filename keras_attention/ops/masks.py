@@ -10,7 +10,7 @@ from keras import ops
 MASK_VALUE = -1e30
 
 
-def masked_softmax(scores, mask=None, axis=-1, float32=True):
+def masked_softmax(scores, mask=None, axis=-1, float32=True, empty_rows=True):
     """Softmax of `scores` along `axis`, in float32, ignoring masked entries.
 
     Args:
@@ -21,6 +21,9 @@ def masked_softmax(scores, mask=None, axis=-1, float32=True):
         float32: compute in float32 (`False`: in `scores`' dtype, as the
             bfloat16 attention core does; the backend's softmax
             accumulates in float32 either way).
+        empty_rows: whether a row may have all its entries masked (`False`
+            when the caller knows each row keeps one, as under a causal
+            mask alone: a pass over the scores fewer).
 
     Returns:
         A tensor of `scores`' shape and dtype. Rows whose entries are all
@@ -46,7 +49,7 @@ def masked_softmax(scores, mask=None, axis=-1, float32=True):
         weights = ops.exp(x - x)
     else:
         weights = ops.softmax(x, axis=axis)
-    if mask is not None:
+    if mask is not None and empty_rows:
         weights = ops.where(mask, weights, ops.cast(0.0, weights.dtype))
     return ops.cast(weights, dtype)
 
