@@ -199,7 +199,7 @@ def test_half_precision_applications_compile_without_xla_on_a_cpu(dtype):
     model.train_on_batch(x, np.array([0, 1]))
 
 
-def test_a_causal_call_is_timed_without_its_mask_unless_windowed(monkeypatch):
+def test_a_causal_call_is_timed_unmasked_on_a_slice_of_its_queries(monkeypatch):
     # The chunked path skips a causal chunk's later keys; the first queries
     # that are timed see few of them, which would favour it unfairly.
     seen = []
@@ -210,7 +210,14 @@ def test_a_causal_call_is_timed_without_its_mask_unless_windowed(monkeypatch):
         return timed(run, implementation, mask, mode, training, causal)
 
     monkeypatch.setattr(autotune, "_timed_fn", spy)
-    q, k, v = long_qkv()
+    q, k, v = long_qkv()  # 40 queries
+    # All of them timed: causal, as called.
+    attention_ops.dot_product_attention(q, k, v, is_causal=True)
+    assert sorted(seen) == [("blocked", True), ("chunked", True), ("dense", True)]
+    # The first 16 of them timed: unmasked.
+    monkeypatch.setattr(autotune, "MEASURED_ROWS", 16)
+    attention_ops.clear_dispatch_choices()
+    seen.clear()
     attention_ops.dot_product_attention(q, k, v, is_causal=True)
     assert sorted(seen) == [("blocked", False), ("chunked", False), ("dense", False)]
     seen.clear()

@@ -129,6 +129,12 @@ def test_a_causal_chunk_visits_only_the_keys_up_to_its_last_query(monkeypatch):
         seen.clear()
         dense.chunked_heads(q, k, v, None, causal, 0.3, chunk=16)  # eagerly
         assert seen == want
+    # The default chunks: one of all 40 rows; causal, at least four (of the
+    # fewest rows, 16, here).
+    for causal, want in ((True, [16, 32, 40]), (False, [40])):
+        seen.clear()
+        dense.chunked_heads(q, k, v, None, causal, 0.3)
+        assert seen == want
 
 
 def test_the_graph_loop_runs_one_chunk_at_a_time():

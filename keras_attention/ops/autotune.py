@@ -226,11 +226,11 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
 
     `run(implementation, q, k, v, mask, causal)` computes the attention on
     the given path; it is called on random inputs of the call's shapes. A
-    causal call without a window is timed without its causal mask: the
-    dense and blocked paths do the same work either way, the chunked path
-    less (it skips the keys after each chunk, and the first queries that
-    are timed would see few keys), so it is chosen only where it wins
-    without that saving.
+    causal call without a window, when only its first queries are timed,
+    is timed without its causal mask: the dense and blocked paths do the
+    same work either way, the chunked path less (it skips the keys after
+    each chunk, and the first queries would see few keys), so it is
+    chosen only where it wins without that saving.
     """
     backend = keras.backend.backend()
     shapes = [tuple(x.shape) for x in (query, key, value)]
@@ -276,9 +276,11 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
         choice = Choice(key_, "blocked", "rule: autotune is off", {})
     else:
         rows = min(t, MEASURED_ROWS)
+        # Causal as called when the queries are all timed or a window
+        # decides the blocked path's work; unmasked on a slice of them.
+        causal = bool(is_causal) and (rows == t or sliding_window is not None)
         timings = _measure(run, shapes, query.dtype, value.dtype, mask_shape,
-                           mode, training, candidates, rows,
-                           bool(is_causal) and sliding_window is not None)
+                           mode, training, candidates, rows, causal)
         best = min(timings, key=timings.get)
         text = ", ".join(f"{k} {v:.1f} ms" for k, v in timings.items())
         notes = [f"on {rows:,} of {t:,} queries"] if rows < t else []
