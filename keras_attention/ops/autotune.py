@@ -27,9 +27,10 @@ The dense path is a candidate only while its scores fit the memory budget
 default); the chunked path on TensorFlow outside XLA (under XLA it was
 within 6 % of the blocked path, and timing it there doubles the first
 call's time), without a sliding window (the blocked path skips the keys
-outside it), with its chunks sized to the budget. Shapes that are not static, `set_autotune(False)` or the
-environment variable `KERAS_ATTENTION_AUTOTUNE=0` keep the fixed rule (the
-blocked path once `T * S` passes `DENSE_THRESHOLD`). Every path is tested
+outside it), with its chunks sized to the budget. Shapes that are not
+static, `set_autotune(False)` or the environment variable
+`KERAS_ATTENTION_AUTOTUNE=0` keep the fixed rule (the blocked path once
+`T * S` passes `DENSE_THRESHOLD`). Every path is tested
 equal to the dense one in values and gradients, so the choice changes
 speed and memory, never the result beyond float rounding.
 """
