@@ -139,7 +139,7 @@ def test_a_causal_chunk_visits_only_the_keys_up_to_its_last_query(monkeypatch):
 
 def test_the_graph_loop_runs_one_chunk_at_a_time():
     # TensorFlow's while loop would otherwise start ten iterations at once,
-    # ten chunks of scores alive together (11.7 GB at 16,384 tokens).
+    # ten chunks of scores alive together.
     rng = np.random.default_rng(2)
     q, k, v = (tf.constant(x) for x in random_qkv(rng, t=32, s=32, h=2, k=2, d=8, dv=8))
 

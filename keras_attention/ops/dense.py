@@ -256,8 +256,9 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
         chunk = chunk_rows(static_dim(query, 0), num_heads, s_len, t_len)
         if skips:
             # At least four causal chunks: 5/8 of the keys or fewer are
-            # visited (two chunks would visit 3/4). Batch 8 at 2,048
-            # tokens: 512 rows 16 % faster than the dense path, 1,024 6 %.
+            # visited (two chunks would visit 3/4). At 2,048 causal tokens
+            # `auto` then measured the chunked path in 15 % less time than
+            # the dense one (BENCHMARKS.md, "Shorter causal calls").
             chunk = min(chunk, max(autotune.MIN_CHUNK_ROWS, t_len // 4))
     chunk = max(1, min(int(chunk), t_len))
     num_chunks = -(-t_len // chunk)
