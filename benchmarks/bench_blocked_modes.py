@@ -13,7 +13,8 @@ traces and compiles:
 
 then the chunked core (`ops/dense.py`: query chunks against all keys, in
 the graph executor, and under XLA with the `xla` core mode; `--chunks`
-rows each); then `MultiHeadAttention`
+rows each, `--kept` of the chunks keeping their weights for the backward
+pass); then `MultiHeadAttention`
 (projections and weight gradients included) in a plain `tf.function` with
 the graph core, the compiled core, the dense path, the chunked path and
 `implementation="auto"` (its measured choice printed); then,
@@ -50,7 +51,8 @@ def best_seconds(step, args, repeats):
     return min(times)
 
 
-def core_step(compiled, jit, block_size=None, query_block_size=None, chunked=False):
+def core_step(compiled, jit, block_size=None, query_block_size=None, chunked=False,
+              keep=None):
     import tensorflow as tf
 
     from keras_attention.ops.blocked import DEFAULT_BLOCK_SIZE
@@ -67,7 +69,7 @@ def core_step(compiled, jit, block_size=None, query_block_size=None, chunked=Fal
                 # (default: the library's `dense.chunk_rows`).
                 out = chunked_heads(
                     q, k, v, None, False, q.shape[-1] ** -0.5,
-                    chunk=query_block_size,
+                    chunk=query_block_size, keep=keep,
                 )
             else:
                 out = blocked_heads(
@@ -118,6 +120,10 @@ def main():
     parser.add_argument("--chunks", type=int, nargs="*", default=[0],
                         help="query rows per chunk of the chunked core, in "
                         "the graph executor (0: the library's default)")
+    parser.add_argument("--kept", type=int, nargs="*", default=[-1],
+                        help="how many chunks keep their weights for the "
+                        "backward pass (-1: the library's default, within "
+                        "the memory budget; 0: all recomputed)")
     parser.add_argument("--block-sizes", nargs="*", default=[],
                         help="key x query block sizes for the XLA sweep, e.g. 256x256")
     args = parser.parse_args()
@@ -144,15 +150,18 @@ def main():
                 continue
             seconds = best_seconds(core_step(compiled, jit), (q, k, v), args.repeats)
             print(f"| {length} | core | {name} | {seconds:.2f} |", flush=True)
-        for rows in args.chunks:
+        for rows, keep in [(r, n) for r in args.chunks for n in args.kept]:
             # In the graph executor; under XLA too when `xla` is a core mode.
             for jit in (False, True)[: 1 + ("xla" in args.core_modes)]:
                 seconds = best_seconds(
-                    core_step(False, jit, query_block_size=rows or None, chunked=True),
+                    core_step(False, jit, query_block_size=rows or None, chunked=True,
+                              keep=None if keep < 0 else keep),
                     (q, k, v), args.repeats,
                 )
+                kept = "default" if keep < 0 else keep
                 print(f"| {length} | core | chunked, {rows or 'default'} rows, "
-                      f"{'xla' if jit else 'graph'} | {seconds:.2f} |", flush=True)
+                      f"{kept} kept, {'xla' if jit else 'graph'} | {seconds:.2f} |",
+                      flush=True)
         if not args.skip_layer:
             x = tf.constant(rng.standard_normal((1, length, h * d)), "float32")
             for name, implementation, compiled in (

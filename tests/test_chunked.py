@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from keras_attention import ops as attention_ops
 from keras_attention.layers import MultiHeadAttention
+from keras_attention.ops import autotune
 from keras_attention.ops import dense
 from keras_attention.ops.masks import expand_mask
 from keras_attention.ops.positions import alibi_slopes
@@ -135,6 +136,63 @@ def test_a_causal_chunk_visits_only_the_keys_up_to_its_last_query(monkeypatch):
         seen.clear()
         dense.chunked_heads(q, k, v, None, causal, 0.3)
         assert seen == want
+
+
+@pytest.mark.parametrize("graph", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_kept_and_recomputed_chunks_give_the_dense_values_and_gradients(
+        monkeypatch, graph, causal):
+    # 37 queries in chunks of 8 (five, the last padded): none, some or all
+    # keep their weights; the backward pass recomputes only the others.
+    rng = np.random.default_rng(11)
+    q, k, v = (tf.constant(x) for x in random_qkv(rng, t=37, s=37, dv=6))
+    mask = expand_mask(tf.constant(mask_of("keys", rng, 2, 37, 37)))
+    want = values_and_grads(
+        lambda q, k, v: attention_ops.dot_product_attention(
+            q, k, v, attention_mask=mask[:, 0, 0], is_causal=causal,
+            implementation="dense"),
+        q, k, v,
+    )
+    calls = []
+    weights = dense._weights
+    monkeypatch.setattr(dense, "_weights", lambda *a, **kw: calls.append(1) or weights(*a, **kw))
+    for keep in (0, 2, 5):
+        calls.clear()
+
+        def chunked(q, k, v):
+            return dense.chunked_heads(q, k, v, mask, causal, 8**-0.5, chunk=8, keep=keep)
+
+        run = tf.function(values_and_grads, autograph=False) if graph else values_and_grads
+        got = run(chunked, q, k, v)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), atol=2e-5)
+        if graph:  # a trace per loop: forward kept, forward, backward
+            assert len(calls) == (keep > 0) + 2 * (keep < 5)
+        else:  # five chunks forward, the ones not kept again backward
+            assert len(calls) == 5 + 5 - keep
+
+
+def test_kept_chunks_fit_the_memory_budget(monkeypatch):
+    # Batch 2, 4 heads, 256 keys, chunks of 32 rows: 256 KiB of float32
+    # weights per chunk, and three chunks' worth of work (768 KiB) first.
+    chunk_bytes = 4 * 2 * 4 * 32 * 256
+
+    def kept(budget, t_len=256, causal=False, itemsize=4):
+        monkeypatch.setitem(autotune._OPTIONS, "memory_budget", budget)
+        return dense.kept_chunks(2, 4, 32, t_len, 256, causal, itemsize)
+
+    assert kept(3 * chunk_bytes) == 0
+    assert kept(3 * chunk_bytes + 5 * chunk_bytes) == 5
+    assert kept(3 * chunk_bytes + 5 * chunk_bytes - 1) == 4
+    assert kept(2**40) == 8
+    assert kept(3 * chunk_bytes + 5 * chunk_bytes, itemsize=2) == 8  # bfloat16
+    # Causal chunks that skip keys hold 1/8, 2/8, ... of a full chunk.
+    assert kept(3 * chunk_bytes + chunk_bytes * (1 + 2 + 3) / 8, causal=True) == 3
+    assert dense.kept_chunks(None, 4, 32, 256, 256, False, 4) == 0
+    # A timed slice of 64 of 256 queries keeps the share the call would.
+    monkeypatch.setitem(autotune._MEASURED_CALL, "rows", 256)
+    assert kept(3 * chunk_bytes + 4 * chunk_bytes, t_len=64) == 1
+    assert kept(3 * chunk_bytes + 3 * chunk_bytes, t_len=64) == 0
 
 
 def test_the_graph_loop_runs_one_chunk_at_a_time():

@@ -27,7 +27,9 @@ The dense path is a candidate only while its scores fit the memory budget
 default); the chunked path on TensorFlow outside XLA (under XLA it was
 within 6 % of the blocked path, and timing it there doubles the first
 call's time), without a sliding window (the blocked path skips the keys
-outside it), with its chunks sized to the budget. Shapes that are not
+outside it), with its chunks, and the chunks that keep their weights for
+the backward pass, sized to the budget (a timed slice keeps the share of
+its chunks the whole call would: `measured_call_rows`). Shapes that are not
 static, `set_autotune(False)` or the environment variable
 `KERAS_ATTENTION_AUTOTUNE=0` keep the fixed rule (the blocked path once
 `T * S` passes `DENSE_THRESHOLD`). Every path is tested
@@ -174,6 +176,16 @@ def memory_budget():
     return total // 4
 
 
+_MEASURED_CALL = {"rows": None}
+
+
+def measured_call_rows():
+    """While `choose` times a slice of a call's queries, the call's own
+    number of queries (the chunked path keeps the share of its chunks'
+    weights the whole call would keep); otherwise `None`."""
+    return _MEASURED_CALL["rows"]
+
+
 def tf_mode():
     """"xla" inside a `jit_compile=True` function, "graph" or "eager"."""
     import tensorflow as tf
@@ -303,6 +315,7 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
     import tensorflow as tf
 
     shapes = [list(shape) for shape in shapes]
+    call_rows = shapes[0][1]
     if rows is not None:
         shapes[0][1] = rows
         if mask_shape is not None and mask_shape[2] != 1:
@@ -315,15 +328,19 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
         )
         m = None if mask_shape is None else tf.ones(mask_shape, "bool")
         timings = {}
-        for implementation in candidates:
-            fn = _timed_fn(run, implementation, m, mode, training, causal)
-            fn(q, k, v)  # trace and compile, outside the timing
-            best = float("inf")
-            for _ in range(_OPTIONS["repeats"]):
-                start = time.perf_counter()
-                np.asarray(fn(q, k, v))
-                best = min(best, time.perf_counter() - start)
-            timings[implementation] = 1000.0 * best
+        _MEASURED_CALL["rows"] = call_rows
+        try:
+            for implementation in candidates:
+                fn = _timed_fn(run, implementation, m, mode, training, causal)
+                fn(q, k, v)  # trace and compile, outside the timing
+                best = float("inf")
+                for _ in range(_OPTIONS["repeats"]):
+                    start = time.perf_counter()
+                    np.asarray(fn(q, k, v))
+                    best = min(best, time.perf_counter() - start)
+                timings[implementation] = 1000.0 * best
+        finally:
+            _MEASURED_CALL["rows"] = None
     return timings
 
 

@@ -10,9 +10,14 @@ its keys, with the weights recomputed in the backward pass instead of kept
 per head, never `O(T * S)`, and each chunk's products are the dense core's
 large matrix products, which a graph executor runs at full speed where the
 blocked path's small block products do not (BENCHMARKS.md, "Intel Xeon
-with AMX": 16,384 tokens). Both share one forward (`_weights`) and one
-backward (`_backward`) per set of rows, so the chunked path is the dense
-core's arithmetic by construction (and tested equal to it).
+with AMX": 16,384 tokens). On TensorFlow outside XLA the first chunks
+keep their weights instead, as many as fit the memory budget
+(`kept_chunks`): each kept chunk saves its scores' product and softmax in
+the backward pass (at 16,384 tokens, 8 of 16 chunks kept took the core
+from 11.1 to 10.3 s, all 16 to 9.1 s; BENCHMARKS.md, "Kept chunks").
+Both share one forward (`_weights`) and one backward (`_backward`) per
+set of rows, so the chunked path is the dense core's arithmetic by
+construction (and tested equal to it).
 """
 
 import keras
@@ -131,29 +136,65 @@ def chunk_rows(batch, heads, s_len, t_len):
     return min(rows, t_len)
 
 
-def _loop(count, body, init):
-    """`body(i, carry)` for `i < count`, one iteration at a time.
+def kept_chunks(batch, heads, chunk, t_len, s_len, causal_skips, itemsize):
+    """How many of a call's first chunks keep their weights for the
+    backward pass instead of recomputing them: as many as fit the memory
+    budget (`autotune.memory_budget`) beside the three `(B, H, rows, S)`
+    float32 tensors one chunk's work takes; none when the batch is not
+    known. While `autotune` times a slice of a longer call's queries, the
+    slice keeps the same share of its chunks as the whole call would."""
+    if not batch:
+        return 0
+    left = autotune.memory_budget() - 3 * 4 * batch * heads * chunk * s_len
+    call_chunks = -(-(autotune.measured_call_rows() or t_len) // chunk)
+    keep = 0
+    while keep < call_chunks:
+        keys = min((keep + 1) * chunk, s_len) if causal_skips else s_len
+        left -= itemsize * batch * heads * chunk * keys
+        if left < 0:
+            break
+        keep += 1
+    return keep * -(-t_len // chunk) // call_chunks
+
+
+def _loop(start, stop, body, init):
+    """`body(i, carry)` for `start <= i < stop`, one iteration at a time.
 
     TensorFlow's loop would otherwise start up to ten iterations at once
     (`parallel_iterations`): each chunk's scores only need the counter, so
     ten chunks' `(B, H, rows, S)` tensors would be alive together."""
+    if start >= stop:
+        return init
     if keras.backend.backend() != "tensorflow":
-        return ops.fori_loop(0, count, body, init)
+        return ops.fori_loop(start, stop, body, init)
     import tensorflow as tf
 
     return tf.while_loop(
-        lambda i, carry: i < count,
+        lambda i, carry: i < stop,
         lambda i, carry: (i + 1, body(i, carry)),
-        (tf.constant(0), init),
+        (tf.constant(start), init),
         parallel_iterations=1,
     )[1]
 
 
+def _kept_weights(keep, heads, chunk, keys, dtype):
+    """A TensorFlow `TensorArray` for the weights of the first `keep`
+    chunks (`(B, H, chunk, S)` each, `S` unknown when chunks skip keys)."""
+    import tensorflow as tf
+
+    return tf.TensorArray(
+        dtype, size=keep, infer_shape=False,
+        element_shape=tf.TensorShape([None, heads, chunk, keys]),
+    )
+
+
 def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
-                  empty_rows=True):
+                  empty_rows=True, keep=0):
     """`dense_core` over `num_chunks` chunks of `chunk` query rows (`q`
     padded to them), recomputing each chunk's weights in the backward
-    pass. `mask_of(start, keys)`, `bias_of(start, keys)`: the mask and bias
+    pass but for the first `keep` chunks', kept from the forward pass
+    (TensorFlow only; `chunked_heads` sizes them to the memory budget).
+    `mask_of(start, keys)`, `bias_of(start, keys)`: the mask and bias
     of the chunk from query `start` against the first `keys` keys
     (constants: they get no gradient). `key_end(i)`: how many keys chunk
     `i` can see (a causal chunk sees none after its last query), or `None`
@@ -172,14 +213,15 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
         shape[2] = n
         return ops.slice(x, [0, 0, 0, 0], shape)
 
-    def chunk_of(q, k, v, i):
-        """Chunk `i`'s queries, its keys and values, and its weights."""
+    def inputs_of(q, k, v, i):
+        """Chunk `i`'s queries, and the keys and values it sees."""
         n = k.shape[2] if key_end is None else key_end(i)
-        k_i, v_i = first(k, n), first(v, n)
-        start = i * chunk
-        w = _weights(rows(q, i), k_i, mask_of(start, n), bias_of(start, n), v.dtype,
-                     empty_rows)
-        return rows(q, i), k_i, v_i, w
+        return rows(q, i), first(k, n), first(v, n)
+
+    def weights_of(q_i, k_i, i):
+        n, start = ops.shape(k_i)[2], i * chunk
+        return _weights(q_i, k_i, mask_of(start, n), bias_of(start, n), v.dtype,
+                        empty_rows)
 
     def to_all_keys(d, like):
         if key_end is None:
@@ -189,20 +231,30 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
 
     @ops.custom_gradient
     def attend(q, k, v):
-        def forward(i, out):
-            _, _, v_i, w = chunk_of(q, k, v, i)
-            return ops.slice_update(out, [0, 0, i * chunk, 0], ops.matmul(w, v_i))
+        def forward(i, out, kept=None):
+            q_i, k_i, v_i = inputs_of(q, k, v, i)
+            w = weights_of(q_i, k_i, i)
+            out = ops.slice_update(out, [0, 0, i * chunk, 0], ops.matmul(w, v_i))
+            return out if kept is None else (out, kept.write(i, w))
 
         b, h, t = ops.shape(q)[0], q.shape[1], q.shape[2]
-        out = _loop(num_chunks, forward, ops.zeros((b, h, t, v.shape[-1]), v.dtype))
+        out = ops.zeros((b, h, t, v.shape[-1]), v.dtype)
+        kept = None
+        if keep:
+            kept = _kept_weights(
+                keep, h, chunk, None if key_end else k.shape[2], v.dtype
+            )
+            out, kept = _loop(0, keep, lambda i, c: forward(i, *c), (out, kept))
+        out = _loop(keep, num_chunks, forward, out)
 
         def grad(*args, upstream=None):
             d_out = upstream if upstream is not None else args[0]
             delta = _delta(d_out, out)
 
-            def backward(i, carry):
+            def backward(i, carry, kept=None):
                 d_q, d_k, d_v = carry
-                q_i, k_i, v_i, w = chunk_of(q, k, v, i)
+                q_i, k_i, v_i = inputs_of(q, k, v, i)
+                w = weights_of(q_i, k_i, i) if kept is None else kept.read(i)
                 d_q_i, d_k_i, d_v_i = _backward(
                     q_i, k_i, v_i, w, rows(d_out, i), rows(delta, i)
                 )
@@ -213,12 +265,14 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
                 )
 
             # Keys' gradients sum over the chunks: accumulated in float32.
-            init = (
+            grads = (
                 ops.zeros_like(q),
                 ops.zeros(ops.shape(k), "float32"),
                 ops.zeros(ops.shape(v), "float32"),
             )
-            d_q, d_k, d_v = _loop(num_chunks, backward, init)
+            if keep:
+                grads = _loop(0, keep, lambda i, c: backward(i, c, kept), grads)
+            d_q, d_k, d_v = _loop(keep, num_chunks, backward, grads)
             return d_q, ops.cast(d_k, k.dtype), ops.cast(d_v, v.dtype)
 
         return out, grad
@@ -226,15 +280,16 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
     return attend(q, k, v)
 
 
-def _skips_keys():
-    """Whether chunks may see fewer keys than the call has: a dynamic
-    shape per loop step, which TensorFlow's graph executor takes and XLA
+def _graph_executor():
+    """Whether chunks may see fewer keys than the call has (a dynamic
+    shape per loop step) and keep their weights in a `TensorArray` of such
+    shapes: TensorFlow's graph executor (or eager) takes both, XLA
     (TensorFlow's `jit_compile`, JAX) does not."""
     return keras.backend.backend() == "tensorflow" and autotune.tf_mode() != "xla"
 
 
 def chunked_heads(query, key, value, mask, is_causal, scale,
-                  sliding_window=None, alibi_slopes=None, chunk=None):
+                  sliding_window=None, alibi_slopes=None, chunk=None, keep=None):
     """The chunked path on inputs `dot_product_attention` has checked.
 
     `query` `(B, T, H, D)`, `key`/`value` `(B, S, K, D|Dv)` (grouped heads
@@ -245,13 +300,15 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
     work); otherwise every chunk visits all keys (for a window the blocked
     path skips the blocks outside the band). `chunk`:
     query rows per chunk (default `chunk_rows`); `T` is padded to whole
-    chunks and the padding dropped after. Returns `(B, T, H, Dv)` in
-    `value`'s dtype.
+    chunks and the padding dropped after. `keep`: how many of the first
+    chunks keep their weights from the forward pass for the backward one
+    (default `kept_chunks`, within the memory budget; TensorFlow outside
+    XLA only, else none). Returns `(B, T, H, Dv)` in `value`'s dtype.
     """
     num_heads = query.shape[2]
     t_len, s_len = static_lengths(query, key, "chunked")
     check_mask_rows(mask, t_len)
-    skips = is_causal and _skips_keys()
+    skips = is_causal and _graph_executor()
     if not chunk:
         chunk = chunk_rows(static_dim(query, 0), num_heads, s_len, t_len)
         if skips:
@@ -284,10 +341,16 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
         def key_end(i):
             return ops.minimum((i + 1) * chunk, s_len)
 
+    if not _graph_executor():
+        keep = 0
+    elif keep is None:
+        keep = kept_chunks(static_dim(query, 0), num_heads, chunk, t_len, s_len,
+                           skips, 2 if low else 4)
+    keep = max(0, min(int(keep), num_chunks))
     # Under a causal mask alone every query sees a key (the first one).
     empty_rows = mask is not None or sliding_window is not None or not is_causal
     out = _chunked_core(
-        q, k, v, chunk, num_chunks, mask_of, bias_of, key_end, empty_rows
+        q, k, v, chunk, num_chunks, mask_of, bias_of, key_end, empty_rows, keep
     )
     out = ops.transpose(out, (0, 2, 1, 3))[:, :t_len]
     return ops.cast(out, value.dtype)
