@@ -195,6 +195,27 @@ def test_kept_chunks_fit_the_memory_budget(monkeypatch):
     assert kept(3 * chunk_bytes + 3 * chunk_bytes, t_len=64) == 0
 
 
+def test_only_a_call_a_tape_records_keeps_weights(monkeypatch):
+    # Inference has no backward pass to read them: nothing kept there.
+    made = []
+    kept_weights = dense._kept_weights
+    monkeypatch.setattr(dense, "_kept_weights", lambda *a: made.append(a) or kept_weights(*a))
+    q, k, v = (tf.constant(x) for x in random_qkv(np.random.default_rng(3), t=32, s=32))
+
+    def call(q, k, v):
+        return dense.chunked_heads(q, k, v, None, False, 0.3, chunk=8)
+
+    tf.function(call)(q, k, v)
+    assert made == []
+    # A training step: its tape inside the function, as in `fit`.
+    tf.function(lambda q, k, v: values_and_grads(call, q, k, v))(q, k, v)
+    assert len(made) == 1 and made[0][0] == 4  # all four chunks, in the budget
+    # `autotune` timing a training call takes symbolic gradients, no tape.
+    monkeypatch.setitem(autotune._MEASURED_CALL, "training", True)
+    tf.function(call)(q, k, v)
+    assert len(made) == 2
+
+
 def test_the_graph_loop_runs_one_chunk_at_a_time():
     # TensorFlow's while loop would otherwise start ten iterations at once,
     # ten chunks of scores alive together.
@@ -220,12 +241,14 @@ def test_the_graph_loop_runs_one_chunk_at_a_time():
         assert attr == 1
 
 
-def test_bfloat16_heads_stay_close_to_float32():
+@pytest.mark.parametrize("keep", [None, 0])
+def test_bfloat16_heads_stay_close_to_float32(keep):
     rng = np.random.default_rng(4)
     q, k, v = random_qkv(rng, t=33, s=33, h=2, k=2, d=16, dv=16)
     low = [tf.constant(x, "bfloat16") for x in (q, k, v)]
     got = values_and_grads(
-        lambda q, k, v: dense.chunked_heads(q, k, v, None, True, 0.25, chunk=8), *low
+        lambda q, k, v: dense.chunked_heads(q, k, v, None, True, 0.25, chunk=8, keep=keep),
+        *low,
     )
     want = values_and_grads(
         lambda q, k, v: dense.chunked_heads(q, k, v, None, True, 0.25, chunk=8),

@@ -176,7 +176,7 @@ def memory_budget():
     return total // 4
 
 
-_MEASURED_CALL = {"rows": None}
+_MEASURED_CALL = {"rows": None, "training": False}
 
 
 def measured_call_rows():
@@ -220,10 +220,13 @@ def xla_on_cpu():
     return not tf.config.list_logical_devices("GPU")
 
 
-def _gradient_recorded(backend):
+def gradient_recorded(backend=None):
     """Whether a TensorFlow gradient tape records this call (a custom
-    training loop calls layers without `training=True`)."""
-    if backend != "tensorflow":
+    training loop calls layers without `training=True`), or `choose` is
+    timing a training call (with symbolic gradients, no tape)."""
+    if _MEASURED_CALL["training"]:
+        return True
+    if (backend or keras.backend.backend()) != "tensorflow":
         return False
     try:
         from tensorflow.python.eager import record
@@ -252,7 +255,7 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
     static = not any(d is None for shape in shapes for d in shape)
     mask_shape = shapes.pop() if mask is not None else None
     mode = tf_mode() if backend == "tensorflow" else "compiled"
-    training = bool(training) or _gradient_recorded(backend)
+    training = bool(training) or gradient_recorded(backend)
     (b, t, h, d), (_, s, kh, _), (_, _, _, dv) = shapes
     key_ = (
         backend, mode, "train" if training else "infer", b, t, s, h, kh, d, dv,
@@ -328,7 +331,7 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
         )
         m = None if mask_shape is None else tf.ones(mask_shape, "bool")
         timings = {}
-        _MEASURED_CALL["rows"] = call_rows
+        _MEASURED_CALL.update(rows=call_rows, training=training)
         try:
             for implementation in candidates:
                 fn = _timed_fn(run, implementation, m, mode, training, causal)
@@ -340,7 +343,7 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
                     best = min(best, time.perf_counter() - start)
                 timings[implementation] = 1000.0 * best
         finally:
-            _MEASURED_CALL["rows"] = None
+            _MEASURED_CALL.update(rows=None, training=False)
     return timings
 
 
@@ -351,7 +354,8 @@ def _timed_fn(run, implementation, mask, mode, training, causal=False):
         out = tf.cast(run(implementation, q, k, v, mask, causal), "float32")
         if not training:
             return tf.reduce_sum(out)
-        # Symbolic gradients: `tf.init_scope` pauses every gradient tape.
+        # Symbolic gradients: `tf.init_scope` pauses every gradient tape
+        # (`gradient_recorded` says True while a training call is timed).
         grads = tf.gradients(tf.reduce_sum(out * out), [q, k, v])
         return tf.add_n([tf.reduce_sum(tf.cast(g, "float32")) for g in grads])
 

@@ -302,8 +302,8 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
     query rows per chunk (default `chunk_rows`); `T` is padded to whole
     chunks and the padding dropped after. `keep`: how many of the first
     chunks keep their weights from the forward pass for the backward one
-    (default `kept_chunks`, within the memory budget; TensorFlow outside
-    XLA only, else none). Returns `(B, T, H, Dv)` in `value`'s dtype.
+    (default `kept_chunks`, within the memory budget, when a gradient tape
+    records the call; TensorFlow outside XLA only, else none). Returns `(B, T, H, Dv)` in `value`'s dtype.
     """
     num_heads = query.shape[2]
     t_len, s_len = static_lengths(query, key, "chunked")
@@ -343,6 +343,8 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
 
     if not _graph_executor():
         keep = 0
+    elif keep is None and not autotune.gradient_recorded():
+        keep = 0  # no backward pass will read them (inference)
     elif keep is None:
         keep = kept_chunks(static_dim(query, 0), num_heads, chunk, t_len, s_len,
                            skips, 2 if low else 4)
