@@ -191,11 +191,16 @@ def keys_product(p, x):
         "dV = P^T dO and dK = dS^T Q pair by pair",
     )
     p = ops.reshape(p, (-1, t_len, s_len))
-    x = ops.reshape(x, (-1, t_len, d_len))
+    # `x^T` laid out once, outside the loop, so that each step's product is
+    # the plain `(D, T) x (T, S)` one: 15 % less CPU time at 2,048 than
+    # contracting `x`'s first axis in the step, 11 % at 512 (`python
+    # benchmarks/bench_xla_products.py --what loop`; BENCHMARKS.md, "Intel
+    # Xeon with AMX", "x^T laid out once").
+    x_t = ops.swapaxes(ops.reshape(x, (-1, t_len, d_len)), 1, 2)
     pairs = ops.shape(p)[0]
 
     def step(i, result):
-        product = ops.einsum("td,ts->ds", ops.take(x, i, axis=0), ops.take(p, i, axis=0))
+        product = ops.matmul(ops.take(x_t, i, axis=0), ops.take(p, i, axis=0))
         return ops.slice_update(result, (i, 0, 0), product[None])
 
     result = ops.fori_loop(
