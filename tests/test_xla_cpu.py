@@ -8,7 +8,9 @@
   own call, alone and inside `MultiHeadAttention`, in values and every
   gradient (inputs, kernels, biases, LoRA's factors);
 - both recorded in `dispatch_choices()` when taken, and not taken outside
-  XLA or in float16.
+  XLA or in float16;
+- `scores_product` against keras's einsum, and its compiled program
+  without the `(B, H, D, S)` transpose of the keys.
 """
 
 import keras
@@ -101,6 +103,53 @@ def test_unnormalised_core_not_taken_in_float16_or_graph_mode():
     tf.function(lambda q: attention_ops.dot_product_attention(
         q, q, q, implementation="dense"))(q32)
     assert not _choices("unnormalised weights")
+
+
+def _heads_of(x2d, bias, length, heads):
+    """`(B, H, S, D)` heads of a projection's `(B * S, H * D)` output."""
+    return tf.transpose(
+        tf.reshape(x2d + bias, (-1, length, heads, bias.shape[0] // heads)),
+        (0, 2, 1, 3),
+    )
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_scores_product_equals_einsum(jit):
+    rng = np.random.default_rng(5)
+    q = tf.constant(rng.normal(size=(2, 3, 5, 4)), "float32")
+    x = tf.constant(rng.normal(size=(2 * 7, 12)), "float32")
+    bias = tf.constant(rng.normal(size=(12,)), "float32")
+
+    def run(product):
+        def f(q, x):
+            with tf.GradientTape() as tape:
+                tape.watch([q, x])
+                s = product(q, _heads_of(x, bias, 7, 3))
+                loss = tf.reduce_sum(s * tf.sin(s))
+            return [s] + tape.gradient(loss, [q, x])
+
+        spec = [tf.TensorSpec((None, 3, 5, 4)), tf.TensorSpec((None, 12))]
+        return tf.function(f, jit_compile=jit, input_signature=spec)(q, x)
+
+    want = run(lambda a, b: keras.ops.einsum("bhtd,bhsd->bhts", a, b))
+    got = run(xla_cpu.scores_product)
+    for w, g in zip(want, got):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), atol=1e-5, rtol=1e-5)
+
+
+def test_scores_product_keeps_the_keys_in_place():
+    # The keys of a projection, `(B, S, H, D)` transposed to heads: XLA's
+    # dot reads them where they lie, with no `(B, H, D, S)` copy (keras's
+    # TensorFlow einsum, a `matmul(..., transpose_b=True)`, made one).
+    q = tf.ones((2, 2, 16, 4))
+    x = tf.ones((2 * 16, 8))
+    bias = tf.ones((8,))
+    hlo = tf.function(
+        lambda: xla_cpu.scores_product(q, _heads_of(x, bias, 16, 2)),
+        jit_compile=True,
+    ).experimental_get_compiler_ir()(stage="optimized_hlo")
+    assert " dot(" in hlo
+    assert "f32[2,2,4,16]" not in hlo, hlo
 
 
 def _dense(equation, output_shape, bias_axes, activation=None):

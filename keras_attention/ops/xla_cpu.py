@@ -209,6 +209,25 @@ def keys_product(p, x):
     return ops.reshape(ops.swapaxes(result, 1, 2), (-1, heads, s_len, d_len))
 
 
+def scores_product(a, b):
+    """`einsum("bhtd,bhsd->bhts", a, b)`: the scores `Q K^T` and, in the
+    backward pass, `dP = dO V^T`, for code XLA compiles for a CPU.
+
+    Keras's TensorFlow einsum runs this equation as `matmul(a, b,
+    transpose_b=True)`, which TensorFlow hands to XLA with `b^T` written
+    out: a `(B, H, T, D) -> (B, H, D, S)` transpose that XLA's CPU backend
+    runs slowly (61 ms of the layer's 3.0 s at 2,048 tokens, one thread).
+    TensorFlow's own einsum gives XLA one dot that contracts `b`'s last
+    axis where it lies. Every other backend keeps `ops.einsum` (JAX's
+    einsum is that dot already).
+    """
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.einsum("bhtd,bhsd->bhts", a, b)
+    return ops.einsum("bhtd,bhsd->bhts", a, b)
+
+
 def takes_unnormalised(q):
     """Whether the dense core takes `unnormalised_attention`: float32 heads
     inside code XLA compiles for a CPU."""
@@ -244,7 +263,7 @@ def unnormalised_attention(q, k, v, mask):
 
     @ops.custom_gradient
     def attend(q, k, v):
-        scores = ops.einsum("bhtd,bhsd->bhts", q, k)
+        scores = scores_product(q, k)
         if mask is not None:
             scores = ops.where(mask, scores, MASK_VALUE)
         e = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
@@ -260,7 +279,7 @@ def unnormalised_attention(q, k, v, mask):
             d_out = ops.cast(d_out, v.dtype)
             delta = ops.sum(d_out * out, axis=-1, keepdims=True)
             d_v = keys_product(e, d_out * inverse)
-            d_p = ops.einsum("bhtd,bhsd->bhts", d_out, v)
+            d_p = scores_product(d_out, v)
             # Unscaled by `inverse`, so that XLA computes it once for both
             # of its products (a row-scaled one is duplicated per consumer).
             d_s = e * (d_p - delta)
