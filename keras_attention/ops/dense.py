@@ -52,7 +52,7 @@ def _weights(q, k, mask, bias, dtype, empty_rows=True):
     fused softmax accumulates in float32), where float32 copies would cost
     as much as the bfloat16 products save."""
     low = _is_low(q)
-    scores = ops.einsum("bhtd,bhsd->bhts", q, k)
+    scores = xla_cpu.scores_product(q, k)
     if bias is not None:
         scores = ops.cast(scores, "float32") + bias
         scores = ops.cast(scores, q.dtype) if low else scores
@@ -78,8 +78,7 @@ def _backward(q, k, v, weights, d_out, delta):
     low = _is_low(q)
     d_out = ops.cast(d_out, v.dtype)
     d_v = xla_cpu.keys_product(weights, d_out)
-    d_p = ops.einsum(
-        "bhtd,bhsd->bhts",
+    d_p = xla_cpu.scores_product(
         ops.concatenate([d_out, ops.cast(-delta, d_out.dtype)], -1),
         ops.concatenate([v, ops.ones_like(v[..., :1])], -1),
     )

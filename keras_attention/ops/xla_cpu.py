@@ -211,17 +211,18 @@ def keys_product(p, x):
 
 def scores_product(a, b):
     """`einsum("bhtd,bhsd->bhts", a, b)`: the scores `Q K^T` and, in the
-    backward pass, `dP = dO V^T`, for code XLA compiles for a CPU.
+    backward pass, `dP = dO V^T`.
 
     Keras's TensorFlow einsum runs this equation as `matmul(a, b,
     transpose_b=True)`, which TensorFlow hands to XLA with `b^T` written
-    out: a `(B, H, T, D) -> (B, H, D, S)` transpose that XLA's CPU backend
-    runs slowly (61 ms of the layer's 3.0 s at 2,048 tokens, one thread).
-    TensorFlow's own einsum gives XLA one dot that contracts `b`'s last
-    axis where it lies. Every other backend keeps `ops.einsum` (JAX's
-    einsum is that dot already).
+    out: a `(B, H, S, D) -> (B, H, D, S)` transpose that XLA's CPU backend
+    runs slowly (61 ms of the layer's 3.0 s at 2,048 tokens, one thread;
+    BENCHMARKS.md, "Intel Xeon with AMX", "The keys in place"). So inside
+    code XLA compiles for a CPU, TensorFlow's own einsum: one dot that
+    reads `b` where it lies. Elsewhere `ops.einsum` (oneDNN's matmul takes
+    the transposed operand itself; JAX's einsum is that dot already).
     """
-    if keras.backend.backend() == "tensorflow":
+    if keras.backend.backend() == "tensorflow" and autotune.xla_on_cpu():
         import tensorflow as tf
 
         return tf.einsum("bhtd,bhsd->bhts", a, b)
