@@ -138,17 +138,19 @@ class forced:
     function is traced (they are read at trace time): `loop` for
     `keys_product` at any size, `unnormalised` for the dense core, `flat`
     for the projections, `layouts` for `scores_product`'s einsum (off:
-    keras's einsum)."""
+    keras's einsum), `grouped` for the loop's several pairs a step (off:
+    one)."""
 
-    def __init__(self, loop, unnormalised, flat, layouts=True):
-        self.flags = loop, unnormalised, flat, layouts
+    def __init__(self, loop, unnormalised, flat, layouts=True, grouped=True):
+        self.flags = loop, unnormalised, flat, layouts, grouped
 
     def __enter__(self):
         from keras_attention.ops import xla_cpu
 
         self.saved = (xla_cpu._LOOPED_PRODUCT_SIZE, xla_cpu.takes_unnormalised,
-                      xla_cpu._can_flatten, xla_cpu.scores_product)
-        loop, unnormalised, flat, layouts = self.flags
+                      xla_cpu._can_flatten, xla_cpu.scores_product,
+                      xla_cpu._PAIRS_PER_STEP)
+        loop, unnormalised, flat, layouts, grouped = self.flags
         xla_cpu._LOOPED_PRODUCT_SIZE = 1 if loop else 2**62
         if not unnormalised:
             xla_cpu.takes_unnormalised = lambda q: False
@@ -160,12 +162,15 @@ class forced:
             xla_cpu.scores_product = lambda a, b: ops.einsum(
                 "bhtd,bhsd->bhts", a, b
             )
+        if not grouped:
+            xla_cpu._PAIRS_PER_STEP = 1
 
     def __exit__(self, *exc):
         from keras_attention.ops import xla_cpu
 
         (xla_cpu._LOOPED_PRODUCT_SIZE, xla_cpu.takes_unnormalised,
-         xla_cpu._can_flatten, xla_cpu.scores_product) = self.saved
+         xla_cpu._can_flatten, xla_cpu.scores_product,
+         xla_cpu._PAIRS_PER_STEP) = self.saved
 
 
 def interleaved_ms(fns, repeats):
@@ -199,20 +204,22 @@ def interleaved_ms(fns, repeats):
     return best
 
 
-# (label, jit, loop, unnormalised, flat[, layouts])
+# (label, jit, loop, unnormalised, flat[, layouts[, grouped]])
 CORE_ROWS = [
     ("tf.function", False, False, False, False),
-    ("XLA, einsum dV/dK", True, False, False, False, False),
-    ("XLA, loop dV/dK", True, True, False, False, False),
-    ("XLA, loop + unnormalised weights", True, True, True, False, False),
-    ("XLA, + scores' einsum (now)", True, True, True, False),
+    ("XLA, einsum dV/dK", True, False, False, False, False, False),
+    ("XLA, loop dV/dK", True, True, False, False, False, False),
+    ("XLA, loop + unnormalised weights", True, True, True, False, False, False),
+    ("XLA, + scores' einsum", True, True, True, False, True, False),
+    ("XLA, + 4 pairs a step (now)", True, True, True, False),
 ]
 LAYER_ROWS = [
     ("ours, tf.function", False, False, False, False),
-    ("ours, XLA, loop dV/dK", True, True, False, False, False),
-    ("ours, XLA, + unnormalised weights", True, True, True, False, False),
-    ("ours, XLA, + flat projections", True, True, True, True, False),
-    ("ours, XLA, + scores' einsum (now)", True, True, True, True),
+    ("ours, XLA, loop dV/dK", True, True, False, False, False, False),
+    ("ours, XLA, + unnormalised weights", True, True, True, False, False, False),
+    ("ours, XLA, + flat projections", True, True, True, True, False, False),
+    ("ours, XLA, + scores' einsum", True, True, True, True, True, False),
+    ("ours, XLA, + 4 pairs a step (now)", True, True, True, True),
 ]
 
 

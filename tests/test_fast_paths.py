@@ -157,25 +157,27 @@ def test_attention_dropout_keeps_its_share_and_rescales():
 
 @pytest.mark.parametrize("jit", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_keys_product_loop_equals_einsum(monkeypatch, jit, dtype):
+@pytest.mark.parametrize("heads", [2, 6])
+def test_keys_product_loop_equals_einsum(monkeypatch, jit, dtype, heads):
     """`dV = P^T dO` / `dK = dS^T Q`: the per-(batch, head) loop that XLA on
     a CPU takes for long sequences equals the single product, with the
-    batch known only when the function is traced."""
+    batch known only when the function is traced; 2 heads make steps of
+    2 pairs, 6 heads steps of 4 (18 pairs: the last step recomputes two)."""
     from keras_attention.ops import autotune
     from keras_attention.ops import xla_cpu
 
     monkeypatch.setattr(xla_cpu, "_LOOPED_PRODUCT_SIZE", 1)
 
     rng = np.random.default_rng(5)
-    p = tf.constant(rng.normal(size=(3, 2, 7, 5)), dtype=dtype)
-    x = tf.constant(rng.normal(size=(3, 2, 7, 4)), dtype=dtype)
+    p = tf.constant(rng.normal(size=(3, heads, 7, 5)), dtype=dtype)
+    x = tf.constant(rng.normal(size=(3, heads, 7, 4)), dtype=dtype)
     seen = []
 
     @tf.function(
         jit_compile=jit,
         input_signature=[
-            tf.TensorSpec((None, 2, 7, 5), dtype),
-            tf.TensorSpec((None, 2, 7, 4), dtype),
+            tf.TensorSpec((None, heads, 7, 5), dtype),
+            tf.TensorSpec((None, heads, 7, 4), dtype),
         ],
     )
     def product(p, x):

@@ -20,6 +20,10 @@ from keras_attention.ops.masks import MASK_VALUE
 # faster at 2,048 x 2,048, 1.85x at 1,024, 1.08x at 512, even at 256 and
 # 2x slower at 65 x 65 (ViT's tokens), where its own cost is not repaid.
 _LOOPED_PRODUCT_SIZE = 512 * 512
+# Up to this many scores per pair the loop takes `_PAIRS_PER_STEP` pairs a
+# step (`keys_product`).
+_GROUPED_PRODUCT_SIZE = 1024 * 1024
+_PAIRS_PER_STEP = 4
 
 
 def _flat_equation(dense):
@@ -198,13 +202,28 @@ def keys_product(p, x):
     # Xeon with AMX", "x^T laid out once").
     x_t = ops.swapaxes(ops.reshape(x, (-1, t_len, d_len)), 1, 2)
     pairs = ops.shape(p)[0]
+    # A few pairs per step: their products are independent, and XLA's CPU
+    # runtime runs them side by side on its threads (5 % less wall time
+    # for the core at 512, 2 % at 1,024, none at 2,048, where each product
+    # fills the threads alone; BENCHMARKS.md, "Intel Xeon with AMX", "The
+    # keys in place"). Never more than the heads, so never more than the
+    # pairs; the last step starts early enough to end at the last pair
+    # (recomputing a few, the same values).
+    group = min(heads, _PAIRS_PER_STEP if t_len * s_len <= _GROUPED_PRODUCT_SIZE
+                else 1)
 
-    def step(i, result):
-        product = ops.matmul(ops.take(x_t, i, axis=0), ops.take(p, i, axis=0))
-        return ops.slice_update(result, (i, 0, 0), product[None])
+    def step(j, result):
+        start = ops.minimum(j * group, pairs - group)
+        products = [
+            ops.matmul(ops.take(x_t, start + g, axis=0),
+                       ops.take(p, start + g, axis=0))
+            for g in range(group)
+        ]
+        return ops.slice_update(result, (start, 0, 0), ops.stack(products))
 
     result = ops.fori_loop(
-        0, pairs, step, ops.zeros((pairs, d_len, s_len), dtype=x.dtype)
+        0, (pairs + group - 1) // group, step,
+        ops.zeros((pairs, d_len, s_len), dtype=x.dtype),
     )
     return ops.reshape(ops.swapaxes(result, 1, 2), (-1, heads, s_len, d_len))
 
