@@ -49,7 +49,7 @@ from keras_attention.layers import MultiHeadAttention  # noqa: E402
 
 def kind_of(name):
     lower = name.lower()
-    if re.search(r"\bdot\b|dot[._]|matmul|gemm|onednn|mkl|custom-call|convolution", lower):
+    if re.search(r"\bdot\b|dot[._]|matmul|einsum|gemm|onednn|mkl|custom-call|convolution", lower):
         return "matmul"
     if "copy" in lower or "transpose" in lower:
         return "copy/transpose"
@@ -89,9 +89,10 @@ def profile_tf(fn, calls, logdir):
 
 def leaf_ops(totals):
     """The compiled operations: XLA instruction names like `fusion.3`,
-    `MatMul_1.2` (a `dot` keeps the TensorFlow op's name), `copy.4`."""
+    `MatMul_1.2` or `Einsum.2` (a `dot` keeps the TensorFlow op's name),
+    `copy.4`."""
     pattern = re.compile(
-        r"fusion|\bdot|matmul|copy|transpose|custom-call|reduce|convolution",
+        r"fusion|\bdot|matmul|einsum|copy|transpose|custom-call|reduce|convolution",
         re.IGNORECASE,
     )
     skip = ("tf_", "Tf", "Executor", "ThreadPool", "Session", "Iterator",

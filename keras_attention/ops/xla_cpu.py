@@ -203,12 +203,13 @@ def keys_product(p, x):
     x_t = ops.swapaxes(ops.reshape(x, (-1, t_len, d_len)), 1, 2)
     pairs = ops.shape(p)[0]
     # A few pairs per step: their products are independent, and XLA's CPU
-    # runtime runs them side by side on its threads (5 % less wall time
-    # for the core at 512, 2 % at 1,024, none at 2,048, where each product
-    # fills the threads alone; BENCHMARKS.md, "Intel Xeon with AMX", "The
-    # keys in place"). Never more than the heads, so never more than the
-    # pairs; the last step starts early enough to end at the last pair
-    # (recomputing a few, the same values).
+    # runtime runs them side by side on its threads (the dense core at 512
+    # in 81 against 91 ms, `python benchmarks/bench_xla_products.py --what
+    # core --length 512`; BENCHMARKS.md, "Intel Xeon with AMX", "The keys
+    # in place"); a larger product fills the threads alone. Never more
+    # than the heads, so never more than the pairs; the last step starts
+    # early enough to end at the last pair (recomputing a few, the same
+    # values).
     group = min(heads, _PAIRS_PER_STEP if t_len * s_len <= _GROUPED_PRODUCT_SIZE
                 else 1)
 
