@@ -7,7 +7,8 @@ the single einsum against `ops/xla_cpu.py::keys_product`'s loop over
 (batch, head) pairs at several lengths; then the whole dense core, forward
 + backward, and the whole `MultiHeadAttention` layer (with keras's layer),
 under XLA with each fast form of `ops/xla_cpu.py` added in turn (the loop,
-the unnormalised weights, the flat projections). Figures are CPU time
+the unnormalised weights, the flat projections, the scores' einsum, four
+pairs a loop step). Figures are CPU time
 (milliseconds summed over threads, best of `--repeats`), which a busy
 machine distorts less than wall time, and for the core and the layer also
 the best wall time (round-robin); `--threads 1` measures the work itself.
