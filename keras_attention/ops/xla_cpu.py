@@ -192,7 +192,8 @@ def keys_product(p, x):
          keras.backend.standardize_dtype(p.dtype)),
         "loop over (batch, head) pairs",
         "rule: XLA on a CPU, from 512 x 512 scores per pair, computes "
-        "dV = P^T dO and dK = dS^T Q pair by pair",
+        "dV = P^T dO and dK = dS^T Q pair by pair (up to "
+        f"{_PAIRS_PER_STEP} pairs a step to 1,024 x 1,024 scores)",
     )
     p = ops.reshape(p, (-1, t_len, s_len))
     # `x^T` laid out once, outside the loop, so that each step's product is
@@ -245,6 +246,13 @@ def scores_product(a, b):
     if keras.backend.backend() == "tensorflow" and autotune.xla_on_cpu():
         import tensorflow as tf
 
+        autotune.record_rule(
+            ("scores product", tuple(a.shape), tuple(b.shape),
+             keras.backend.standardize_dtype(a.dtype)),
+            "TensorFlow's einsum",
+            "rule: XLA on a CPU reads the keys where they lie (keras's "
+            "TensorFlow einsum would have XLA transpose them in memory)",
+        )
         return tf.einsum("bhtd,bhsd->bhts", a, b)
     return ops.einsum("bhtd,bhsd->bhts", a, b)
 
