@@ -302,7 +302,8 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
     chunks and the padding dropped after. `keep`: how many of the first
     chunks keep their weights from the forward pass for the backward one
     (default `kept_chunks`, within the memory budget, when a gradient tape
-    records the call; TensorFlow outside XLA only, else none). Returns `(B, T, H, Dv)` in `value`'s dtype.
+    records the call; TensorFlow outside XLA only, else none). Returns
+    `(B, T, H, Dv)` in `value`'s dtype.
     """
     num_heads = query.shape[2]
     t_len, s_len = static_lengths(query, key, "chunked")
