@@ -309,6 +309,68 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
     return choice.implementation
 
 
+# From this many scores per (batch, head) pair, in a TensorFlow graph on a
+# CPU, the dense core is also timed in groups of pairs of about
+# `PAIR_GROUP_BYTES` of float32 scores each (`pair_group`).
+PAIR_GROUPS_FROM = 1024 * 1024
+PAIR_GROUP_BYTES = 8 * 2**20
+
+
+def pair_group(q, k, v, mask, run):
+    """How many `(batch, head)` pairs the dense core takes at a time: `0`
+    for all of them at once, or the measured faster group size.
+
+    In a TensorFlow graph (`tf.function` without XLA) on a CPU, the dense
+    core of independent groups of pairs is independent work, which the
+    graph executor runs side by side on its threads, each group's
+    products and softmax on a few megabytes of scores; one call over
+    every pair runs each operation across the threads in turn, over the
+    whole `(B, H, T, S)` tensors. On an Intel Xeon with AMX (2 cores) the
+    grouped core took 16 % less time at 512, 1,024 and 2,048 tokens
+    (BENCHMARKS.md, "Pairs side by side"); on other machines it may not,
+    so the first call of each shape times both (forward, and backward when
+    training) and keeps the faster, recorded in `dispatch_choices()`.
+    `q`, `k`, `v`: `(B, H, T|S, D)` heads; `run(pairs, q, k, v, mask,
+    causal)` is the core with a given group size. Elsewhere (XLA, which
+    runs its own concurrency; eager; other backends; shapes not static;
+    fewer than `PAIR_GROUPS_FROM` scores per pair) `0`.
+    """
+    if keras.backend.backend() != "tensorflow" or tf_mode() != "graph":
+        return 0
+    shapes = [tuple(x.shape) for x in (q, k, v)]
+    mask_shape = None if mask is None else tuple(mask.shape)
+    if any(d is None for shape in shapes + [mask_shape or ()] for d in shape):
+        return 0
+    (b, h, t, _), (_, _, s, _), _ = shapes
+    group = max(1, PAIR_GROUP_BYTES // (4 * t * s))
+    if t * s < PAIR_GROUPS_FROM or group >= b * h:
+        return 0
+    import tensorflow as tf
+
+    if tf.config.list_logical_devices("GPU"):
+        return 0
+    training = gradient_recorded()
+    key_ = ("pair groups", "tensorflow", "graph", "train" if training else "infer",
+            *shapes, keras.backend.standardize_dtype(q.dtype), mask_shape)
+    label = f"{group} pairs a group"
+    if key_ not in _CHOICES:
+        if not _OPTIONS["enabled"]:
+            choice = Choice(key_, "all pairs", "rule: autotune is off", {})
+        else:
+            sizes = {"all pairs": 0, label: group}
+            timings = _measure(
+                lambda name, *args: run(sizes[name], *args), shapes, q.dtype,
+                v.dtype, mask_shape, "graph", training, list(sizes),
+            )
+            best = min(timings, key=timings.get)
+            text = ", ".join(f"{k} {v:.1f} ms" for k, v in timings.items())
+            choice = Choice(key_, best, f"measured: {text}", timings)
+        _CHOICES[key_] = choice
+        logger.info("keras_attention: dense core, %s, for %s (%s)",
+                    choice.implementation, key_, choice.reason)
+    return group if _CHOICES[key_].implementation == label else 0
+
+
 def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
              candidates=("dense", "blocked"), rows=None, causal=False):
     """Milliseconds of each candidate path on random inputs (TensorFlow,
@@ -331,7 +393,13 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
         )
         m = None if mask_shape is None else tf.ones(mask_shape, "bool")
         timings = {}
-        _MEASURED_CALL.update(rows=call_rows, training=training)
+        # Restored after: a path timed here may measure its own choice
+        # (`pair_group`) inside another measurement.
+        previous = dict(_MEASURED_CALL)
+        _MEASURED_CALL.update(
+            rows=call_rows if rows is not None else previous["rows"],
+            training=training,
+        )
         try:
             for implementation in candidates:
                 fn = _timed_fn(run, implementation, m, mode, training, causal)
@@ -343,7 +411,7 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
                     best = min(best, time.perf_counter() - start)
                 timings[implementation] = 1000.0 * best
         finally:
-            _MEASURED_CALL.update(rows=None, training=False)
+            _MEASURED_CALL.update(previous)
     return timings
 
 

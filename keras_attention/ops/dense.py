@@ -90,7 +90,7 @@ def _backward(q, k, v, weights, d_out, delta):
     return ops.matmul(d_s, k), xla_cpu.keys_product(d_s, q), d_v
 
 
-def dense_core(q, k, v, mask):
+def dense_core(q, k, v, mask, pairs=None):
     """`softmax(q k^T, mask) v` on `(B, H, T, D)` heads, with its own gradient.
 
     `q` is already scaled. The backward pass is the one of flash attention
@@ -104,9 +104,19 @@ def dense_core(q, k, v, mask):
     (its range is too short for scores). Under XLA on a CPU, float32 heads
     take `xla_cpu.unnormalised_attention` (the same values, one pass over
     the weights fewer) and `dV`, `dK` take `xla_cpu.keys_product`'s loop.
+    In a TensorFlow graph on a CPU the core may run in groups of `(batch,
+    head)` pairs side by side (`pairs` of them a group; `None`: as
+    `autotune.pair_group` measured, `0`: all at once).
     """
     if xla_cpu.takes_unnormalised(q):
         return xla_cpu.unnormalised_attention(q, k, v, mask)
+    if pairs is None:
+        pairs = autotune.pair_group(
+            q, k, v, mask,
+            lambda size, q, k, v, mask, causal: dense_core(q, k, v, mask, size),
+        )
+    if pairs:
+        return _pair_groups(q, k, v, mask, pairs)
 
     @ops.custom_gradient
     def attend(q, k, v):
@@ -120,6 +130,32 @@ def dense_core(q, k, v, mask):
         return out, grad
 
     return attend(q, k, v)
+
+
+def _pair_groups(q, k, v, mask, pairs):
+    """`dense_core` on groups of `pairs` `(batch, head)` pairs (static
+    batch and heads), each group independent work with its own backward
+    pass: the same values, computed group by group."""
+    batch, heads = q.shape[0], q.shape[1]
+    cuts = list(range(pairs, batch * heads, pairs))
+
+    def groups(x):  # (B, H, R, C) -> [(pairs, 1, R, C), ...]
+        x = ops.reshape(x, (batch * heads, 1) + tuple(x.shape[2:]))
+        return ops.split(x, cuts, axis=0)
+
+    masks = [None] * (len(cuts) + 1)
+    if mask is not None:
+        mask = ops.reshape(mask, (1,) * (4 - len(mask.shape)) + tuple(mask.shape))
+        if mask.shape[0] == 1 and mask.shape[1] == 1:
+            masks = [mask] * len(masks)  # the same for every pair
+        else:
+            masks = groups(ops.broadcast_to(mask, (batch, heads) + tuple(mask.shape[2:])))
+    outs = [
+        dense_core(q_g, k_g, v_g, m_g, 0)
+        for q_g, k_g, v_g, m_g in zip(groups(q), groups(k), groups(v), masks)
+    ]
+    out = ops.concatenate(outs, axis=0)
+    return ops.reshape(out, (batch, heads) + tuple(out.shape[2:]))
 
 
 def chunk_rows(batch, heads, s_len, t_len):
