@@ -321,15 +321,17 @@ def pair_group(q, k, v, mask, run):
     for all of them at once, or the measured faster group size.
 
     In a TensorFlow graph (`tf.function` without XLA) on a CPU, the dense
-    core of independent groups of pairs is independent work, which the
-    graph executor runs side by side on its threads, each group's
-    products and softmax on a few megabytes of scores; one call over
-    every pair runs each operation across the threads in turn, over the
-    whole `(B, H, T, S)` tensors. On an Intel Xeon with AMX (2 cores) the
-    grouped core took 16 % less time at 512, 1,024 and 2,048 tokens
-    (BENCHMARKS.md, "Pairs side by side"); on other machines it may not,
-    so the first call of each shape times both (forward, and backward when
-    training) and keeps the faster, recorded in `dispatch_choices()`.
+    core of each group of pairs is independent work on a few megabytes of
+    scores, which the graph executor may also run side by side; one call
+    over every pair runs each operation over the whole `(B, H, T, S)`
+    tensors in turn. On an Intel Xeon with AMX (2 cores) the grouped core
+    ran 1.18x as fast at 1,024 tokens and 1.13x at 2,048, still 1.10x
+    there with one inter-op thread (the groups one after the other: most
+    of the gain is the smaller tensors); at 512 two runs disagreed
+    (1.00x, 1.13x), hence the floor (BENCHMARKS.md, "Pairs side by
+    side"). Other machines may differ, so the first call of each shape
+    times both (forward, and backward when training) and keeps the
+    faster, recorded in `dispatch_choices()`.
     `q`, `k`, `v`: `(B, H, T|S, D)` heads; `run(pairs, q, k, v, mask,
     causal)` is the core with a given group size. Elsewhere (XLA, which
     runs its own concurrency; eager; other backends; shapes not static;
