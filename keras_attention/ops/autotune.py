@@ -331,7 +331,11 @@ def pair_group(q, k, v, mask, run):
     (1.00x, 1.13x), hence the floor (BENCHMARKS.md, "Pairs side by
     side"). Other machines may differ, so the first call of each shape
     times both (forward, and backward when training) and keeps the
-    faster, recorded in `dispatch_choices()`.
+    faster, recorded in `dispatch_choices()`. The price is that first
+    call: `MultiHeadAttention`'s first forward + backward at 2,048 tokens
+    (batch 8, 8 heads of 64) took 23.4 s there against 13.5 s before,
+    the later ones 1.2 s (`benchmarks/bench_attention.py`'s first-call
+    column); `set_autotune(False)` keeps all pairs at once.
     `q`, `k`, `v`: `(B, H, T|S, D)` heads; `run(pairs, q, k, v, mask,
     causal)` is the core with a given group size. Elsewhere (XLA, which
     runs its own concurrency; eager; other backends; shapes not static;
@@ -354,7 +358,7 @@ def pair_group(q, k, v, mask, run):
     training = gradient_recorded()
     key_ = ("pair groups", "tensorflow", "graph", "train" if training else "infer",
             *shapes, keras.backend.standardize_dtype(q.dtype), mask_shape)
-    label = f"{group} pairs a group"
+    label = f"{group} pair{'s' if group > 1 else ''} a group"
     if key_ not in _CHOICES:
         if not _OPTIONS["enabled"]:
             choice = Choice(key_, "all pairs", "rule: autotune is off", {})
