@@ -65,6 +65,17 @@ def test_groups_of_pairs_give_the_cores_values_and_gradients(mask_shape, pairs):
         np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+def test_bfloat16_heads_in_groups_keep_the_cores_values():
+    q, k, v = (tf.cast(x, "bfloat16") for x in heads(4))
+    mask = tf.constant(np.random.default_rng(5).random((B, 1, T, S)) > 0.3)
+    whole = core_and_grads(q, k, v, mask, 0)
+    for got, want in zip(core_and_grads(q, k, v, mask, 3), whole):
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(
+            np.asarray(got, "float32"), np.asarray(want, "float32"), atol=2e-2
+        )
+
+
 def fake_measure(all_ms, grouped_ms):
     def measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
                 candidates, *args):
