@@ -327,9 +327,9 @@ def pair_group(q, k, v, mask, run):
     tensors in turn. On an Intel Xeon with AMX (2 cores) the grouped core
     ran 1.18x as fast at 1,024 tokens and 1.13x at 2,048, still 1.10x
     there with one inter-op thread (the groups one after the other: most
-    of the gain is the smaller tensors); at 512 the gain did not repeat
-    from one process to the next, hence the floor (BENCHMARKS.md, "Pairs
-    side by side"). Other machines may differ, so the first call of each shape
+    of the gain is the smaller tensors); at 512 the gain was within the
+    spread between runs, hence the floor (BENCHMARKS.md, "Pairs side by
+    side"). Other machines may differ, so the first call of each shape
     times both (forward, and backward when training) and keeps the
     faster, recorded in `dispatch_choices()`. The price is that first
     call: `MultiHeadAttention`'s first forward + backward at 2,048 tokens
