@@ -2,7 +2,8 @@
 
 Times each product of the dense core's forward + backward alone, compiled
 by `tf.function` (oneDNN kernels) and by XLA (`jit_compile=True`), on
-`(8, 8, T, T)` weights and `(8, 8, T, 64)` heads; then `dV = P^T dO` as
+`(8, 8, T, T)` weights and `(8, 8, T, 64)` heads (`--what projections`:
+the 2-D products of the layer's projections alike); then `dV = P^T dO` as
 the single einsum against `ops/xla_cpu.py::keys_product`'s loop over
 (batch, head) pairs at several lengths; then the whole dense core, forward
 + backward, and the whole `MultiHeadAttention` layer (with keras's layer),
@@ -17,6 +18,7 @@ BENCHMARKS.md, "Speed per machine".
     python benchmarks/bench_xla_products.py
     python benchmarks/bench_xla_products.py --length 1024 --repeats 3
     python benchmarks/bench_xla_products.py --what core layer --threads 1
+    python benchmarks/bench_xla_products.py --what projections --length 512
 """
 
 import argparse
@@ -94,6 +96,34 @@ def products(length, repeats):
     for name, fn in cases.items():
         graph, xla = both_modes(fn, repeats)
         print(f"| {name} | {graph:.0f} | {xla:.0f} |", flush=True)
+
+
+def projections(length, repeats):
+    """The 2-D products of one `MultiHeadAttention` projection (batch 8,
+    width 512, 8 heads of 64): forward, weight gradient, input gradient;
+    the layer has four projections, so twelve such products, two thirds
+    of its arithmetic at 512 tokens."""
+    import numpy as np
+    import tensorflow as tf
+    from keras import ops
+
+    rng = np.random.default_rng(0)
+    x, d_y = (tf.constant(rng.random((8 * length, 512)).astype("float32"))
+              for _ in range(2))
+    w = tf.constant(rng.random((512, 512)).astype("float32"))
+    cases = {
+        "y = x W": lambda: ops.matmul(x, w),
+        "dW = x^T dY": lambda: ops.matmul(ops.transpose(x), d_y),
+        "dx = dY W^T": lambda: ops.matmul(d_y, ops.transpose(w)),
+    }
+    print(f"\n## A projection's products, ({8 * length}, 512) x (512, 512) "
+          "(CPU-ms)\n")
+    print("| product | tf.function | XLA | XLA / tf.function |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, fn in cases.items():
+        graph, xla = both_modes(fn, repeats)
+        print(f"| {name} | {graph:.1f} | {xla:.1f} | {xla / graph:.2f} |",
+              flush=True)
 
 
 def with_loop(flag):
@@ -312,7 +342,8 @@ def main():
                         default=[512, 2048])
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--what", nargs="+",
-                        choices=["products", "loop", "core", "layer"],
+                        choices=["products", "projections", "loop", "core",
+                                 "layer"],
                         default=["products", "loop", "core", "layer"])
     parser.add_argument("--threads", type=int, default=0,
                         help="TensorFlow's intra-op threads (1: the work "
@@ -326,6 +357,8 @@ def main():
     print("#", describe(), f"; threads {args.threads or 'default'}")
     if "products" in args.what:
         products(args.length, args.repeats)
+    if "projections" in args.what:
+        projections(args.length, args.repeats)
     if "loop" in args.what:
         loop_sizes(args.loop_lengths, args.repeats)
     if "core" in args.what:

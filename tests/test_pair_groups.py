@@ -122,6 +122,28 @@ def test_the_group_size_is_measured_once_in_a_graph_and_recorded(
     assert len(measure.calls) == 1 and len(pair_choices()) == 1
 
 
+def test_many_pairs_make_larger_groups_not_more(monkeypatch):
+    # 12 pairs of one pair a group by size, but at most 5 groups: groups of
+    # 3 (every group is a copy of the core in the traced graph).
+    monkeypatch.setattr(autotune, "PAIR_GROUPS_FROM", 1)
+    monkeypatch.setattr(autotune, "PAIR_GROUP_BYTES", 4 * T * S)
+    monkeypatch.setattr(autotune, "MAX_PAIR_GROUPS", 5)
+    measure = fake_measure(2.0, 1.0)
+    monkeypatch.setattr(autotune, "_measure", measure)
+    groups = count_groups(monkeypatch)
+    q, k, v = heads()
+    got = core_and_grads(q, k, v, None, None)
+    for a, b in zip(got, core_and_grads(q, k, v, None, 0)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert groups == [3]
+    assert measure.calls == [("graph", True, ["all pairs", "3 pairs a group"])]
+    # At most one group: all pairs at once, nothing to measure.
+    monkeypatch.setattr(autotune, "MAX_PAIR_GROUPS", 1)
+    monkeypatch.setattr(autotune, "_CHOICES", {})
+    core_and_grads(q, k, v, None, None)
+    assert groups == [3] and len(measure.calls) == 1
+
+
 def test_no_groups_under_xla_eagerly_or_for_short_or_unknown_shapes(monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("measured")

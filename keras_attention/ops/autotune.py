@@ -314,6 +314,14 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
 # `PAIR_GROUP_BYTES` of float32 scores each (`pair_group`).
 PAIR_GROUPS_FROM = 1024 * 1024
 PAIR_GROUP_BYTES = 8 * 2**20
+# Never more groups than this: each is its own copy of the core in the
+# traced graph, whose first call grows with their number. At batch 64, 8
+# heads, 1,024 tokens, 512 groups of one pair took 16.9-18.9 s at their
+# first call and ran slower than 256 of two (2,002-2,029 against
+# 1,851-1,891 ms; 7.9 s at the first call): `python
+# benchmarks/bench_pair_groups.py --batch 64 --lengths 1024 --autotune`,
+# BENCHMARKS.md "Pairs side by side".
+MAX_PAIR_GROUPS = 256
 
 
 def pair_group(q, k, v, mask, run):
@@ -335,7 +343,9 @@ def pair_group(q, k, v, mask, run):
     call: `MultiHeadAttention`'s first forward + backward at 2,048 tokens
     (batch 8, 8 heads of 64) took 23.4 s there against 13.5 s before,
     the later ones 1.2 s (`benchmarks/bench_attention.py`'s first-call
-    column); `set_autotune(False)` keeps all pairs at once.
+    column); `set_autotune(False)` keeps all pairs at once. At most
+    `MAX_PAIR_GROUPS` groups (larger ones for many pairs), which bounds
+    the traced graph and that first call.
     `q`, `k`, `v`: `(B, H, T|S, D)` heads; `run(pairs, q, k, v, mask,
     causal)` is the core with a given group size. Elsewhere (XLA, which
     runs its own concurrency; eager; other backends; shapes not static;
@@ -348,7 +358,7 @@ def pair_group(q, k, v, mask, run):
     if any(d is None for shape in shapes + [mask_shape or ()] for d in shape):
         return 0
     (b, h, t, _), (_, _, s, _), _ = shapes
-    group = max(1, PAIR_GROUP_BYTES // (4 * t * s))
+    group = max(1, PAIR_GROUP_BYTES // (4 * t * s), -(-b * h // MAX_PAIR_GROUPS))
     if t * s < PAIR_GROUPS_FROM or group >= b * h:
         return 0
     import tensorflow as tf
