@@ -25,6 +25,8 @@ One module per topic:
   and shape at the first call (`dispatch_choices()` says what it picked and
   why; `set_autotune`), and whether TensorFlow runs its oneDNN kernels
   (`onednn_status()`).
+- `choice_file`: measured choices kept in a JSON file for later processes
+  on the same machine (opt-in: `set_autotune(cache_file=...)`).
 - `blocked`: `blocked_attention`, key blocks with an online softmax and
   recomputation in the backward pass; never holds the `T x S` scores. With
   `sliding_window` each query block visits only the key blocks its band

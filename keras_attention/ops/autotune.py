@@ -45,6 +45,8 @@ import time
 import keras
 import numpy as np
 
+from keras_attention.ops import choice_file
+
 logger = logging.getLogger("keras_attention")
 
 Choice = collections.namedtuple("Choice", "key implementation reason timings_ms")
@@ -59,10 +61,11 @@ _OPTIONS = {
     "enabled": os.environ.get("KERAS_ATTENTION_AUTOTUNE", "1") != "0",
     "memory_budget": None,
     "repeats": 2,
+    "cache_file": os.environ.get("KERAS_ATTENTION_AUTOTUNE_CACHE") or None,
 }
 
 
-def set_autotune(enabled=None, memory_budget=None, repeats=None):
+def set_autotune(enabled=None, memory_budget=None, repeats=None, cache_file=None):
     """Configure the measured choice of `implementation="auto"`.
 
     Args:
@@ -72,25 +75,34 @@ def set_autotune(enabled=None, memory_budget=None, repeats=None):
             (forward scores, weights and their gradient); default a quarter
             of the machine's physical memory.
         repeats: timed calls per path after one warm-up call (default 2).
+        cache_file: a JSON file in which measured choices are kept for
+            later processes on the same machine (`ops/choice_file.py`), or
+            `False` for none (the default, unless
+            `KERAS_ATTENTION_AUTOTUNE_CACHE` names a file).
 
     Choices already made stay; `clear_dispatch_choices()` forgets them.
+    Every argument is checked before any option changes.
     """
+    if memory_budget is not None and memory_budget <= 0:
+        raise ValueError(
+            "`memory_budget` must be a positive number of bytes. "
+            f"Received: memory_budget={memory_budget!r}"
+        )
+    if repeats is not None and (int(repeats) != repeats or repeats < 1):
+        raise ValueError(
+            "`repeats` must be a positive integer. "
+            f"Received: repeats={repeats!r}"
+        )
+    if cache_file is not None and cache_file is not False:
+        cache_file = choice_file.check_path(cache_file)
     if enabled is not None:
         _OPTIONS["enabled"] = bool(enabled)
     if memory_budget is not None:
-        if memory_budget <= 0:
-            raise ValueError(
-                "`memory_budget` must be a positive number of bytes. "
-                f"Received: memory_budget={memory_budget!r}"
-            )
         _OPTIONS["memory_budget"] = int(memory_budget)
     if repeats is not None:
-        if int(repeats) != repeats or repeats < 1:
-            raise ValueError(
-                "`repeats` must be a positive integer. "
-                f"Received: repeats={repeats!r}"
-            )
         _OPTIONS["repeats"] = int(repeats)
+    if cache_file is not None:
+        _OPTIONS["cache_file"] = cache_file or None
 
 
 def dispatch_choices():
@@ -295,14 +307,14 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
         # Causal as called when the queries are all timed or a window
         # decides the blocked path's work; unmasked on a slice of them.
         causal = bool(is_causal) and (rows == t or sliding_window is not None)
-        timings = _measure(run, shapes, query.dtype, value.dtype, mask_shape,
-                           mode, training, candidates, rows, causal)
-        best = min(timings, key=timings.get)
-        text = ", ".join(f"{k} {v:.1f} ms" for k, v in timings.items())
-        notes = [f"on {rows:,} of {t:,} queries"] if rows < t else []
-        notes += [over] if over else []
-        text += f" ({'; '.join(notes)})" if notes else ""
-        choice = Choice(key_, best, f"measured: {text}", timings)
+
+        def measure():
+            timings = _measure(run, shapes, query.dtype, value.dtype, mask_shape,
+                               mode, training, candidates, rows, causal)
+            notes = [f"on {rows:,} of {t:,} queries"] if rows < t else []
+            return _fastest(key_, timings, notes + ([over] if over else []))
+
+        choice = _measured_or_kept(key_, measure)
     _CHOICES[key_] = choice
     logger.info("keras_attention: %s attention for %s (%s)",
                 choice.implementation, key_, choice.reason)
@@ -374,17 +386,48 @@ def pair_group(q, k, v, mask, run):
             choice = Choice(key_, "all pairs", "rule: autotune is off", {})
         else:
             sizes = {"all pairs": 0, label: group}
-            timings = _measure(
+            choice = _measured_or_kept(key_, lambda: _fastest(key_, _measure(
                 lambda name, *args: run(sizes[name], *args), shapes, q.dtype,
                 v.dtype, mask_shape, "graph", training, list(sizes),
-            )
-            best = min(timings, key=timings.get)
-            text = ", ".join(f"{name} {ms:.1f} ms" for name, ms in timings.items())
-            choice = Choice(key_, best, f"measured: {text}", timings)
+            )))
         _CHOICES[key_] = choice
         logger.info("keras_attention: dense core, %s, for %s (%s)",
                     choice.implementation, key_, choice.reason)
     return group if _CHOICES[key_].implementation == label else 0
+
+
+def _fastest(key_, timings, notes=()):
+    """The `Choice` of the fastest of `timings` (`{name: ms}`)."""
+    text = ", ".join(f"{name} {ms:.1f} ms" for name, ms in timings.items())
+    text += f" ({'; '.join(notes)})" if notes else ""
+    return Choice(key_, min(timings, key=timings.get), f"measured: {text}", timings)
+
+
+def _measured_or_kept(key_, measure):
+    """`measure()`'s `Choice` for `key_`, or the one kept in the cache file
+    (`set_autotune(cache_file=...)`) for this machine and memory budget;
+    a new measurement is added to the file."""
+    path = _OPTIONS["cache_file"]
+    if path is None:
+        return measure()
+    machine, lookup, store = choice_file.machine, choice_file.lookup, choice_file.store
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        # Plain Python while a `tf.function` traces (AutoGraph would try to
+        # convert `json`'s encoder, and warn).
+        machine, lookup, store = map(
+            tf.autograph.experimental.do_not_convert, (machine, lookup, store)
+        )
+    machine = machine(onednn_status())
+    kept = lookup(path, machine, key_, memory_budget())
+    if kept is not None:
+        implementation, reason, timings = kept
+        return Choice(key_, implementation, f"{reason} (kept in {path})", timings)
+    choice = measure()
+    store(path, machine, key_, memory_budget(), choice.implementation,
+          choice.reason, choice.timings_ms)
+    return choice
 
 
 def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
