@@ -34,7 +34,11 @@ static, `set_autotune(False)` or the environment variable
 `KERAS_ATTENTION_AUTOTUNE=0` keep the fixed rule (the blocked path once
 `T * S` passes `DENSE_THRESHOLD`). Every path is tested
 equal to the dense one in values and gradients, so the choice changes
-speed and memory, never the result beyond float rounding.
+speed and memory, never the result beyond float rounding. Measuring costs
+the first call of each shape seconds; `set_autotune(cache_file=...)` (or
+`KERAS_ATTENTION_AUTOTUNE_CACHE`) keeps the measured choices in a file
+that later processes on the same machine read instead
+(`ops/choice_file.py`).
 """
 
 import collections
@@ -355,7 +359,9 @@ def pair_group(q, k, v, mask, run):
     call: `MultiHeadAttention`'s first forward + backward at 2,048 tokens
     (batch 8, 8 heads of 64) took 23.4 s there against 13.5 s before,
     the later ones 1.2 s (`benchmarks/bench_attention.py`'s first-call
-    column); `set_autotune(False)` keeps all pairs at once. At most
+    column); `set_autotune(False)` keeps all pairs at once, and
+    `set_autotune(cache_file=...)` keeps the measured choice for later
+    processes on the same machine (`ops/choice_file.py`). At most
     `MAX_PAIR_GROUPS` groups (larger ones for many pairs), which bounds
     the traced graph and that first call.
     `q`, `k`, `v`: `(B, H, T|S, D)` heads; `run(pairs, q, k, v, mask,
