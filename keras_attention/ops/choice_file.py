@@ -146,13 +146,17 @@ def _identity(machine_, key, budget):
     return {"machine": machine_, "key": repr(key), "memory_budget": budget}
 
 
+def _matches(entry, identity):
+    return isinstance(entry, dict) and all(entry.get(k) == v for k, v in identity.items())
+
+
 def lookup(path, machine_, key, budget):
     """`(implementation, reason, timings_ms)` kept for this machine, key
     and budget, or `None`."""
     entries = _entries(path)
     wanted = _identity(machine_, key, budget)
     for entry in entries or ():
-        if isinstance(entry, dict) and all(entry.get(k) == v for k, v in wanted.items()):
+        if _matches(entry, wanted):
             try:
                 timings = {str(k): float(v) for k, v in entry["timings_ms"].items()}
                 return str(entry["implementation"]), str(entry["reason"]), timings
@@ -169,10 +173,7 @@ def store(path, machine_, key, budget, implementation, reason, timings_ms):
     if entries is None:
         return
     wanted = _identity(machine_, key, budget)
-    entries = [
-        e for e in entries
-        if not (isinstance(e, dict) and all(e.get(k) == v for k, v in wanted.items()))
-    ]
+    entries = [e for e in entries if not _matches(e, wanted)]
     entries.append(dict(wanted, implementation=implementation, reason=reason,
                         timings_ms=dict(timings_ms)))
     content = {"format": FORMAT, "version": VERSION, "entries": entries}
