@@ -110,3 +110,32 @@ def test_a_bad_cache_file_raises_and_changes_nothing(bad):
     with pytest.raises(ValueError, match="cache_file"):
         attention_ops.set_autotune(enabled=False, cache_file=bad)
     assert autotune._OPTIONS == before
+
+
+_STORER = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("choice_file", sys.argv[1])
+choice_file = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(choice_file)
+for i in range(int(sys.argv[4])):
+    choice_file.store(sys.argv[2], {"cpu": "x"}, (sys.argv[3], i), 1, "dense",
+                      "measured", {"dense": 1.0})
+"""
+
+
+def test_processes_storing_at_once_keep_every_entry(tmp_path):
+    # Each process reads the file, adds its entry and writes it whole: without
+    # the lock, one process's write drops what another added meanwhile.
+    import subprocess
+    import sys
+
+    path, processes, each = str(tmp_path / "choices.json"), 6, 15
+    storers = [
+        subprocess.Popen([sys.executable, "-c", _STORER, choice_file.__file__,
+                          path, f"process {n}", str(each)])
+        for n in range(processes)
+    ]
+    assert [p.wait(timeout=120) for p in storers] == [0] * processes
+    with open(path, encoding="utf-8") as handle:
+        keys = {entry["key"] for entry in json.load(handle)["entries"]}
+    assert len(keys) == processes * each

@@ -185,11 +185,68 @@ def test_a_real_measurement_keeps_the_values(monkeypatch):
 def test_a_nested_measurement_leaves_the_outer_one_as_it_was(monkeypatch):
     # `choose` timing the dense path with part of a call's queries traces
     # the dense core, which may measure its group size inside.
-    monkeypatch.setattr(autotune, "_MEASURED_CALL", {"rows": 77, "training": True})
+    outer = {"rows": 77, "training": True, "cores": None}
+    monkeypatch.setattr(autotune, "_MEASURED_CALL", dict(outer))
     shapes = [(1, 2, 3)] * 3
     timings = autotune._measure(
         lambda name, q, k, v, m, causal: q, shapes, "float32", "float32",
         None, "graph", False, ["a"],
     )
     assert set(timings) == {"a"}
-    assert autotune._MEASURED_CALL == {"rows": 77, "training": True}
+    assert autotune._MEASURED_CALL == outer
+
+
+def test_the_dense_path_is_timed_by_its_cores_measurement(monkeypatch):
+    # `choose` timing the dense path: its trace measured the core's pair
+    # groups on the same shapes, whose best time is the dense path's.
+    monkeypatch.setattr(autotune, "PAIR_GROUPS_FROM", 1)
+    monkeypatch.setattr(autotune, "PAIR_GROUP_BYTES", 4 * 4 * T * S)  # 4 pairs
+
+    def run(name, q, k, v, m, causal):
+        if name == "dense":
+            return dense.dense_core(q, k, v, m)
+        return tf.tanh(q) + tf.reduce_mean(k) + tf.reduce_mean(v)  # timed itself
+
+    shapes = [(B, H, T, 8), (B, H, S, 8), (B, H, S, 5)]
+    notes = []
+    timings = autotune._measure(run, shapes, "float32", "float32", None,
+                                "graph", True, ["dense", "other"], notes=notes)
+    (choice,) = pair_choices()
+    assert choice.key[3] == "train"
+    assert timings["dense"] == min(choice.timings_ms.values())
+    assert timings["other"] > 0
+    assert notes == ["dense timed by its core's pair-group measurement"]
+    # Found, not measured, the second time; still the dense path's time.
+    notes = []
+    again = autotune._measure(run, shapes, "float32", "float32", None,
+                              "graph", True, ["dense"], notes=notes)
+    assert again["dense"] == timings["dense"] and len(pair_choices()) == 1
+    assert notes == ["dense timed by its core's pair-group measurement"]
+
+
+def test_a_losing_candidate_is_timed_once(monkeypatch):
+    monkeypatch.setattr(autotune, "_OPTIONS", dict(autotune._OPTIONS, repeats=3))
+    calls = []
+
+    def fn(*args):
+        calls.append(args)
+        return np.zeros(())
+
+    # Slower than 1.5x the fastest (0 ms) after its first timed call.
+    autotune._best_ms(fn, (1,), 0.0)
+    assert len(calls) == 2  # the untimed first call, one timed
+    calls.clear()
+    autotune._best_ms(fn, (1,), float("inf"))
+    assert len(calls) == 4
+
+
+@pytest.mark.parametrize("dtype, group", [("float32", 2), ("float16", 2), ("bfloat16", 4)])
+def test_groups_hold_the_same_bytes_of_scores_in_any_dtype(monkeypatch, dtype, group):
+    # bfloat16 heads keep bfloat16 scores: twice the pairs in the same bytes.
+    monkeypatch.setattr(autotune, "PAIR_GROUPS_FROM", 1)
+    monkeypatch.setattr(autotune, "PAIR_GROUP_BYTES", 2 * 4 * T * S)
+    measure = fake_measure(2.0, 1.0)
+    monkeypatch.setattr(autotune, "_measure", measure)
+    q, k, v = (tf.cast(x, dtype) for x in heads())
+    core_and_grads(q, k, v, None, None)
+    assert measure.calls[0][2] == ["all pairs", f"{group} pairs a group"]

@@ -192,7 +192,13 @@ def memory_budget():
     return total // 4
 
 
-_MEASURED_CALL = {"rows": None, "training": False}
+# While `_measure` times a call: the call's own rows, whether it trains,
+# and the pair-group choices its candidate's trace made or found
+# (`pair_group` adds them; `None` outside a trace).
+_MEASURED_CALL = {"rows": None, "training": False, "cores": None}
+# A candidate whose timed call takes this many times the fastest one so
+# far is not timed again (it cannot win by its next call's noise).
+LOSING_RATIO = 1.5
 
 
 def measured_call_rows():
@@ -313,9 +319,10 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
         causal = bool(is_causal) and (rows == t or sliding_window is not None)
 
         def measure():
-            timings = _measure(run, shapes, query.dtype, value.dtype, mask_shape,
-                               mode, training, candidates, rows, causal)
             notes = [f"on {rows:,} of {t:,} queries"] if rows < t else []
+            timings = _measure(run, shapes, query.dtype, value.dtype, mask_shape,
+                               mode, training, candidates, rows, causal,
+                               notes=notes)
             return _fastest(key_, timings, notes + ([over] if over else []))
 
         choice = _measured_or_kept(key_, measure)
@@ -327,7 +334,8 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
 
 # From this many scores per (batch, head) pair, in a TensorFlow graph on a
 # CPU, the dense core is also timed in groups of pairs of about
-# `PAIR_GROUP_BYTES` of float32 scores each (`pair_group`).
+# `PAIR_GROUP_BYTES` of scores each (bfloat16 heads keep bfloat16 scores,
+# twice the pairs; float32 and float16 heads float32 ones; `pair_group`).
 PAIR_GROUPS_FROM = 1024 * 1024
 PAIR_GROUP_BYTES = 8 * 2**20
 # Never more groups than this: each is its own copy of the core in the
@@ -357,9 +365,11 @@ def pair_group(q, k, v, mask, run):
     times both (forward, and backward when training) and keeps the
     faster, recorded in `dispatch_choices()`. The price is that first
     call: `MultiHeadAttention`'s first forward + backward at 2,048 tokens
-    (batch 8, 8 heads of 64) took 23.4 s there against 13.5 s before,
-    the later ones 1.2 s (`benchmarks/bench_attention.py`'s first-call
-    column); `set_autotune(False)` keeps all pairs at once, and
+    (batch 8, 8 heads of 64), with the paths measured too (`choose`,
+    which takes the dense path's time from this measurement), took 28.9 s
+    there, the later ones 1.09 s (`benchmarks/bench_first_call.py`,
+    BENCHMARKS.md "A cheaper first measurement"); `set_autotune(False)`
+    keeps all pairs at once, and
     `set_autotune(cache_file=...)` keeps the measured choice for later
     processes on the same machine (`ops/choice_file.py`). At most
     `MAX_PAIR_GROUPS` groups (larger ones for many pairs), which bounds
@@ -376,7 +386,9 @@ def pair_group(q, k, v, mask, run):
     if any(d is None for shape in shapes + [mask_shape or ()] for d in shape):
         return 0
     (b, h, t, _), (_, _, s, _), _ = shapes
-    group = max(1, PAIR_GROUP_BYTES // (4 * t * s), -(-b * h // MAX_PAIR_GROUPS))
+    itemsize = 2 if keras.backend.standardize_dtype(q.dtype) == "bfloat16" else 4
+    group = max(1, PAIR_GROUP_BYTES // (itemsize * t * s),
+                -(-b * h // MAX_PAIR_GROUPS))
     if t * s < PAIR_GROUPS_FROM or group >= b * h:
         return 0
     import tensorflow as tf
@@ -399,6 +411,8 @@ def pair_group(q, k, v, mask, run):
         _CHOICES[key_] = choice
         logger.info("keras_attention: dense core, %s, for %s (%s)",
                     choice.implementation, key_, choice.reason)
+    if _MEASURED_CALL["cores"] is not None:  # `_measure` is tracing a path
+        _MEASURED_CALL["cores"].append(_CHOICES[key_])
     return group if _CHOICES[key_].implementation == label else 0
 
 
@@ -437,11 +451,22 @@ def _measured_or_kept(key_, measure):
 
 
 def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
-             candidates=("dense", "blocked"), rows=None, causal=False):
+             candidates=("dense", "blocked"), rows=None, causal=False,
+             notes=None):
     """Milliseconds of each candidate path on random inputs (TensorFlow,
     eagerly), on the first `rows` queries: each path's time grows with
     the number of queries at a fixed number of keys, so a slice of them
-    ranks the paths as the whole call would, in a fraction of its time."""
+    ranks the paths as the whole call would, in a fraction of its time.
+
+    Each path is traced, run once (its first run allocates), then timed
+    `repeats` times, the best kept; a path already `LOSING_RATIO` times
+    slower than the fastest so far is not timed again. The dense path
+    whose trace measured its core's pair groups (`pair_group`, on these
+    same inputs' shapes) takes that measurement's best time instead of
+    being run again: the core is its work but for the heads' layout
+    changes around it (a fraction of a percent at 2,048 tokens); `notes`
+    (a list) then says so.
+    """
     import tensorflow as tf
 
     shapes = [list(shape) for shape in shapes]
@@ -468,16 +493,33 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
         try:
             for implementation in candidates:
                 fn = _timed_fn(run, implementation, m, mode, training, causal)
-                fn(q, k, v)  # trace and compile, outside the timing
-                best = float("inf")
-                for _ in range(_OPTIONS["repeats"]):
-                    start = time.perf_counter()
-                    np.asarray(fn(q, k, v))
-                    best = min(best, time.perf_counter() - start)
-                timings[implementation] = 1000.0 * best
+                cores = _MEASURED_CALL["cores"] = []
+                fn.get_concrete_function(q, k, v)  # trace, outside the timing
+                _MEASURED_CALL["cores"] = None
+                if implementation == "dense" and len(cores) == 1 and cores[0].timings_ms:
+                    timings[implementation] = min(cores[0].timings_ms.values())
+                    if notes is not None:
+                        notes.append("dense timed by its core's pair-group measurement")
+                    continue
+                timings[implementation] = _best_ms(fn, (q, k, v), min(
+                    timings.values(), default=float("inf")))
         finally:
             _MEASURED_CALL.update(previous)
     return timings
+
+
+def _best_ms(fn, args, fastest_ms):
+    """`fn(*args)`'s best time in ms over `repeats` calls after a first,
+    untimed one; fewer once it is `LOSING_RATIO` times `fastest_ms`."""
+    np.asarray(fn(*args))  # the first run allocates, outside the timing
+    best = float("inf")
+    for _ in range(_OPTIONS["repeats"]):
+        start = time.perf_counter()
+        np.asarray(fn(*args))
+        best = min(best, 1000.0 * (time.perf_counter() - start))
+        if best > LOSING_RATIO * fastest_ms:
+            break
+    return best
 
 
 def _timed_fn(run, implementation, mask, mode, training, causal=False):

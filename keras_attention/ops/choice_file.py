@@ -4,7 +4,7 @@ later process on the same machine takes them without measuring again.
 Opt-in: `set_autotune(cache_file=path)` or the environment variable
 `KERAS_ATTENTION_AUTOTUNE_CACHE=path`. Measuring the paths of a long shape
 makes its first call slower (`MultiHeadAttention`'s first forward +
-backward at 2,048 tokens: 33.3 s, and 3.5 s in a later process reading
+backward at 2,048 tokens: 28.9 s, and 4.0 s in a later process reading
 the file, on a 2-core Xeon with AMX; `python
 benchmarks/bench_first_call.py`, BENCHMARKS.md "First calls, and measured
 choices kept in a file"): with the file, that price is paid once per
@@ -18,15 +18,24 @@ another budget the shape is measured again and its entry added. Only
 measured choices are kept (rules cost nothing to apply again). A file
 that is not one of these is never written over (a warning says why), and
 a file that cannot be read or written only costs the measurement.
+Processes that store at once take turns through an empty `<file>.lock`
+beside it (POSIX systems; elsewhere the last writer may drop an entry
+another process added meanwhile, which is then measured again).
 
     >>> from keras_attention import ops as attention_ops
     >>> attention_ops.set_autotune(cache_file="autotune.json")  # doctest: +SKIP
 """
 
+import contextlib
 import json
 import os
 import tempfile
 import warnings
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
 
 FORMAT = "keras_attention autotune choices"
 VERSION = 1
@@ -165,10 +174,37 @@ def lookup(path, machine_, key, budget):
     return None
 
 
+@contextlib.contextmanager
+def _locked(path):
+    """Hold an exclusive lock on `path + ".lock"` (POSIX `flock`), so that
+    processes storing at once each add their entry; where there is no
+    `fcntl` (Windows), or the lock file cannot be opened, no lock."""
+    handle = None
+    if fcntl is not None:
+        try:
+            handle = open(path + ".lock", "a", encoding="utf-8")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:
+            if handle is not None:
+                handle.close()
+            handle = None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.close()  # releases the lock
+
+
 def store(path, machine_, key, budget, implementation, reason, timings_ms):
     """Add (or replace) this machine's entry for `key`: the file read again
     just before it is written whole, through a temporary file renamed
-    over it, so that a reader never sees half a file."""
+    over it, so that a reader never sees half a file, under a lock that
+    makes processes storing at once wait for each other (`_locked`)."""
+    with _locked(path):
+        _store(path, machine_, key, budget, implementation, reason, timings_ms)
+
+
+def _store(path, machine_, key, budget, implementation, reason, timings_ms):
     entries = _entries(path)
     if entries is None:
         return
