@@ -16,6 +16,7 @@ side by side".
     python benchmarks/bench_pair_groups.py
     python benchmarks/bench_pair_groups.py --lengths 2048 --inter-op 1
     python benchmarks/bench_pair_groups.py --batch 64 --lengths 1024 --autotune
+    python benchmarks/bench_pair_groups.py --dtype bfloat16 --lengths 1024 2048
 """
 
 import argparse
@@ -32,7 +33,7 @@ from machine import describe  # noqa: E402
 GROUPS = (0, 1, 2, 4, 8)  # 0: all pairs at once
 
 
-def timed(batch, length, pairs, repeats):
+def timed(batch, length, pairs, repeats, dtype="float32"):
     """`(first call s, median later ms)`; `pairs` `None`: the library's
     choice, measured at the first call."""
     import numpy as np
@@ -42,7 +43,7 @@ def timed(batch, length, pairs, repeats):
     from keras_attention.ops import autotune
 
     rng = np.random.default_rng(0)
-    q, k, v = (tf.constant(rng.normal(size=(batch, length, 8, 64)), "float32")
+    q, k, v = (tf.cast(rng.normal(size=(batch, length, 8, 64)), dtype)
                for _ in range(3))
     original = autotune.pair_group
     if pairs is not None:
@@ -55,8 +56,9 @@ def timed(batch, length, pairs, repeats):
             out = attention_ops.dot_product_attention(
                 q, k, v, implementation="dense"
             )
+            out = tf.cast(out, "float32")
             loss = tf.reduce_mean(out * out)
-        grads = tape.gradient(loss, [q, k, v])
+        grads = [tf.cast(g, "float32") for g in tape.gradient(loss, [q, k, v])]
         return loss + tf.add_n([tf.reduce_sum(g * g) for g in grads])
 
     start = time.perf_counter()
@@ -81,6 +83,10 @@ def main(argv=None):
     parser.add_argument("--autotune", action="store_true",
                         help="also time the library's own choice, measured "
                         "at its first call")
+    parser.add_argument("--dtype", default="float32",
+                        choices=["float32", "bfloat16"],
+                        help="the heads' dtype (bfloat16 heads keep bfloat16 "
+                        "scores: half the bytes a pair)")
     parser.add_argument("--inter-op", type=int, default=0,
                         help="TensorFlow's inter-op threads (0: its default)")
     args = parser.parse_args(argv)
@@ -90,16 +96,19 @@ def main(argv=None):
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op)
     print(f"# {describe()}")
     print(f"# inter-op threads: {args.inter_op or 'default'}; batch {args.batch}, 8 heads "
-          f"of 64, forward + backward, tf.function, median of {args.repeats}")
+          f"of 64, {args.dtype}, forward + backward, tf.function, median of "
+          f"{args.repeats}")
+    itemsize = 2 if args.dtype == "bfloat16" else 4
     head = " | ".join("all pairs" if g == 0 else f"{g} a group" for g in GROUPS)
     print(f"\n| T = S | MB of scores a pair | {head} | all / best group |")
     print("| ---: | ---: |" + " ---: |" * (len(GROUPS) + 1))
     firsts = {}
     for length in args.lengths:
-        runs = [timed(args.batch, length, g, args.repeats) for g in GROUPS]
+        runs = [timed(args.batch, length, g, args.repeats, args.dtype)
+                for g in GROUPS]
         ms = [m for _, m in runs]
         firsts[length] = [f for f, _ in runs]
-        print(f"| {length} | {4 * length * length / 2**20:.0f} | "
+        print(f"| {length} | {itemsize * length * length / 2**20:.0f} | "
               + " | ".join(f"{m:.1f}" for m in ms)
               + f" | {ms[0] / min(ms[1:]):.2f} |", flush=True)
     print(f"\n| T = S | first call s: {head} |")
@@ -114,7 +123,7 @@ def main(argv=None):
         print("| ---: | --- | ---: | ---: |")
         for length in args.lengths:
             autotune.clear_dispatch_choices()
-            first, ms = timed(args.batch, length, None, args.repeats)
+            first, ms = timed(args.batch, length, None, args.repeats, args.dtype)
             kept = [c for c in autotune.dispatch_choices()
                     if c.key[0] == "pair groups"]
             text = "; ".join(f"{c.implementation} ({c.reason})" for c in kept)

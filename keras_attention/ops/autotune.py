@@ -335,7 +335,10 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
 # From this many scores per (batch, head) pair, in a TensorFlow graph on a
 # CPU, the dense core is also timed in groups of pairs of about
 # `PAIR_GROUP_BYTES` of scores each (bfloat16 heads keep bfloat16 scores,
-# twice the pairs; float32 and float16 heads float32 ones; `pair_group`).
+# twice the pairs: at 1,024 tokens 4 pairs a group ran 1.16x as fast as 2,
+# `python benchmarks/bench_pair_groups.py --dtype bfloat16`, BENCHMARKS.md
+# "Groups of pairs for bfloat16 heads"; float32 and float16 heads keep
+# float32 scores; `pair_group`).
 PAIR_GROUPS_FROM = 1024 * 1024
 PAIR_GROUP_BYTES = 8 * 2**20
 # Never more groups than this: each is its own copy of the core in the
