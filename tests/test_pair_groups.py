@@ -201,6 +201,8 @@ def test_the_dense_path_is_timed_by_its_cores_measurement(monkeypatch):
     # groups on the same shapes, whose best time is the dense path's.
     monkeypatch.setattr(autotune, "PAIR_GROUPS_FROM", 1)
     monkeypatch.setattr(autotune, "PAIR_GROUP_BYTES", 4 * 4 * T * S)  # 4 pairs
+    # No other path close to it (at these sizes any could be).
+    monkeypatch.setattr(autotune, "CLOSE_RATIO", 0.0)
 
     def run(name, q, k, v, m, causal):
         if name == "dense":
@@ -250,3 +252,24 @@ def test_groups_hold_the_same_bytes_of_scores_in_any_dtype(monkeypatch, dtype, g
     q, k, v = (tf.cast(x, dtype) for x in heads())
     core_and_grads(q, k, v, None, None)
     assert measure.calls[0][2] == ["all pairs", f"{group} pairs a group"]
+
+
+def test_the_dense_path_is_timed_itself_when_another_comes_close(monkeypatch):
+    # Another path within `CLOSE_RATIO` of the core's time: the core leaves
+    # out the layout changes around it, so the dense path is run and timed.
+    monkeypatch.setattr(autotune, "PAIR_GROUPS_FROM", 1)
+    monkeypatch.setattr(autotune, "PAIR_GROUP_BYTES", 4 * 4 * T * S)
+    monkeypatch.setattr(autotune, "CLOSE_RATIO", 1e9)
+
+    def run(name, q, k, v, m, causal):
+        if name == "dense":
+            return dense.dense_core(q, k, v, m)
+        return tf.tanh(q) + tf.reduce_mean(k) + tf.reduce_mean(v)
+
+    shapes = [(B, H, T, 8), (B, H, S, 8), (B, H, S, 5)]
+    notes = []
+    timings = autotune._measure(run, shapes, "float32", "float32", None,
+                                "graph", True, ["dense", "other"], notes=notes)
+    (choice,) = pair_choices()
+    assert timings["dense"] not in choice.timings_ms.values()
+    assert notes == []
