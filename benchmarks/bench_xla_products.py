@@ -9,7 +9,7 @@ the single einsum against `ops/xla_cpu.py::keys_product`'s loop over
 + backward, and the whole `MultiHeadAttention` layer (with keras's layer),
 under XLA with each fast form of `ops/xla_cpu.py` added in turn (the loop,
 the unnormalised weights, the flat projections, the scores' einsum, four
-pairs a loop step). Figures are CPU time
+pairs a loop step, the backward pair by pair). Figures are CPU time
 (milliseconds summed over threads, best of `--repeats`), which a busy
 machine distorts less than wall time, and for the core and the layer also
 the best wall time (round-robin); `--threads 1` measures the work itself.
@@ -170,18 +170,20 @@ class forced:
     `keys_product` at any size, `unnormalised` for the dense core, `flat`
     for the projections, `layouts` for `scores_product`'s einsum (off:
     keras's einsum), `grouped` for the loop's several pairs a step (off:
-    one)."""
+    one), `in_pairs` for the unnormalised core's backward pair by pair
+    (off: whole tensors and `keys_product`)."""
 
-    def __init__(self, loop, unnormalised, flat, layouts=True, grouped=True):
-        self.flags = loop, unnormalised, flat, layouts, grouped
+    def __init__(self, loop, unnormalised, flat, layouts=True, grouped=True,
+                 in_pairs=True):
+        self.flags = loop, unnormalised, flat, layouts, grouped, in_pairs
 
     def __enter__(self):
         from keras_attention.ops import xla_cpu
 
         self.saved = (xla_cpu._LOOPED_PRODUCT_SIZE, xla_cpu.takes_unnormalised,
                       xla_cpu._can_flatten, xla_cpu.scores_product,
-                      xla_cpu._PAIRS_PER_STEP)
-        loop, unnormalised, flat, layouts, grouped = self.flags
+                      xla_cpu._PAIRS_PER_STEP, xla_cpu._backward_in_pairs_taken)
+        loop, unnormalised, flat, layouts, grouped, in_pairs = self.flags
         xla_cpu._LOOPED_PRODUCT_SIZE = 1 if loop else 2**62
         if not unnormalised:
             xla_cpu.takes_unnormalised = lambda q: False
@@ -195,13 +197,15 @@ class forced:
             )
         if not grouped:
             xla_cpu._PAIRS_PER_STEP = 1
+        if not in_pairs:
+            xla_cpu._backward_in_pairs_taken = lambda e: False
 
     def __exit__(self, *exc):
         from keras_attention.ops import xla_cpu
 
         (xla_cpu._LOOPED_PRODUCT_SIZE, xla_cpu.takes_unnormalised,
          xla_cpu._can_flatten, xla_cpu.scores_product,
-         xla_cpu._PAIRS_PER_STEP) = self.saved
+         xla_cpu._PAIRS_PER_STEP, xla_cpu._backward_in_pairs_taken) = self.saved
 
 
 def interleaved_ms(fns, repeats):
@@ -235,22 +239,26 @@ def interleaved_ms(fns, repeats):
     return best
 
 
-# (label, jit, loop, unnormalised, flat[, layouts[, grouped]])
+# (label, jit, loop, unnormalised, flat[, layouts[, grouped[, in_pairs]]])
 CORE_ROWS = [
     ("tf.function", False, False, False, False),
-    ("XLA, einsum dV/dK", True, False, False, False, False, False),
-    ("XLA, loop dV/dK", True, True, False, False, False, False),
-    ("XLA, loop + unnormalised weights", True, True, True, False, False, False),
-    ("XLA, + scores' einsum", True, True, True, False, True, False),
-    ("XLA, + 4 pairs a step (now)", True, True, True, False),
+    ("XLA, einsum dV/dK", True, False, False, False, False, False, False),
+    ("XLA, loop dV/dK", True, True, False, False, False, False, False),
+    ("XLA, loop + unnormalised weights", True, True, True, False, False, False,
+     False),
+    ("XLA, + scores' einsum", True, True, True, False, True, False, False),
+    ("XLA, + 4 pairs a step", True, True, True, False, True, True, False),
+    ("XLA, + backward pair by pair (now)", True, True, True, False),
 ]
 LAYER_ROWS = [
     ("ours, tf.function", False, False, False, False),
-    ("ours, XLA, loop dV/dK", True, True, False, False, False, False),
-    ("ours, XLA, + unnormalised weights", True, True, True, False, False, False),
-    ("ours, XLA, + flat projections", True, True, True, True, False, False),
-    ("ours, XLA, + scores' einsum", True, True, True, True, True, False),
-    ("ours, XLA, + 4 pairs a step (now)", True, True, True, True),
+    ("ours, XLA, loop dV/dK", True, True, False, False, False, False, False),
+    ("ours, XLA, + unnormalised weights", True, True, True, False, False, False,
+     False),
+    ("ours, XLA, + flat projections", True, True, True, True, False, False, False),
+    ("ours, XLA, + scores' einsum", True, True, True, True, True, False, False),
+    ("ours, XLA, + 4 pairs a step", True, True, True, True, True, True, False),
+    ("ours, XLA, + backward pair by pair (now)", True, True, True, True),
 ]
 
 

@@ -237,3 +237,42 @@ def test_the_chunked_path_equals_the_dense_one(monkeypatch, causal):
     got, want = value_and_grads(loss("chunked")), value_and_grads(loss("dense"))
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="XLA on a CPU: JAX")
+def test_dense_core_fast_forms_equal_autodiff_on_jax(monkeypatch):
+    # JAX on a CPU takes `ops/xla_cpu.py`'s forms: the unnormalised weights,
+    # and (any length here) the looped keys products and the backward pair
+    # by pair. Against autodiff through the softmax.
+    import jax
+
+    from keras_attention import ops as attention_ops
+    from keras_attention.ops import xla_cpu
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("XLA on a CPU only")
+    q = RNG.normal(size=(2, 7, 4, 8)).astype("float32")
+    k = RNG.normal(size=(2, 5, 2, 8)).astype("float32")
+    v = RNG.normal(size=(2, 5, 2, 6)).astype("float32")
+    mask = RNG.random((2, 7, 5)) > 0.3
+
+    def loss(custom):
+        def fn(q, k, v):
+            out = attention_ops.dot_product_attention(
+                q, k, v, attention_mask=mask, implementation="dense",
+                custom_gradient=custom,
+            )
+            return (out * keras.ops.cos(out)).sum()
+
+        return jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2)))
+
+    want = loss(False)(q, k, v)
+    for grouped in (2**62, 0):  # keys products looped, then pair by pair
+        monkeypatch.setattr(xla_cpu, "_LOOPED_PRODUCT_SIZE", 1)
+        monkeypatch.setattr(xla_cpu, "_GROUPED_PRODUCT_SIZE", grouped)
+        got = loss(True)(q, k, v)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+        for g, w in zip(got[1], want[1]):
+            np.testing.assert_allclose(g, w, atol=2e-5)
+    assert any(c.key[0] == "dense core backward"
+               for c in attention_ops.dispatch_choices())

@@ -307,6 +307,8 @@ def unnormalised_attention(q, k, v, mask):
             d_out = upstream if upstream is not None else args[0]
             d_out = ops.cast(d_out, v.dtype)
             delta = ops.sum(d_out * out, axis=-1, keepdims=True)
+            if _backward_in_pairs_taken(e):
+                return _backward_in_pairs(q, k, v, e, inverse, d_out, delta)
             d_v = keys_product(e, d_out * inverse)
             d_p = scores_product(d_out, v)
             # Unscaled by `inverse`, so that XLA computes it once for both
@@ -319,3 +321,83 @@ def unnormalised_attention(q, k, v, mask):
         return out, grad
 
     return attend(q, k, v)
+
+
+
+def _backward_in_pairs_taken(e):
+    """Whether `unnormalised_attention`'s backward runs pair by pair: static
+    lengths of more than `_GROUPED_PRODUCT_SIZE` scores a pair (where
+    `keys_product` takes one pair a step too)."""
+    heads, t_len, s_len = e.shape[1], e.shape[2], e.shape[3]
+    return None not in (heads, t_len, s_len) and t_len * s_len > _GROUPED_PRODUCT_SIZE
+
+
+def _backward_in_pairs(q, k, v, e, inverse, d_out, delta):
+    """`unnormalised_attention`'s `(dQ, dK, dV)` in one loop over the
+    `(batch, head)` pairs, each step a pair's `dP`, `dS` and four
+    products: `dP` and `dS` are never whole `(B, H, T, S)` tensors (two
+    writes and reads of the largest tensors fewer, and their memory), and
+    `dV`, `dK` are `keys_product`'s `x^T p`, with no `dS` slice copied out
+    of a whole one. Under XLA on a CPU the dense core's forward + backward
+    at 2,048 tokens took 1,983 against 2,101 CPU-ms (1,046 against 1,108
+    ms wall); at 1,024 the same within noise, at 512 slower, hence
+    `_backward_in_pairs_taken` (`python benchmarks/bench_xla_products.py
+    --what core --length 2048`, BENCHMARKS.md "Intel Xeon with AMX", "The
+    backward pair by pair"). Tested equal to autodiff
+    (`tests/test_xla_cpu.py`).
+    """
+    heads, t_len, s_len = e.shape[1], e.shape[2], e.shape[3]
+    d_len, dv_len = q.shape[-1], v.shape[-1]
+    autotune.record_rule(
+        ("dense core backward", keras.backend.backend(), heads, t_len, s_len,
+         d_len, dv_len),
+        "loop over (batch, head) pairs",
+        "rule: XLA on a CPU, above 1,024 x 1,024 scores per pair, computes "
+        "the dense core's backward pair by pair (dP and dS never whole; dV "
+        "and dK as x^T p)",
+    )
+
+    def pairs_of(x):  # (B, H, R, C) -> (B * H, R, C)
+        return ops.reshape(x, (-1,) + tuple(x.shape[2:]))
+
+    e, d_out, v, k = pairs_of(e), pairs_of(d_out), pairs_of(v), pairs_of(k)
+    delta, inverse = pairs_of(delta), pairs_of(inverse)
+    # Laid out once, outside the loop: each step's dV^T and dK^T are then
+    # plain `(D, T) x (T, S)` products (see `keys_product`).
+    d_out_t = ops.swapaxes(d_out * inverse, 1, 2)
+    q_t = ops.swapaxes(pairs_of(q) * inverse, 1, 2)
+
+    def step(j, grads):
+        d_v_t, d_k_t, d_q = grads
+
+        def pair(x):
+            return ops.take(x, j, axis=0)
+
+        e_j = pair(e)
+        d_s = e_j * (scores_product(ops.reshape(pair(d_out), (1, 1, t_len, dv_len)),
+                                    ops.reshape(pair(v), (1, 1, s_len, dv_len)))[0, 0]
+                     - pair(delta))
+        return (
+            ops.slice_update(d_v_t, (j, 0, 0), ops.matmul(pair(d_out_t), e_j)[None]),
+            ops.slice_update(d_k_t, (j, 0, 0), ops.matmul(pair(q_t), d_s)[None]),
+            ops.slice_update(
+                d_q, (j, 0, 0), (ops.matmul(d_s, pair(k)) * pair(inverse))[None]
+            ),
+        )
+
+    pairs = ops.shape(e)[0]
+    d_v_t, d_k_t, d_q = ops.fori_loop(
+        0, pairs, step,
+        (ops.zeros((pairs, dv_len, s_len), v.dtype),
+         ops.zeros((pairs, d_len, s_len), q.dtype),
+         ops.zeros((pairs, t_len, d_len), q.dtype)),
+    )
+
+    def heads_of(x, rows, cols):
+        return ops.reshape(x, (-1, heads, rows, cols))
+
+    return (
+        heads_of(d_q, t_len, d_len),
+        heads_of(ops.swapaxes(d_k_t, 1, 2), s_len, d_len),
+        heads_of(ops.swapaxes(d_v_t, 1, 2), s_len, dv_len),
+    )
