@@ -117,8 +117,9 @@ def dispatch_choices():
     it holds for, `timings_ms` the measured time of each path (empty when
     the choice came from a rule). The fast forms that XLA on a CPU takes
     (`ops/xla_cpu.py`: the looped `dV`/`dK` products, the unnormalised
-    weights, the flat projections) are listed too, once per shape, their
-    key starting with what they replace (e.g. `"keys product"`).
+    weights, the backward pair by pair, the flat projections) are listed
+    too, once per shape, their key starting with what they replace (e.g.
+    `"keys product"`).
     """
     return list(_CHOICES.values())
 

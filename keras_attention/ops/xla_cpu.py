@@ -279,8 +279,10 @@ def unnormalised_attention(q, k, v, mask):
     `delta = rowsum(dO * O)`, `dQ = (dS~ k) / l`, `dK = dS~^T (q / l)`.
     Under XLA on a CPU this saves the softmax's division pass over the
     `(B, H, T, S)` weights (a write and a read of the largest tensor),
-    which oneDNN's fused softmax does not need in graph mode. Tested
-    equal to autodiff through `masked_softmax` (`tests/test_fast_paths.py`).
+    which oneDNN's fused softmax does not need in graph mode. Above
+    1,024 x 1,024 scores a pair the backward runs pair by pair
+    (`_backward_in_pairs`). Tested equal to autodiff through
+    `masked_softmax` (`tests/test_fast_paths.py`, `tests/test_xla_cpu.py`).
     """
     autotune.record_rule(
         ("dense core", keras.backend.backend(), tuple(q.shape), tuple(k.shape),
