@@ -325,7 +325,6 @@ def unnormalised_attention(q, k, v, mask):
     return attend(q, k, v)
 
 
-
 def _backward_in_pairs_taken(e):
     """Whether `unnormalised_attention`'s backward runs pair by pair: static
     lengths of more than `_GROUPED_PRODUCT_SIZE` scores a pair (where
@@ -341,7 +340,7 @@ def _backward_in_pairs(q, k, v, e, inverse, d_out, delta):
     writes and reads of the largest tensors fewer, and their memory), and
     `dV`, `dK` are `keys_product`'s `x^T p`, with no `dS` slice copied out
     of a whole one. Under XLA on a CPU the dense core's forward + backward
-    at 2,048 tokens took 1,983 against 2,101 CPU-ms (1,046 against 1,108
+    at 2,048 tokens took 1,950 against 2,094 CPU-ms (1,031 against 1,102
     ms wall), on Keras's JAX backend 1,651 against 3,324 ms; at 1,024
     the same within noise, at 512 slower, hence
     `_backward_in_pairs_taken` (`python benchmarks/bench_xla_products.py
