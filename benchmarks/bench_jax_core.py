@@ -8,8 +8,11 @@ backward (`jax.jit(jax.grad(...))`), batch 8, 8 heads of 64, with the
 backward pair by pair (`xla_cpu._backward_in_pairs`, taken above 1,024 x
 1,024 scores a pair) and with it switched off (whole `dP` and `dS`, the
 `dV`/`dK` products in `keys_product`'s loop); best wall ms of
-`--repeats`, the two timed round-robin after one call each. BENCHMARKS.md,
-"Intel Xeon with AMX", "The backward pair by pair".
+`--repeats`, timed round-robin after one call each; then the blocked
+path, and `implementation="auto"`, which on JAX measures the dense and
+blocked paths while it is traced (its trace's seconds, and what it
+took). BENCHMARKS.md, "Intel Xeon with AMX", "The backward pair by
+pair".
 
     python benchmarks/bench_jax_core.py
     python benchmarks/bench_jax_core.py --lengths 1024 2048 4096
@@ -27,14 +30,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from machine import describe  # noqa: E402
 
 
-def gradient_fn():
+def gradient_fn(implementation="dense"):
     """The core's gradient, jitted (traced at its `lower`)."""
     import jax
 
     from keras_attention import ops as attention_ops
 
     def loss(q, k, v):
-        out = attention_ops.dot_product_attention(q, k, v, implementation="dense")
+        out = attention_ops.dot_product_attention(
+            q, k, v, implementation=implementation)
         return (out * out).sum()
 
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
@@ -59,13 +63,21 @@ def timed(length, repeats):
         finally:
             xla_cpu._backward_in_pairs_taken = rule
         jax.block_until_ready(compiled[name](q, k, v))
+    # `implementation="auto"`: long enough, it measures the dense and the
+    # blocked paths while it is traced, and keeps the faster.
+    start = time.perf_counter()
+    compiled["auto"] = gradient_fn("auto").lower(q, k, v).compile()
+    first = time.perf_counter() - start
+    jax.block_until_ready(compiled["auto"](q, k, v))
+    compiled["blocked"] = gradient_fn("blocked").lower(q, k, v).compile()
+    jax.block_until_ready(compiled["blocked"](q, k, v))
     best = dict.fromkeys(compiled, float("inf"))
     for _ in range(repeats):
         for name, fn in compiled.items():
             start = time.perf_counter()
             jax.block_until_ready(fn(q, k, v))
             best[name] = min(best[name], 1000 * (time.perf_counter() - start))
-    return best
+    return best, first
 
 
 def main(argv=None):
@@ -78,13 +90,20 @@ def main(argv=None):
     print(f"# {describe()}; JAX device {jax.default_backend()}")
     print("# dense core forward + backward, batch 8, 8 heads of 64, float32, "
           f"best wall ms of {args.repeats}")
-    print("\n| T = S | pair by pair | whole tensors | whole / pair by pair |")
-    print("| ---: | ---: | ---: | ---: |")
+    print("\n| T = S | dense, pair by pair | dense, whole tensors | whole / pair "
+          "by pair | blocked | auto | auto's trace s (measuring) | what auto took |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    from keras_attention.ops import autotune
+
     for length in args.lengths:
-        ms = timed(length, args.repeats)
+        autotune.clear_dispatch_choices()
+        ms, first = timed(length, args.repeats)
         pairs, whole = ms["pair by pair"], ms["whole tensors"]
-        print(f"| {length} | {pairs:.1f} | {whole:.1f} | {whole / pairs:.2f} |",
-              flush=True)
+        took = "; ".join(f"{c.implementation} ({c.reason})"
+                         for c in autotune.dispatch_choices() if c.key[0] == "jax")
+        print(f"| {length} | {pairs:.1f} | {whole:.1f} | {whole / pairs:.2f} | "
+              f"{ms['blocked']:.1f} | {ms['auto']:.1f} | {first:.1f} | "
+              f"{took or 'dense (not long enough to measure)'} |", flush=True)
     print(f"\n# at the end: {describe()}")
 
 

@@ -276,3 +276,43 @@ def test_dense_core_fast_forms_equal_autodiff_on_jax(monkeypatch):
             np.testing.assert_allclose(g, w, atol=2e-5)
     assert any(c.key[0] == "dense core backward"
                for c in attention_ops.dispatch_choices())
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="measured on JAX")
+def test_auto_measures_the_paths_on_jax(monkeypatch):
+    # A long call on JAX's CPU (no fused kernel there) times the dense and
+    # blocked paths while it is traced, forward and backward under
+    # `jax.grad`, forward alone otherwise, and keeps the faster.
+    import jax
+
+    from keras_attention import ops as attention_ops
+    from keras_attention.ops import autotune
+    from keras_attention.ops import dispatch
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("a fused kernel decides elsewhere")
+    monkeypatch.setattr(dispatch, "DENSE_THRESHOLD", 100)
+    monkeypatch.setattr(autotune, "_OPTIONS", dict(autotune._OPTIONS, enabled=True,
+                                                   cache_file=None))
+    monkeypatch.setattr(autotune, "_CHOICES", {})
+    q = RNG.normal(size=(2, 12, 2, 8)).astype("float32")
+    k = RNG.normal(size=(2, 16, 2, 8)).astype("float32")
+
+    def attend(q, k, implementation="auto"):
+        out = attention_ops.dot_product_attention(
+            q, k, k, is_causal=True, implementation=implementation)
+        return (out * keras.ops.cos(out)).sum()
+
+    got = jax.jit(jax.value_and_grad(attend, argnums=(0, 1)))(q, k)
+    want = jax.value_and_grad(
+        lambda q, k: attend(q, k, "dense"), argnums=(0, 1))(q, k)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    for g, w in zip(got[1], want[1]):
+        np.testing.assert_allclose(g, w, atol=2e-5)
+    jax.jit(attend)(q, k)
+    chosen = {c.key[2]: c for c in attention_ops.dispatch_choices()
+              if c.key[0] == "jax"}
+    assert set(chosen) == {"train", "infer"}
+    for choice in chosen.values():
+        assert set(choice.timings_ms) == {"dense", "blocked"}
+        assert choice.implementation == min(choice.timings_ms, key=choice.timings_ms.get)

@@ -15,7 +15,8 @@ from one machine holds on the other, so the first call of each shape
 measures the candidate paths (forward, and backward when training) on
 random tensors of that shape (its first `MEASURED_ROWS` queries, against
 all keys), keeps the fastest for that shape, dtype and mode, and records
-the choice:
+the choice (on JAX, while the caller's function is traced, the paths
+jitted on the spot, with their gradient under `jax.grad`):
 
     >>> from keras_attention import ops as attention_ops
     >>> for choice in attention_ops.dispatch_choices():   # doctest: +SKIP
@@ -281,7 +282,7 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
     static = not any(d is None for shape in shapes for d in shape)
     mask_shape = shapes.pop() if mask is not None else None
     mode = tf_mode() if backend == "tensorflow" else "compiled"
-    training = bool(training) or gradient_recorded(backend)
+    training = bool(training) or gradient_recorded(backend) or _differentiated(query)
     (b, t, h, d), (_, s, kh, _), (_, _, _, dv) = shapes
     key_ = (
         backend, mode, "train" if training else "infer", b, t, s, h, kh, d, dv,
@@ -308,8 +309,8 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
             and 3 * 4 * b * h * MIN_CHUNK_ROWS * s <= memory_budget()
         ):
             candidates.append("chunked")
-    if backend != "tensorflow":
-        choice = Choice(key_, "blocked", "rule: measured on TensorFlow only", {})
+    if backend not in ("tensorflow", "jax"):
+        choice = Choice(key_, "blocked", "rule: measured on TensorFlow and JAX", {})
     elif not static:
         choice = Choice(key_, "blocked", "rule: shapes not static", {})
     elif len(candidates) == 1:
@@ -324,9 +325,10 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
 
         def measure():
             notes = [f"on {rows:,} of {t:,} queries"] if rows < t else []
-            timings = _measure(run, shapes, query.dtype, value.dtype, mask_shape,
-                               mode, training, candidates, rows, causal,
-                               notes=notes)
+            args = (run, shapes, query.dtype, value.dtype, mask_shape, mode,
+                    training, candidates, rows, causal)
+            timings = (_measure(*args, notes=notes) if backend == "tensorflow"
+                       else _measure_jax(*args))
             return _fastest(key_, timings, notes + ([over] if over else []))
 
         choice = _measured_or_kept(key_, measure)
@@ -480,12 +482,8 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
     """
     import tensorflow as tf
 
-    shapes = [list(shape) for shape in shapes]
     call_rows = shapes[0][1]
-    if rows is not None:
-        shapes[0][1] = rows
-        if mask_shape is not None and mask_shape[2] != 1:
-            mask_shape = mask_shape[:2] + (rows,) + mask_shape[3:]
+    shapes, mask_shape = _sliced(shapes, mask_shape, rows)
     rng = np.random.default_rng(0)
     with tf.init_scope():
         q, k, v = (
@@ -522,6 +520,51 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
                     notes.append("dense timed by its core's pair-group measurement")
         finally:
             _MEASURED_CALL.update(previous)
+    return timings
+
+
+def _sliced(shapes, mask_shape, rows):
+    """The shapes of a call's first `rows` queries (all: `rows` `None`)."""
+    shapes = [list(shape) for shape in shapes]
+    if rows is not None:
+        shapes[0][1] = rows
+        if mask_shape is not None and mask_shape[2] != 1:
+            mask_shape = mask_shape[:2] + (rows,) + mask_shape[3:]
+    return shapes, mask_shape
+
+
+def _differentiated(x):
+    """Whether JAX differentiates the traced value `x` (`jax.grad`,
+    `jax.value_and_grad`: keras's JAX trainer); False elsewhere."""
+    return type(x).__name__ in ("JVPTracer", "LinearizeTracer")
+
+
+def _measure_jax(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
+                 candidates, rows=None, causal=False):
+    """`_measure` on JAX: each path jitted (with its gradient when
+    training) and timed on random inputs, evaluated on the spot while the
+    caller's function is being traced (`jax.ensure_compile_time_eval`)."""
+    import jax
+
+    shapes, mask_shape = _sliced(shapes, mask_shape, rows)
+    rng = np.random.default_rng(0)
+    with jax.ensure_compile_time_eval():
+        q, k, v = (
+            jax.numpy.asarray(rng.standard_normal(shape, dtype=np.float32), dtype)
+            for shape, dtype in zip(shapes, (q_dtype, q_dtype, v_dtype))
+        )
+        m = None if mask_shape is None else jax.numpy.ones(mask_shape, bool)
+        timings = {}
+        for implementation in candidates:
+            def loss(q, k, v, implementation=implementation):
+                out = run(implementation, q, k, v, m, causal).astype("float32")
+                return (out * out).sum()
+
+            grads = jax.grad(loss, argnums=(0, 1, 2))
+            fn = jax.jit(lambda *a: sum(g.sum() for g in grads(*a)) if training
+                         else loss(*a))
+            timings[implementation] = _best_ms(
+                fn, (q, k, v), min(timings.values(), default=float("inf")))
     return timings
 
 
