@@ -27,6 +27,8 @@ One module per topic:
   (`onednn_status()`).
 - `choice_file`: measured choices kept in a JSON file for later processes
   on the same machine (opt-in: `set_autotune(cache_file=...)`).
+- `timing`: how `autotune` times a candidate path (the best of a few
+  calls, a losing path timed once) and its whole measurement on JAX.
 - `blocked`: `blocked_attention`, key blocks with an online softmax and
   recomputation in the backward pass; never holds the `T x S` scores. With
   `sliding_window` each query block visits only the key blocks its band

@@ -45,12 +45,12 @@ that later processes on the same machine read instead
 import collections
 import logging
 import os
-import time
 
 import keras
 import numpy as np
 
 from keras_attention.ops import choice_file
+from keras_attention.ops import timing
 
 logger = logging.getLogger("keras_attention")
 
@@ -198,9 +198,6 @@ def memory_budget():
 # and the pair-group choices its candidate's trace made or found
 # (`pair_group` adds them; `None` outside a trace).
 _MEASURED_CALL = {"rows": None, "training": False, "cores": None}
-# A candidate whose timed call takes this many times the fastest one so
-# far is not timed again (it cannot win by its next call's noise).
-LOSING_RATIO = 1.5
 # The dense path takes its core's measured time (`_measure`) unless another
 # path comes within this ratio of it: then it is timed itself.
 CLOSE_RATIO = 1.1
@@ -282,7 +279,8 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
     static = not any(d is None for shape in shapes for d in shape)
     mask_shape = shapes.pop() if mask is not None else None
     mode = tf_mode() if backend == "tensorflow" else "compiled"
-    training = bool(training) or gradient_recorded(backend) or _differentiated(query)
+    training = (bool(training) or gradient_recorded(backend)
+                or timing.differentiated(query))
     (b, t, h, d), (_, s, kh, _), (_, _, _, dv) = shapes
     key_ = (
         backend, mode, "train" if training else "infer", b, t, s, h, kh, d, dv,
@@ -325,10 +323,14 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
 
         def measure():
             notes = [f"on {rows:,} of {t:,} queries"] if rows < t else []
-            args = (run, shapes, query.dtype, value.dtype, mask_shape, mode,
-                    training, candidates, rows, causal)
-            timings = (_measure(*args, notes=notes) if backend == "tensorflow"
-                       else _measure_jax(*args))
+            if backend == "tensorflow":
+                timings = _measure(run, shapes, query.dtype, value.dtype,
+                                   mask_shape, mode, training, candidates, rows,
+                                   causal, notes=notes)
+            else:
+                timings = timing.measure_jax(
+                    run, shapes, query.dtype, value.dtype, mask_shape, training,
+                    candidates, rows, causal, _OPTIONS["repeats"])
             return _fastest(key_, timings, notes + ([over] if over else []))
 
         choice = _measured_or_kept(key_, measure)
@@ -468,7 +470,7 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
     ranks the paths as the whole call would, in a fraction of its time.
 
     Each path is traced, run once (its first run allocates), then timed
-    `repeats` times, the best kept; a path already `LOSING_RATIO` times
+    `repeats` times, the best kept; a path already `timing.LOSING_RATIO` times
     slower than the fastest so far is not timed again. The dense path
     whose trace measured its core's pair groups (`pair_group`, on these
     same inputs' shapes) takes that measurement's best time instead of
@@ -483,7 +485,7 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
     import tensorflow as tf
 
     call_rows = shapes[0][1]
-    shapes, mask_shape = _sliced(shapes, mask_shape, rows)
+    shapes, mask_shape = timing.sliced(shapes, mask_shape, rows)
     rng = np.random.default_rng(0)
     with tf.init_scope():
         q, k, v = (
@@ -510,76 +512,18 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
                     timings[implementation] = min(cores[0].timings_ms.values())
                     taken = fn
                     continue
-                timings[implementation] = _best_ms(fn, (q, k, v), min(
-                    timings.values(), default=float("inf")))
+                timings[implementation] = timing.best_ms(fn, (q, k, v), min(
+                    timings.values(), default=float("inf")), _OPTIONS["repeats"])
             if taken is not None:
                 others = [ms for name, ms in timings.items() if name != "dense"]
                 if min(others, default=float("inf")) <= CLOSE_RATIO * timings["dense"]:
-                    timings["dense"] = _best_ms(taken, (q, k, v), float("inf"))
+                    timings["dense"] = timing.best_ms(
+                        taken, (q, k, v), float("inf"), _OPTIONS["repeats"])
                 elif notes is not None:
                     notes.append("dense timed by its core's pair-group measurement")
         finally:
             _MEASURED_CALL.update(previous)
     return timings
-
-
-def _sliced(shapes, mask_shape, rows):
-    """The shapes of a call's first `rows` queries (all: `rows` `None`)."""
-    shapes = [list(shape) for shape in shapes]
-    if rows is not None:
-        shapes[0][1] = rows
-        if mask_shape is not None and mask_shape[2] != 1:
-            mask_shape = mask_shape[:2] + (rows,) + mask_shape[3:]
-    return shapes, mask_shape
-
-
-def _differentiated(x):
-    """Whether JAX differentiates the traced value `x` (`jax.grad`,
-    `jax.value_and_grad`: keras's JAX trainer); False elsewhere."""
-    return type(x).__name__ in ("JVPTracer", "LinearizeTracer")
-
-
-def _measure_jax(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
-                 candidates, rows=None, causal=False):
-    """`_measure` on JAX: each path jitted (with its gradient when
-    training) and timed on random inputs, evaluated on the spot while the
-    caller's function is being traced (`jax.ensure_compile_time_eval`)."""
-    import jax
-
-    shapes, mask_shape = _sliced(shapes, mask_shape, rows)
-    rng = np.random.default_rng(0)
-    with jax.ensure_compile_time_eval():
-        q, k, v = (
-            jax.numpy.asarray(rng.standard_normal(shape, dtype=np.float32), dtype)
-            for shape, dtype in zip(shapes, (q_dtype, q_dtype, v_dtype))
-        )
-        m = None if mask_shape is None else jax.numpy.ones(mask_shape, bool)
-        timings = {}
-        for implementation in candidates:
-            def loss(q, k, v, implementation=implementation):
-                out = run(implementation, q, k, v, m, causal).astype("float32")
-                return (out * out).sum()
-
-            grads = jax.grad(loss, argnums=(0, 1, 2))
-            fn = jax.jit(lambda *a: sum(g.sum() for g in grads(*a)) if training
-                         else loss(*a))
-            timings[implementation] = _best_ms(
-                fn, (q, k, v), min(timings.values(), default=float("inf")))
-    return timings
-
-
-def _best_ms(fn, args, fastest_ms):
-    """`fn(*args)`'s best time in ms over `repeats` calls after a first,
-    untimed one; fewer once it is `LOSING_RATIO` times `fastest_ms`."""
-    np.asarray(fn(*args))  # the first run allocates, outside the timing
-    best = float("inf")
-    for _ in range(_OPTIONS["repeats"]):
-        start = time.perf_counter()
-        np.asarray(fn(*args))
-        best = min(best, 1000.0 * (time.perf_counter() - start))
-        if best > LOSING_RATIO * fastest_ms:
-            break
-    return best
 
 
 def _timed_fn(run, implementation, mask, mode, training, causal=False):
