@@ -273,3 +273,40 @@ def test_the_dense_path_is_timed_itself_when_another_comes_close(monkeypatch):
     (choice,) = pair_choices()
     assert timings["dense"] not in choice.timings_ms.values()
     assert notes == []
+
+
+@pytest.mark.parametrize("close", [False, True])
+def test_the_dense_path_is_traced_in_groups_only_when_it_runs(monkeypatch, close):
+    # The trace that measures the core's groups is run only if another path
+    # comes close; until then it leaves the groups out (cheaper to trace),
+    # and the dense path timed itself is traced again, in its groups.
+    monkeypatch.setattr(autotune, "PAIR_GROUPS_FROM", 1)
+    monkeypatch.setattr(autotune, "PAIR_GROUP_BYTES", 4 * 4 * T * S)  # 4 pairs
+    monkeypatch.setattr(autotune, "CLOSE_RATIO", 1e9 if close else 0.0)
+    grouped = []
+    real_groups = dense._pair_groups
+    monkeypatch.setattr(dense, "_pair_groups",
+                        lambda *args: grouped.append(args[-1]) or real_groups(*args))
+    # All pairs 2 ms, four a group 1 ms (the nested measurement), the
+    # other path 5 ms, the dense path timed itself 3 ms.
+    times = iter([2.0, 1.0, 5.0, 3.0])
+
+    def best_ms(fn, args, fastest_ms, repeats):
+        fn(*args)  # traced here if not yet
+        return next(times)
+
+    monkeypatch.setattr(timing, "best_ms", best_ms)
+
+    def run(name, q, k, v, m, causal):
+        if name == "dense":
+            return dense.dense_core(q, k, v, m)
+        return tf.tanh(q) + tf.reduce_mean(k) + tf.reduce_mean(v)
+
+    shapes = [(B, H, T, 8), (B, H, S, 8), (B, H, S, 5)]
+    timings = autotune._measure(run, shapes, "float32", "float32", None,
+                                "graph", True, ["dense", "other"])
+    assert pair_choices()[0].implementation == "4 pairs a group"
+    # One trace in groups for the nested measurement, one for the dense
+    # path when it is timed itself.
+    assert grouped == ([4, 4] if close else [4])
+    assert timings == {"dense": 3.0 if close else 1.0, "other": 5.0}

@@ -422,8 +422,12 @@ def pair_group(q, k, v, mask, run):
         _CHOICES[key_] = choice
         logger.info("keras_attention: dense core, %s, for %s (%s)",
                     choice.implementation, key_, choice.reason)
-    if _MEASURED_CALL["cores"] is not None:  # `_measure` is tracing a path
+    if _MEASURED_CALL["cores"] is not None:
+        # `_measure` is tracing the dense path to take this measurement's
+        # time, and traces it again if it has to run it: all pairs at once
+        # meanwhile, the cheapest to trace.
         _MEASURED_CALL["cores"].append(_CHOICES[key_])
+        return 0
     return group if _CHOICES[key_].implementation == label else 0
 
 
@@ -479,8 +483,9 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
     whole path took 878.9 ms and its core 840.1, `python
     benchmarks/bench_first_call.py`, BENCHMARKS.md "First calls"), so
     where another path comes within `CLOSE_RATIO` of that time the dense
-    path is timed itself after all; otherwise `notes` (a list) says the
-    core's time was taken.
+    path is timed itself after all (traced again: the trace that measured
+    the core left its groups out, `pair_group`); otherwise `notes` (a
+    list) says the core's time was taken.
     """
     import tensorflow as tf
 
@@ -502,23 +507,27 @@ def _measure(run, shapes, q_dtype, v_dtype, mask_shape, mode, training,
             training=training,
         )
         try:
-            taken = None  # the dense path's function, when its core's time is taken
+            taken = False  # whether the dense path's core's time is taken
             for implementation in candidates:
                 fn = _timed_fn(run, implementation, m, mode, training, causal)
-                cores = _MEASURED_CALL["cores"] = []
+                dense = implementation == "dense"
+                cores = _MEASURED_CALL["cores"] = [] if dense else None
                 fn.get_concrete_function(q, k, v)  # trace, outside the timing
                 _MEASURED_CALL["cores"] = None
-                if implementation == "dense" and len(cores) == 1 and cores[0].timings_ms:
+                if dense and len(cores) == 1 and cores[0].timings_ms:
                     timings[implementation] = min(cores[0].timings_ms.values())
-                    taken = fn
+                    taken = True
                     continue
+                if cores:  # traced with its cores' groups left out
+                    fn = _timed_fn(run, implementation, m, mode, training, causal)
                 timings[implementation] = timing.best_ms(fn, (q, k, v), min(
                     timings.values(), default=float("inf")), _OPTIONS["repeats"])
-            if taken is not None:
+            if taken:
                 others = [ms for name, ms in timings.items() if name != "dense"]
                 if min(others, default=float("inf")) <= CLOSE_RATIO * timings["dense"]:
                     timings["dense"] = timing.best_ms(
-                        taken, (q, k, v), float("inf"), _OPTIONS["repeats"])
+                        _timed_fn(run, "dense", m, mode, training, causal),
+                        (q, k, v), float("inf"), _OPTIONS["repeats"])
                 elif notes is not None:
                     notes.append("dense timed by its core's pair-group measurement")
         finally:
