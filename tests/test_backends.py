@@ -242,19 +242,29 @@ def test_the_chunked_path_equals_the_dense_one(monkeypatch, causal):
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="XLA on a CPU: JAX")
 def test_dense_core_fast_forms_equal_autodiff_on_jax(monkeypatch):
     # JAX on a CPU takes `ops/xla_cpu.py`'s forms: the unnormalised weights,
-    # and (any length here) the looped keys products and the backward pair
-    # by pair. Against autodiff through the softmax.
+    # and (any length here) the looped keys products, then the forward and
+    # the backward pair by pair. Against autodiff through the softmax.
     import jax
 
     from keras_attention import ops as attention_ops
-    from keras_attention.ops import xla_cpu
 
     if jax.default_backend() != "cpu":
         pytest.skip("XLA on a CPU only")
     q = RNG.normal(size=(2, 7, 4, 8)).astype("float32")
     k = RNG.normal(size=(2, 5, 2, 8)).astype("float32")
     v = RNG.normal(size=(2, 5, 2, 6)).astype("float32")
-    mask = RNG.random((2, 7, 5)) > 0.3
+    masks = [RNG.random((2, 7, 5)) > 0.3, RNG.random((2, 4, 7, 5)) > 0.3]
+    for mask in masks:  # one for every head, then one a head
+        _fast_forms_equal_autodiff(monkeypatch, q, k, v, mask)
+    assert {"dense core forward", "dense core backward"} <= {
+        c.key[0] for c in attention_ops.dispatch_choices()}
+
+
+def _fast_forms_equal_autodiff(monkeypatch, q, k, v, mask):
+    import jax
+
+    from keras_attention import ops as attention_ops
+    from keras_attention.ops import xla_cpu
 
     def loss(custom):
         def fn(q, k, v):
@@ -274,8 +284,6 @@ def test_dense_core_fast_forms_equal_autodiff_on_jax(monkeypatch):
         np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
         for g, w in zip(got[1], want[1]):
             np.testing.assert_allclose(g, w, atol=2e-5)
-    assert any(c.key[0] == "dense core backward"
-               for c in attention_ops.dispatch_choices())
 
 
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="measured on JAX")

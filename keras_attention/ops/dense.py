@@ -105,7 +105,7 @@ def dense_core(q, k, v, mask, pairs=None):
     take `xla_cpu.unnormalised_attention` (the same values, one pass over
     the weights fewer) and `dV`, `dK` take `xla_cpu.keys_product`'s loop,
     or above 1,024 x 1,024 scores a pair the whole backward runs pair by
-    pair.
+    pair (on JAX the forward too).
     In a TensorFlow graph on a CPU the core may run in groups of `(batch,
     head)` pairs side by side (`pairs` of them a group; `None`: as
     `autotune.pair_group` measured, `0`: all at once).

@@ -281,7 +281,8 @@ def unnormalised_attention(q, k, v, mask):
     `(B, H, T, S)` weights (a write and a read of the largest tensor),
     which oneDNN's fused softmax does not need in graph mode. Above
     1,024 x 1,024 scores a pair the backward runs pair by pair
-    (`_backward_in_pairs`). Tested equal to autodiff through
+    (`_backward_in_pairs`), and on JAX the forward too
+    (`_forward_in_pairs`). Tested equal to autodiff through
     `masked_softmax` (`tests/test_fast_paths.py`, `tests/test_xla_cpu.py`).
     """
     autotune.record_rule(
@@ -294,16 +295,11 @@ def unnormalised_attention(q, k, v, mask):
 
     @ops.custom_gradient
     def attend(q, k, v):
-        scores = scores_product(q, k)
-        if mask is not None:
-            scores = ops.where(mask, scores, MASK_VALUE)
-        e = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
-        if mask is not None:
-            # A query with no key would see exp(0) everywhere: zeros.
-            e = ops.where(mask, e, 0.0)
-        total = ops.sum(e, axis=-1, keepdims=True)
-        inverse = ops.where(total > 0.0, 1.0 / ops.maximum(total, 1e-30), 0.0)
-        out = ops.matmul(e, v) * inverse  # (B, H, T, Dv)
+        if _forward_in_pairs_taken(q, k):
+            out, e, inverse = _forward_in_pairs(q, k, v, mask)
+        else:
+            e, inverse = _weights(scores_product(q, k), mask)
+            out = ops.matmul(e, v) * inverse  # (B, H, T, Dv)
 
         def grad(*args, upstream=None):
             d_out = upstream if upstream is not None else args[0]
@@ -323,6 +319,89 @@ def unnormalised_attention(q, k, v, mask):
         return out, grad
 
     return attend(q, k, v)
+
+
+def _weights(scores, mask):
+    """`(E, 1 / l)`: `E = exp(s - rowmax(s))`, zero where `mask` is False,
+    and the inverse of its row sums (zero for a row with no key)."""
+    if mask is not None:
+        scores = ops.where(mask, scores, MASK_VALUE)
+    e = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
+    if mask is not None:
+        # A query with no key would see exp(0) everywhere: zeros.
+        e = ops.where(mask, e, 0.0)
+    total = ops.sum(e, axis=-1, keepdims=True)
+    return e, ops.where(total > 0.0, 1.0 / ops.maximum(total, 1e-30), 0.0)
+
+
+def _forward_in_pairs_taken(q, k):
+    """Whether `unnormalised_attention`'s forward runs pair by pair: on
+    Keras's JAX backend, above `_GROUPED_PRODUCT_SIZE` scores a pair (see
+    `_forward_in_pairs`)."""
+    heads, t_len, s_len = q.shape[1], q.shape[2], k.shape[2]
+    # Static lengths only (Keras infers shapes on JAX with symbolic ones).
+    return (keras.backend.backend() == "jax"
+            and all(isinstance(n, int) for n in (heads, t_len, s_len))
+            and t_len * s_len > _GROUPED_PRODUCT_SIZE)
+
+
+def _forward_in_pairs(q, k, v, mask):
+    """`unnormalised_attention`'s forward in one loop over the `(batch,
+    head)` pairs: `(out, E, 1 / l)`, each step one pair's scores, weights
+    and output; the scores are never a whole `(B, H, T, S)` tensor, and a
+    pair's passes over them (row maximum, exponential, row sum, product
+    with `v`) read the few megabytes the cache still holds. On Keras's JAX
+    backend (CPU) at 2,048 tokens the dense core's forward took 516
+    against 1,038 ms, forward + backward 1,670 against 2,005 (`python
+    benchmarks/bench_jax_core.py --lengths 2048 [--forward]`; AMD EPYC
+    with AVX-512, BENCHMARKS.md "The AVX-512 kind again, 2026-12-04").
+    Not on TensorFlow: under `jit_compile=True` its forward + backward was
+    slower so in scratch runs (the loop writes `E` for the backward pass
+    into a buffer XLA first fills with zeros), and within noise for the
+    forward alone."""
+    _, heads, t_len, d_len = q.shape
+    s_len, dv_len = k.shape[2], v.shape[-1]
+    autotune.record_rule(
+        ("dense core forward", keras.backend.backend(), heads, t_len, s_len,
+         d_len, dv_len, None if mask is None else tuple(mask.shape)),
+        "loop over (batch, head) pairs",
+        "rule: XLA on a CPU (JAX), above 1,024 x 1,024 scores per pair, "
+        "computes the dense core's forward pair by pair (the scores never whole)",
+    )
+    q_p, k_p, v_p = (ops.reshape(x, (-1,) + tuple(x.shape[2:])) for x in (q, k, v))
+    if mask is not None:
+        mask = ops.convert_to_tensor(mask)
+        while len(mask.shape) < 4:
+            mask = mask[None]
+
+    def step(j, state):
+        out, e, inverse = state
+
+        def pair(x, rows, cols):
+            return ops.reshape(ops.take(x, j, axis=0), (1, 1, rows, cols))
+
+        mask_j = None
+        if mask is not None:
+            # The pair's own mask, from one broadcast over batch or heads.
+            b = j // heads if mask.shape[0] != 1 else 0
+            h = j % heads if mask.shape[1] != 1 else 0
+            mask_j = ops.take(ops.take(mask, b, axis=0), h, axis=0)[None, None]
+        e_j, inverse_j = _weights(
+            scores_product(pair(q_p, t_len, d_len), pair(k_p, s_len, d_len)), mask_j)
+        out_j = ops.matmul(e_j, pair(v_p, s_len, dv_len)) * inverse_j
+        return (ops.slice_update(out, (j, 0, 0), out_j[0]),
+                ops.slice_update(e, (j, 0, 0), e_j[0]),
+                ops.slice_update(inverse, (j, 0, 0), inverse_j[0]))
+
+    pairs = ops.shape(q_p)[0]
+    out, e, inverse = ops.fori_loop(
+        0, pairs, step,
+        (ops.zeros((pairs, t_len, dv_len), q.dtype),
+         ops.zeros((pairs, t_len, s_len), q.dtype),
+         ops.zeros((pairs, t_len, 1), q.dtype)),
+    )
+    return tuple(ops.reshape(x, (-1, heads) + tuple(x.shape[1:]))
+                 for x in (out, e, inverse))
 
 
 def _backward_in_pairs_taken(e):
