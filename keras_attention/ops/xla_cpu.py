@@ -355,10 +355,10 @@ def _forward_in_pairs(q, k, v, mask):
     against 1,038 ms, forward + backward 1,670 against 2,005 (`python
     benchmarks/bench_jax_core.py --lengths 2048 [--forward]`; AMD EPYC
     with AVX-512, BENCHMARKS.md "The AVX-512 kind again, 2026-12-04").
-    Not on TensorFlow: under `jit_compile=True` its forward + backward was
-    slower so in scratch runs (the loop writes `E` for the backward pass
-    into a buffer XLA first fills with zeros), and within noise for the
-    forward alone."""
+    Not on TensorFlow, where under `jit_compile=True` the forward +
+    backward ran slower this way in scratch runs (the loop writes `E`
+    for the backward pass into a buffer XLA first fills with zeros) and
+    the forward alone within noise."""
     _, heads, t_len, d_len = q.shape
     s_len, dv_len = k.shape[2], v.shape[-1]
     autotune.record_rule(
