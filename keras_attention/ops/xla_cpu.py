@@ -298,7 +298,7 @@ def unnormalised_attention(q, k, v, mask):
         if _forward_in_pairs_taken(q, k):
             out, e, inverse = _forward_in_pairs(q, k, v, mask)
         else:
-            e, inverse = _weights(scores_product(q, k), mask)
+            e, inverse = _unnormalised_weights(scores_product(q, k), mask)
             out = ops.matmul(e, v) * inverse  # (B, H, T, Dv)
 
         def grad(*args, upstream=None):
@@ -321,7 +321,7 @@ def unnormalised_attention(q, k, v, mask):
     return attend(q, k, v)
 
 
-def _weights(scores, mask):
+def _unnormalised_weights(scores, mask):
     """`(E, 1 / l)`: `E = exp(s - rowmax(s))`, zero where `mask` is False,
     and the inverse of its row sums (zero for a row with no key)."""
     if mask is not None:
@@ -386,7 +386,7 @@ def _forward_in_pairs(q, k, v, mask):
             b = j // heads if mask.shape[0] != 1 else 0
             h = j % heads if mask.shape[1] != 1 else 0
             mask_j = ops.take(ops.take(mask, b, axis=0), h, axis=0)[None, None]
-        e_j, inverse_j = _weights(
+        e_j, inverse_j = _unnormalised_weights(
             scores_product(pair(q_p, t_len, d_len), pair(k_p, s_len, d_len)), mask_j)
         out_j = ops.matmul(e_j, pair(v_p, s_len, dv_len)) * inverse_j
         return (ops.slice_update(out, (j, 0, 0), out_j[0]),
