@@ -140,6 +140,32 @@ def test_sliding_window_blocked_equals_dense_band_under_jit(causal):
         np.testing.assert_allclose(g, w, atol=2e-5)
 
 
+@pytest.mark.parametrize("key_heads", [1, 2])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [None, 3])
+def test_fused_kernel_takes_alibi_with_masks_and_grouped_heads(key_heads, causal, window):
+    # torch's kernel takes a bias or a mask, and no bias with `is_causal`:
+    # ALiBi with a padding mask, the causal mask or a window crashed there.
+    from keras_attention import ops as attention_ops
+    from keras_attention.ops import positions
+
+    q = RNG.normal(size=(2, 7, 4, 8)).astype("float32")
+    k, v = (RNG.normal(size=(2, 7, key_heads, 8)).astype("float32") for _ in "kv")
+    mask = np.ones((2, 7), bool)
+    mask[1, 4:] = False
+    mask[1, :2] = False  # causal: queries 0-1 of example 1 see no key
+    out = {
+        impl: keras.ops.convert_to_numpy(attention_ops.dot_product_attention(
+            q, k, v, attention_mask=mask, is_causal=causal, sliding_window=window,
+            implementation=impl, alibi_slopes=positions.alibi_slopes(4),
+        ))
+        for impl in ("dense", "fused")
+    }
+    np.testing.assert_allclose(out["fused"], out["dense"], atol=2e-6)
+    if causal:
+        assert np.all(out["fused"][1, :2] == 0.0)
+
+
 @pytest.mark.parametrize(
     "name, kwargs",
     [

@@ -207,6 +207,20 @@ def test_fused_equals_dense_forward_and_gradient(causal, mask_kind):
         np.testing.assert_allclose(fused.numpy(), dense.numpy(), atol=1e-5)
 
 
+def test_fused_takes_one_key_value_head():
+    # keras's TensorFlow kernel shares grouped heads only from two of them.
+    rng = np.random.default_rng(7)
+    q, k, v = random_qkv(rng, k=1, dv=8)
+    mask = rng.random((2, 13)) > 0.3
+    out = [
+        keras.ops.convert_to_numpy(attention_ops.dot_product_attention(
+            q, k, v, attention_mask=mask, implementation=impl,
+        ))
+        for impl in ("dense", "fused")
+    ]
+    np.testing.assert_allclose(out[1], out[0], atol=1e-5)
+
+
 def test_auto_takes_the_fused_kernel_only_where_a_gpu_offers_one(monkeypatch):
     rng = np.random.default_rng(6)
     q, k, v = random_qkv(rng, dv=8)

@@ -346,22 +346,57 @@ def fused_attention(query, key, value, mask=None, is_causal=False, scale=None,
     backend as they are (each backend's kernel shares them), and a query
     whose keys are all masked outputs zeros (the fused kernels would average
     the masked values). `alibi_slopes` `(H,)` go to the kernel as a
-    `(1, H, T, S)` bias.
+    `(1, H, T, S)` bias, with the mask and causality folded into it when
+    there are any (torch's kernel takes a bias or a mask, not both).
     """
     num_heads = query.shape[2]
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     out_dtype = value.dtype
+    if keras.backend.backend() == "tensorflow" and key.shape[2] == 1 < num_heads:
+        # keras's TensorFlow kernel shares grouped heads only from two of
+        # them: one key/value head fails in its einsum.
+        key, value = repeat_heads(key, num_heads), repeat_heads(value, num_heads)
     bias = None
     if alibi_slopes is not None:
         bias = alibi_bias(
             alibi_slopes, 0, ops.shape(query)[1], 0, ops.shape(key)[1]
         )
         bias = ops.cast(bias, query.dtype)
+        if mask is not None or is_causal:
+            # torch's kernel takes a bias or a mask, and no bias with
+            # `is_causal`: the mask goes into the bias, on every backend.
+            mask, is_causal = _with_causal(mask, is_causal, query, key), False
+            bias = ops.where(mask, bias, _large_negative(query.dtype))
+            out = ops.dot_product_attention(
+                query, key, value, bias=bias, scale=scale
+            )
+            return _zero_unseen(out, mask, False, num_heads, out_dtype)
     out = ops.dot_product_attention(
         query, key, value, bias=bias, mask=mask, scale=scale,
         is_causal=is_causal,
     )
+    return _zero_unseen(out, mask, is_causal, num_heads, out_dtype)
+
+
+def _with_causal(mask, is_causal, query, key):
+    """`mask` and, with `is_causal`, the causal `(T, S)` mask: one boolean
+    mask broadcastable to `(B, H, T, S)`."""
+    if not is_causal:
+        return mask
+    causal = causal_mask(ops.shape(query)[1], ops.shape(key)[1])
+    return causal if mask is None else ops.logical_and(mask, causal)
+
+
+def _large_negative(dtype):
+    """A score no key outweighs, finite in `dtype` (as keras's kernels)."""
+    dtype = keras.backend.standardize_dtype(dtype)
+    return ops.cast(-0.7 * (65504.0 if dtype == "float16" else 3.38e38), dtype)
+
+
+def _zero_unseen(out, mask, is_causal, num_heads, out_dtype):
+    """The fused kernel's output `(B, T, H, D)` with zeros for a query that
+    sees no key under `mask` (and causality), in `out_dtype`."""
     if mask is not None:
         # Does query t see any key at all? (B, 1|H, 1|T) from the mask.
         seen = ops.any(mask, axis=-1)
