@@ -148,6 +148,28 @@ def test_quantize_stays_close_and_round_trips(name, mode, tmp_path):
     np.testing.assert_array_equal(numpy(loaded(x)), quantized)
 
 
+@pytest.mark.parametrize("name", ["multi_head", "channel", "cbam", "non_local", "local_window"])
+def test_quantized_layer_in_a_sequential_keras_file_loads(name, tmp_path):
+    # A Sequential's name leads its layers' paths when they are quantized,
+    # not when they are rebuilt from the file: the policies must still match.
+    x = CASES[name].make_inputs(np.random.default_rng(0))
+    inner = keras.Sequential([
+        keras.Input(x.shape[1:]), keras_attention.get(name, **CASES[name].kwargs),
+    ])
+    inputs = keras.Input(x.shape[1:])
+    for model in (inner, keras.Model(inputs, inner(inputs))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # leaves without kernels say so
+            model.quantize("int8") if model is inner else None
+        expected = numpy(model(x))
+        path = str(tmp_path / "sequential.keras")
+        model.save(path)
+        loaded = keras.saving.load_model(path, safe_mode=True)
+        modes = [sorted(_modes(m).values()) for m in (loaded, model)]
+        assert modes[0] == modes[1] and "int8" in modes[0]
+        np.testing.assert_array_equal(numpy(loaded(x)), expected)
+
+
 @pytest.mark.parametrize("name", ["multi_head", "additive", "cbam"])
 def test_unknown_quantization_mode_raises_and_changes_nothing(name):
     model, _, _ = model_for(name)

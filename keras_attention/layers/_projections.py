@@ -2,6 +2,8 @@
 arguments (stored, serialized, passed on), LoRA (`enable_lora`),
 quantization and the configs (`ProjectionMixin`, on `ArgumentConfig`)."""
 
+import re
+
 import keras
 
 from keras_attention._config import KERAS_OBJECTS
@@ -397,8 +399,12 @@ def quantized_policy_map(layer):
     `test_dtype_policy_map` builds one by hand, makes the rebuilt sublayers
     quantized again, so a `.keras` file of a quantized model loads.
     """
+    # Keyed by a pattern of the path from the layer's own name down: a
+    # model's name may lead the path when the layer is quantized (a
+    # `Sequential`'s does) and not when it is rebuilt from its config.
+    start = len(layer.path) - len(layer.name)
     quantized = {
-        sub.path: sub.dtype_policy
+        "(?:.*/)?" + re.escape(sub.path[start:]): sub.dtype_policy
         for sub in projection_sublayers(layer).values()
         if sub.quantization_mode is not None
     }
