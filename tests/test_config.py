@@ -70,6 +70,24 @@ def test_config_is_the_constructor_arguments(name, variant):
     assert rebuilt.get_config() == config
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_an_unbuilt_layer_copies_pickles_and_saves(name, tmp_path):
+    # Never called, the layer has no sublayers yet: loading its (empty)
+    # variables must not look for them.
+    import copy
+    import pickle
+
+    layer = make_layer(name, CASES[name])
+    config = layer.get_config()
+    for twin in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        assert type(twin) is type(layer) and not twin.built
+        assert twin.get_config() == config
+    path = str(tmp_path / "unbuilt.keras")
+    keras.Sequential([layer]).save(path)
+    loaded = keras.saving.load_model(path).layers[0]
+    assert type(loaded) is type(layer) and loaded.get_config() == config
+
+
 def test_custom_objects_survive_the_round_trip():
     layer = custom_layer("multi_head")
     config = layer.get_config()

@@ -356,7 +356,9 @@ class ProjectionMixin(ArgumentConfig):
         return None
 
     def load_own_variables(self, store):
-        legacy = self.legacy_variables()
+        # Unbuilt (a copy, a pickle or a file of a layer never called),
+        # the sublayers `legacy_variables` reads do not exist yet.
+        legacy = self.legacy_variables() if self.built else None
         own = self._trainable_variables + self._non_trainable_variables
         count = len(store.keys())
         if legacy is None or count == len(own) or count != len(legacy):
@@ -402,14 +404,16 @@ def quantized_policy_map(layer):
     # Keyed by a pattern of the path from the layer's own name down: a
     # model's name may lead the path when the layer is quantized (a
     # `Sequential`'s does) and not when it is rebuilt from its config.
+    subs = [
+        sub for sub in projection_sublayers(layer).values()
+        if sub.quantization_mode is not None
+    ]
+    if not subs:
+        return None
     start = len(layer.path) - len(layer.name)
     quantized = {
-        "(?:.*/)?" + re.escape(sub.path[start:]): sub.dtype_policy
-        for sub in projection_sublayers(layer).values()
-        if sub.quantization_mode is not None
+        "(?:.*/)?" + re.escape(sub.path[start:]): sub.dtype_policy for sub in subs
     }
-    if not quantized:
-        return None
     own = layer._dtype_policy
     if isinstance(own, keras.dtype_policies.DTypePolicyMap):
         policy = keras.dtype_policies.DTypePolicyMap(
