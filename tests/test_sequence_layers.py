@@ -286,8 +286,28 @@ def test_single_head_layers_refuse_an_attention_mask_of_several_heads(make):
     with pytest.raises(ValueError, match="attention_mask") as info:
         layer(X, attention_mask=heads)
     assert "(2, 1, 7, 7)" in str(info.value)
-    with pytest.raises(ValueError, match=r"\(B, T, S\)"):
-        layer(X, attention_mask=mask[0])  # (T, S): no batch axis
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: AdditiveAttention(units=6), lambda: ScaledDotProductAttention()],
+    ids=["additive", "scaled_dot"],
+)
+def test_single_head_layers_broadcast_an_attention_mask_as_multi_head_does(make):
+    # (T, S), (1, T, S), (B, 1, S), (B, T, 1), (1, 1, T, S): as keras's
+    # MultiHeadAttention reads them, each the same as its (B, T, S) copy.
+    full = RNG.random((2, 7, 7)) > 0.3
+    layer = make()
+    for mask in (full[0], full[:1], full[:, :1], full[:, :, :1], full[:1, None]):
+        out, w = layer(X, attention_mask=mask, return_attention_scores=True)
+        whole = np.broadcast_to(mask.reshape(mask.shape[-3:] if mask.ndim == 4
+                                             else mask.shape), full.shape)
+        want, want_w = layer(X, attention_mask=whole.copy(), return_attention_scores=True)
+        np.testing.assert_array_equal(np_(out), np_(want))
+        np.testing.assert_array_equal(np_(w), np_(want_w))
+    with pytest.raises(ValueError, match="attention_mask") as info:
+        layer(X, attention_mask=full[:, :3])
+    assert "(2, 1, 7, 7)" in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -123,27 +123,9 @@ class KerasMasks:
 
     def _check_attention_mask_shape(self, attention_mask, batch, t_len, s_len,
                                     keys=""):
-        """Raise unless `attention_mask` broadcasts to `(B, H, T, S)` as
-        keras reads it: `(T, S)`, `(B, T, S)` or `(B, H, T, S)`. `keys`
-        says what the `S` keys are, where it is not the value's length."""
-        full = (batch, self._num_heads, t_len, s_len)
-        shape = tuple(attention_mask.shape)
-        if len(shape) == 2:
-            expected = full[2:]
-        elif len(shape) == 3:
-            expected = (batch,) + full[2:]
-        else:
-            expected = full
-        if len(shape) not in (2, 3, 4) or any(
-            d is not None and e is not None and d not in (1, e)
-            for d, e in zip(shape, expected)
-        ):
-            raise ValueError(
-                "Received an invalid value for argument `attention_mask`, "
-                "expected a boolean tensor that broadcasts to (B, H, T, S) = "
-                f"{full}{keys} as (T, S), (B, T, S) or (B, H, T, S). "
-                f"Received: attention_mask.shape={shape}"
-            )
+        base.check_attention_mask(
+            attention_mask, batch, self._num_heads, t_len, s_len, keys
+        )
 
     def _compute_attention_mask(
         self,

@@ -85,6 +85,26 @@ def check_mask_shape(argument, mask, expected, where=""):
         )
 
 
+def check_attention_mask(attention_mask, batch, heads, t_len, s_len, keys=""):
+    """Raise unless `attention_mask` broadcasts to `(B, H, T, S)` as keras
+    reads it: `(T, S)`, `(B, T, S)` or `(B, H, T, S)`, any axis 1 to
+    broadcast (`H = 1` for the one-head layers). `keys` says what the `S`
+    keys are, where it is not the value's length."""
+    full = (batch, heads, t_len, s_len)
+    shape = tuple(attention_mask.shape)
+    expected = {2: full[2:], 3: (batch,) + full[2:]}.get(len(shape), full)
+    if len(shape) not in (2, 3, 4) or any(
+        d is not None and e is not None and d not in (1, e)
+        for d, e in zip(shape, expected)
+    ):
+        raise ValueError(
+            "Received an invalid value for argument `attention_mask`, "
+            "expected a boolean tensor that broadcasts to (B, H, T, S) = "
+            f"{full}{keys} as (T, S), (B, T, S) or (B, H, T, S). "
+            f"Received: attention_mask.shape={shape}"
+        )
+
+
 def self_attention_defaults(query, value, key, query_mask, value_mask, key_mask):
     """`(value, key, value_mask, key_mask)` with keras's defaults: `value`
     is `query` (self-attention) and `key` is `value`, each taking the mask
@@ -300,14 +320,7 @@ class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
         check_mask_shape("key_mask", key_mask, (batch, s_len))
         if attention_mask is not None:
             # One head: keras's (B, H, T, S) only with H = 1.
-            rank = len(attention_mask.shape)
-            expected = (batch, 1, t_len, s_len) if rank == 4 else (
-                batch, t_len, s_len
-            )
-            check_mask_shape(
-                "attention_mask", attention_mask, expected,
-                ", i.e. (B, T, S) or (B, 1, T, S) (one head)",
-            )
+            check_attention_mask(attention_mask, batch, 1, t_len, s_len)
         combined = self.combine_masks(
             query, value, query_mask, value_mask, key_mask, attention_mask,
             use_causal_mask,
@@ -338,6 +351,8 @@ class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
             mask = causal if mask is None else ops.logical_and(mask, causal)
         if attention_mask is not None:
             attention_mask = ops.cast(attention_mask, "bool")
+            if len(attention_mask.shape) == 2:
+                attention_mask = attention_mask[None]  # (T, S): every example
             if mask is not None and len(attention_mask.shape) == 4:
                 mask = mask[:, None, :, :]
             mask = (
