@@ -357,3 +357,30 @@ def test_mismatched_batch_and_lengths_are_named_on_a_built_layer(make):
         layer(keras.Input(batch_shape=(2, 7, 16)), keras.Input(batch_shape=(3, 5, 12)))
     with pytest.raises(ValueError, match="key"):
         layer(X, Y, key=np.concatenate([Y, Y], axis=1))
+
+
+def test_float64_layers_compute_in_float64():
+    # The float32 softmax guards low-precision policies; float64 keeps float64
+    # (keras's own layer does): keras's float64 MultiHeadAttention to 1e-12.
+    x = X.astype("float64")
+    ours = MultiHeadAttention(2, 4, dtype="float64")
+    theirs = keras.layers.MultiHeadAttention(2, 4, dtype="float64")
+    out, w = ours(x, x, return_attention_scores=True)
+    theirs.build(x.shape, x.shape)
+    theirs.set_weights(ours.get_weights())
+    want, want_w = theirs(x, x, return_attention_scores=True)
+    np.testing.assert_allclose(np_(out), np_(want), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np_(w), np_(want_w), rtol=0, atol=1e-12)
+    images = RNG.normal(size=(2, 4, 4, 8))
+    for layer, inputs in (
+        (MultiHeadAttention(2, 4, dtype="float64", position_encoding="alibi",
+                            use_causal_mask=True), x),
+        (ScaledDotProductAttention(dtype="float64"), x),
+        (keras_attention.get("non_local", dtype="float64"), images),
+        (keras_attention.get("local_window", num_heads=2, window_size=2,
+                             dtype="float64"), images),
+    ):
+        out, w = layer(inputs, return_attention_scores=True)
+        assert keras.backend.standardize_dtype(out.dtype) == "float64"
+        assert keras.backend.standardize_dtype(w.dtype) == "float64"
+        np.testing.assert_allclose(np_(w).sum(-1), 1.0, rtol=0, atol=1e-12)

@@ -11,6 +11,7 @@ from keras_attention.layers._feature_maps import NEG_INF
 from keras_attention.layers._feature_maps import FeatureMapAttention
 from keras_attention.layers._feature_maps import check_feature_map
 from keras_attention.layers._feature_maps import check_position_mask
+from keras_attention.ops.masks import wide_dtype
 from keras_attention.registry import register
 
 MODES = ("gaussian", "embedded_gaussian", "dot", "concatenation")
@@ -292,12 +293,14 @@ class NonLocalBlock(FeatureMapAttention):
 
     def _softmax_attention(self, query, key, value, key_mask, return_weights):
         """`softmax_j(q_i . k_j) v_j` on the shared core, no scaling."""
-        # Scores in float32: the raw inputs of "gaussian" can be large.
+        # Scores in float32 (float64 for float64): the raw inputs of
+        # "gaussian" can be large.
+        wide = wide_dtype(query.dtype)
         result = attention_ops.dot_product_attention(
             # expand_dims rather than `[:, :, None]`: LiteRT has no builtin
             # strided slice that adds axes.
-            ops.expand_dims(ops.cast(query, "float32"), 2),  # (B, T, 1, D)
-            ops.expand_dims(ops.cast(key, "float32"), 2),  # (B, S, 1, D)
+            ops.expand_dims(ops.cast(query, wide), 2),  # (B, T, 1, D)
+            ops.expand_dims(ops.cast(key, wide), 2),  # (B, S, 1, D)
             ops.expand_dims(value, 2),  # (B, S, 1, Dv)
             attention_mask=key_mask,
             scale=1.0,
@@ -311,16 +314,17 @@ class NonLocalBlock(FeatureMapAttention):
     def _normalized_attention(self, query, key, value, key_mask, return_weights):
         """`sum_j f(x_i, x_j) v_j / N` of the "dot" and "concatenation" modes."""
         out_dtype = value.dtype
-        q = ops.cast(query, "float32")  # (B, T, D)
-        k = ops.cast(key, "float32")  # (B, S, D)
-        v = ops.cast(value, "float32")  # (B, S, Dv)
+        wide = wide_dtype(query.dtype)
+        q = ops.cast(query, wide)  # (B, T, D)
+        k = ops.cast(key, wide)  # (B, S, D)
+        v = ops.cast(value, wide)  # (B, S, Dv)
         if key_mask is None:
-            count = ops.cast(ops.shape(k)[1], "float32")
+            count = ops.cast(ops.shape(k)[1], wide)
         else:
             valid = key_mask[:, :, None]  # (B, S, 1)
             # N counts the valid keys (B, 1, 1); at least 1 so rows without
             # keys give zeros.
-            count = ops.sum(ops.cast(valid, "float32"), axis=1, keepdims=True)
+            count = ops.sum(ops.cast(valid, wide), axis=1, keepdims=True)
             count = ops.maximum(count, 1.0)
             k = ops.where(valid, k, 0.0)
         if self.mode == "dot" and not return_weights:
@@ -332,7 +336,7 @@ class NonLocalBlock(FeatureMapAttention):
             f = ops.matmul(q, ops.transpose(k, (0, 2, 1)))  # (B, T, S)
         else:
             inter = self.concat_kernel.shape[0] // 2
-            w = ops.cast(self.concat_kernel, "float32")
+            w = ops.cast(self.concat_kernel, wide)
             a = ops.matmul(q, w[:inter])  # (B, T)
             b = ops.matmul(k, w[inter:])  # (B, S)
             f = ops.relu(a[:, :, None] + b[:, None, :])  # (B, T, S)

@@ -28,6 +28,7 @@ from keras_attention.ops import xla_cpu
 from keras_attention.ops.blocked import block_mask
 from keras_attention.ops.blocked import pad_queries
 from keras_attention.ops.masks import masked_softmax
+from keras_attention.ops.masks import wide_dtype
 from keras_attention.ops.positions import alibi_bias
 from keras_attention.ops.shapes import check_mask_rows
 from keras_attention.ops.shapes import repeat_heads
@@ -54,16 +55,17 @@ def _weights(q, k, mask, bias, dtype, empty_rows=True):
     low = _is_low(q)
     scores = xla_cpu.scores_product(q, k)
     if bias is not None:
-        scores = ops.cast(scores, "float32") + bias
+        scores = ops.cast(scores, wide_dtype(q.dtype)) + ops.cast(bias, wide_dtype(q.dtype))
         scores = ops.cast(scores, q.dtype) if low else scores
     weights = masked_softmax(scores, mask, float32=not low, empty_rows=empty_rows)
     return ops.cast(weights, dtype)
 
 
 def _delta(d_out, out):
-    """`rowsum(dO * O)` `(B, H, T, 1)`, in float32."""
+    """`rowsum(dO * O)` `(B, H, T, 1)`, in float32 (float64 for float64)."""
+    wide = wide_dtype(out.dtype)
     return ops.sum(
-        ops.cast(d_out, "float32") * ops.cast(out, "float32"),
+        ops.cast(d_out, wide) * ops.cast(out, wide),
         axis=-1,
         keepdims=True,
     )
@@ -85,7 +87,8 @@ def _backward(q, k, v, weights, d_out, delta):
     if low:
         d_s = weights * d_p
     else:
-        d_s = ops.cast(weights, "float32") * ops.cast(d_p, "float32")
+        wide = wide_dtype(q.dtype)
+        d_s = ops.cast(weights, wide) * ops.cast(d_p, wide)
     d_s = ops.cast(d_s, q.dtype)
     return ops.matmul(d_s, k), xla_cpu.keys_product(d_s, q), d_v
 

@@ -26,6 +26,7 @@ from keras_attention.ops.masks import check_sliding_window
 from keras_attention.ops.masks import expand_mask
 from keras_attention.ops.masks import masked_softmax
 from keras_attention.ops.masks import sliding_window_mask
+from keras_attention.ops.masks import wide_dtype
 from keras_attention.ops.positions import alibi_bias
 from keras_attention.ops.random import hash_dropout
 from keras_attention.ops.shapes import check_attention_inputs
@@ -259,9 +260,12 @@ def _measured_path(
 
 
 def _with_alibi(bias, alibi_slopes, query, key):
-    """`bias` plus ALiBi's `slope * (s - t)`, in float32."""
+    """`bias` plus ALiBi's `slope * (s - t)`, in float32 (float64 for
+    float64 queries)."""
+    wide = wide_dtype(query.dtype)
     alibi = alibi_bias(alibi_slopes, 0, ops.shape(query)[1], 0, ops.shape(key)[1])
-    return alibi if bias is None else ops.cast(bias, "float32") + alibi
+    alibi = ops.cast(alibi, wide)
+    return alibi if bias is None else ops.cast(bias, wide) + alibi
 
 
 def _dense_path(
@@ -288,7 +292,8 @@ def _dense_path(
     k = ops.transpose(key, (0, 2, 3, 1))
     scores = ops.matmul(q, k)  # (B, H, T, S)
     if bias is not None:
-        scores = ops.cast(scores, "float32") + ops.cast(bias, "float32")
+        wide = wide_dtype(scores.dtype)
+        scores = ops.cast(scores, wide) + ops.cast(bias, wide)
     weights = masked_softmax(scores, mask)
     # The weights returned are those before dropout (they sum to one), as
     # keras.layers.MultiHeadAttention returns them; dropout only reaches the

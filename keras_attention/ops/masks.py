@@ -10,15 +10,23 @@ from keras import ops
 MASK_VALUE = -1e30
 
 
+def wide_dtype(dtype):
+    """The dtype softmaxes and gradient sums accumulate in: float64 for
+    float64 tensors, float32 for every other float dtype."""
+    return "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
+
+
 def masked_softmax(scores, mask=None, axis=-1, float32=True, empty_rows=True):
-    """Softmax of `scores` along `axis`, in float32, ignoring masked entries.
+    """Softmax of `scores` along `axis`, in float32 (float64 for float64
+    scores), ignoring masked entries.
 
     Args:
         scores: a float tensor of any dtype.
         mask: optional boolean tensor broadcastable to `scores`; `True`
             keeps an entry, `False` removes it.
         axis: the axis to normalise over.
-        float32: compute in float32 (`False`: in `scores`' dtype, as the
+        float32: compute in float32, float64 for float64 scores
+            (`False`: in `scores`' dtype, as the
             bfloat16 attention core does; the backend's softmax
             accumulates in float32 either way).
         empty_rows: whether a row may have all its entries masked (`False`
@@ -37,7 +45,7 @@ def masked_softmax(scores, mask=None, axis=-1, float32=True, empty_rows=True):
     array([[0.269, 0.731, 0.   ]], dtype=float32)
     """
     dtype = keras.backend.standardize_dtype(scores.dtype)
-    x = ops.cast(scores, "float32") if float32 else scores
+    x = ops.cast(scores, wide_dtype(dtype)) if float32 else scores
     if mask is not None:
         mask = ops.cast(mask, "bool")
         # The backend's fused softmax (one pass where the masked loop took
@@ -69,7 +77,7 @@ def segment_softmax(scores, segment_ids, num_segments, mask=None):
         to 1 (or are all 0 if the segment has no unmasked entry).
     """
     dtype = keras.backend.standardize_dtype(scores.dtype)
-    x = ops.cast(scores, "float32")
+    x = ops.cast(scores, wide_dtype(dtype))
     if mask is not None:
         mask = ops.cast(mask, "bool")
         while len(mask.shape) < len(x.shape):
