@@ -157,6 +157,40 @@ def test_attention_axes_2d_over_an_image_equal_keras():
     )
 
 
+def test_padding_masks_with_attention_axes_equal_the_rows_one_by_one():
+    # keras's layer fails (or drops a query mask) here. Attending over the
+    # last of two axes is the rank-3 layer over each row of the first: the
+    # same weights, the rows' masks.
+    rng = np.random.default_rng(10)
+    images = rng.normal(size=(2, 3, 5, 6)).astype("float32")
+    query_mask, value_mask = (rng.random((2, 3, 5)) > 0.3 for _ in "qv")
+    query_mask[..., 0] = value_mask[..., 0] = True
+    ours = MultiHeadAttention(num_heads=2, key_dim=3, attention_axes=2)
+    rows = MultiHeadAttention(num_heads=2, key_dim=3)
+    ours(images, images)
+    rows(images[:, 0], images[:, 0])
+    rows.set_weights(ours.get_weights())
+    out = ours(images, images, query_mask=query_mask, value_mask=value_mask)
+    flat = images.reshape(6, 5, 6)
+    want = rows(flat, flat, query_mask=query_mask.reshape(6, 5),
+                value_mask=value_mask.reshape(6, 5))
+    np.testing.assert_allclose(np_(out), np_(want).reshape(out.shape), atol=1e-5)
+    # Over both axes, a Masking layer's mask reaches the layer.
+    inputs = keras.Input((3, 5, 6))
+    masked = keras.layers.Masking()(inputs)
+    model = keras.Model(inputs, MultiHeadAttention(2, 3, attention_axes=(1, 2))(masked, masked))
+    assert np.all(np.isfinite(np_(model(images))))
+
+
+@pytest.mark.parametrize("axes, rank", [((2,), 3), (-1, 4), ((3,), 4), ((1, 1), 4), ((0,), 3)])
+def test_attention_axes_outside_the_inputs_are_refused(axes, rank):
+    # keras attends over another axis, or fails in an einsum.
+    x = np.zeros((2,) + (3,) * (rank - 2) + (4,), "float32")
+    with pytest.raises(ValueError, match="attention_axes") as info:
+        MultiHeadAttention(2, 3, attention_axes=axes)(x, x)
+    assert "Received: attention_axes=" in str(info.value)
+
+
 def test_weights_are_returned_before_dropout():
     layer = MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.5, seed=3)
     q, v = data(10)

@@ -142,6 +142,11 @@ class KerasMasks:
         to the core. Returns a boolean mask broadcastable to `(B, T, S)`
         or `None`."""
         masks = []
+        if len(query.shape) > 3:
+            masks = self._padding_masks_over_axes(
+                len(query.shape), query_mask, value_mask, key_mask
+            )
+            query_mask = value_mask = key_mask = None
         if query_mask is not None:
             masks.append(ops.expand_dims(ops.cast(query_mask, "bool"), -1))
         for m in (value_mask, key_mask):
@@ -159,6 +164,24 @@ class KerasMasks:
         for m in masks[1:]:
             merged = ops.logical_and(merged, m)
         return merged
+
+    def _padding_masks_over_axes(self, rank, query_mask, value_mask, key_mask):
+        """Keras masks `(B, d1, ..., dn)` of rank-`rank` inputs laid out as
+        the scores without heads, `(B, <other axes>, <query's attention
+        axes>, <key's>)`: a query's mask over the key axes' ones, a key's
+        or a value's under the query axes' ones."""
+        axes = [a if a >= 0 else rank + a for a in self._attention_axes]
+        others = [i for i in range(1, rank - 1) if i not in axes]
+        masks = []
+        for m, is_query in ((query_mask, True), (value_mask, False),
+                            (key_mask, False)):
+            if m is None:
+                continue
+            m = ops.transpose(ops.cast(m, "bool"), [0] + others + axes)
+            for _ in axes:
+                m = ops.expand_dims(m, -1 if is_query else 1 + len(others))
+            masks.append(m)
+        return masks
 
     def _scores_shape(self, query_shape, key_shape):
         rank = len(query_shape) + 1

@@ -47,7 +47,24 @@ class ShapeInference:
                 f"query.shape={tuple(query_shape)}, "
                 f"value.shape={tuple(value_shape)}"
             )
+        self._check_attention_axes(len(query_shape))
         self._check_position_shapes(query_shape)
+
+    def _check_attention_axes(self, rank):
+        """Raise unless every one of `attention_axes` is an axis between the
+        batch and the features of a rank-`rank` input, once each (keras
+        would attend over another axis, or fail in an einsum)."""
+        if self._attention_axes is None:
+            return
+        axes = [a if a >= 0 else rank + a for a in self._attention_axes]
+        if len(set(axes)) != len(axes) or any(not 1 <= a <= rank - 2 for a in axes):
+            raise ValueError(
+                "Received an invalid value for argument `attention_axes`, "
+                f"expected distinct axes of the rank-{rank} inputs between "
+                f"the batch and the features, i.e. among "
+                f"{tuple(range(1, rank - 1))} (or {tuple(range(1 - rank, -1))}). "
+                f"Received: attention_axes={tuple(self._attention_axes)}"
+            )
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         query_shape, value_shape, key_shape = base.split_shapes(
