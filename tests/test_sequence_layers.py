@@ -384,3 +384,19 @@ def test_float64_layers_compute_in_float64():
         assert keras.backend.standardize_dtype(out.dtype) == "float64"
         assert keras.backend.standardize_dtype(w.dtype) == "float64"
         np.testing.assert_allclose(np_(w).sum(-1), 1.0, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"position_encoding": "alibi"}])
+def test_scores_dtype_under_mixed_precision_is_the_declared_one(kwargs):
+    # keras's layer returns float16 scores under mixed_float16; ALiBi's
+    # float32 bias made ours float32 while the symbolic call said float16.
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        _, w = MultiHeadAttention(2, 4, **kwargs)(X, return_attention_scores=True)
+        _, spec = MultiHeadAttention(2, 4, **kwargs)(
+            keras.Input(X.shape[1:]), return_attention_scores=True
+        )
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    assert keras.backend.standardize_dtype(w.dtype) == spec.dtype == "float16"

@@ -310,7 +310,8 @@ def _dense_path(
     out = ops.matmul(ops.cast(dropped, v.dtype), v)  # (B, H, T, Dv)
     out = ops.cast(ops.transpose(out, (0, 2, 1, 3)), out_dtype)
     if return_weights:
-        return out, weights
+        # In the heads' dtype, as without a bias (and as keras's layer).
+        return out, ops.cast(weights, query.dtype)
     return out
 
 
