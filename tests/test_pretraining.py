@@ -200,3 +200,17 @@ def test_keep_best_warns_of_a_missing_figure_and_starts_afresh_each_fit():
     model.layers[0].kernel.assign([[9.0]])
     keep.on_train_end()
     assert float(keras.ops.convert_to_numpy(model.layers[0].kernel)[0, 0]) == 7.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 9])
+def test_the_recipe_never_trains_on_its_test_sentences(seed):
+    # `--seed 1` drew the labelled sentences from the test stream itself, and
+    # the generator repeats sentences across seeds.
+    from keras_attention.training.pretraining import sentiment_split
+
+    test = sentiment_split("test", 1000, seed)[0]
+    assert test == sentiment_split("test", 1000, seed + 1)[0]  # fixed
+    for split, n in (("labelled", 100), ("pretraining", 300)):
+        texts, labels = sentiment_split(split, n, seed)
+        assert len(texts) == len(labels) == n
+        assert not set(texts) & set(test)

@@ -171,6 +171,35 @@ def pretrain_masked_lm(
     return model, history
 
 
+# The embedded recipe's test sentences come from this generator seed
+# whatever `--seed` is, and no training sentence is one of them.
+TEST_SEED = 1
+# The other splits' generator seeds are `seed` plus these.
+_SPLIT_OFFSETS = {"labelled": 0, "pretraining": 10}
+
+
+def sentiment_split(split, num_samples, seed):
+    """`(sentences, labels)` of the embedded recipe's `split`: `"test"`
+    (fixed), `"labelled"` or `"pretraining"` (from `seed`), the last two
+    without any sentence of the test split (the generator repeats some
+    sentences across seeds, and `--seed 1` would draw the test stream)."""
+    from keras_attention import datasets
+
+    if split == "test":
+        return datasets.make_sentiment_task(num_samples, seed=TEST_SEED)
+    held_out = set(sentiment_split("test", 1000, seed)[0])
+    count = num_samples
+    while True:
+        texts, labels = datasets.make_sentiment_task(
+            count + len(held_out), seed=seed + _SPLIT_OFFSETS[split]
+        )
+        keep = [i for i, text in enumerate(texts) if text not in held_out]
+        if len(keep) >= num_samples:
+            keep = keep[:num_samples]
+            return [texts[i] for i in keep], labels[np.asarray(keep)]
+        count *= 2
+
+
 def run_recipe(data, epochs, out, seed, quick=False, verbose="auto", name="pretraining"):
     """`keras-attention run pretraining`: pretrain, save, and fine-tune.
 
@@ -182,10 +211,9 @@ def run_recipe(data, epochs, out, seed, quick=False, verbose="auto", name="pretr
     Returns:
         `(metrics, files, data_name)`.
     """
-    from keras_attention import datasets
-
     if data is None:
-        texts, _ = datasets.make_sentiment_task(300 if quick else 3000, seed=seed + 10)
+        test, test_labels = sentiment_split("test", 1000, seed)
+        texts, _ = sentiment_split("pretraining", 300 if quick else 3000, seed)
         data_name = "generated sentiment sentences, labels dropped (embedded)"
     else:
         texts, data_name = read_text_folder(data), data
@@ -195,15 +223,16 @@ def run_recipe(data, epochs, out, seed, quick=False, verbose="auto", name="pretr
         sequence_length=32 if data is None else 64,
         epochs=epochs or (1 if quick else 10), seed=seed, verbose=verbose,
     )
+    # The last epoch's running means over the pretraining texts: no split
+    # is held out of masked-LM pretraining here, and the names say so.
     metrics = {
-        "masked_accuracy": round(float(history.history["accuracy"][-1]), 4),
-        "masked_loss": round(float(history.history["loss"][-1]), 4),
+        "train_masked_accuracy": round(float(history.history["accuracy"][-1]), 4),
+        "train_masked_loss": round(float(history.history["loss"][-1]), 4),
     }
     files = [os.path.join(out, f"{name}.keras")]
     write_atomically(files[0], masked_lm.save, suffix=".keras")
     if data is None:
-        labelled, labels = datasets.make_sentiment_task(100, seed=seed)
-        test, test_labels = datasets.make_sentiment_task(1000, seed=1)
+        labelled, labels = sentiment_split("labelled", 100, seed)
         classifier = masked_lm.with_head(num_classes=2)
         classifier.compile()
         classifier.fit(
