@@ -394,7 +394,13 @@ def run_causal_lm(model_name, data, epochs, out, seed, quick=False):
     pretrained = data is None and model_name == "rope"
     if data is None:
         lines = 2000 if quick else (4000 if pretrained else recipe["num_train"])
-        corpus = datasets.load_text_corpus(num_train=lines, seed=seed)
+        # Fine-tuning, the calendar days of the preset's own split (seed 0),
+        # so that its validation and test days are days it never trained
+        # on (other seeds split the days another way); `seed` still draws
+        # the weights' shuffling.
+        corpus = datasets.load_text_corpus(
+            num_train=lines, seed=0 if pretrained else seed
+        )
         data_name = "date lines '<date> = <ISO date>' (embedded)"
     else:
         corpus, data_name = datasets.load_text_corpus(data), data

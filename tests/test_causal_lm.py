@@ -265,3 +265,42 @@ def test_run_recipe_quick(tmp_path):
         "causal_lm_rope.keras", "causal_lm_attention_0.png",
         "causal_lm_explorer.html",
     }
+
+
+@pytest.mark.parametrize("lines", [2000, 4000])
+def test_the_recipe_scores_the_shipped_weights_on_days_they_never_saw(lines):
+    # `run causal-lm` fine-tunes causal_lm_dates, trained on seed 0's days:
+    # its val and test days must come from that split whatever `--seed`.
+    from keras_attention.datasets import make_date_corpus
+    from keras_attention.training import CAUSAL_LM_RECIPES
+
+    shipped = make_date_corpus(CAUSAL_LM_RECIPES["causal_lm_dates"]["num_train"],
+                               500, 500, seed=0)
+    recipe = make_date_corpus(lines, 500, 500, seed=0)
+    seen = set(shipped["train"][1])
+    assert not seen & (set(recipe["val"][1]) | set(recipe["test"][1]))
+    # Another seed splits the days another way: the reason for seed 0.
+    other = make_date_corpus(lines, 500, 500, seed=1)
+    assert seen & set(other["test"][1])
+
+
+@pytest.mark.parametrize("model_name, corpus_seed", [("rope", 0), ("alibi", 3)])
+def test_the_recipe_takes_the_shipped_split_when_it_fine_tunes(
+    monkeypatch, tmp_path, model_name, corpus_seed
+):
+    from keras_attention import datasets
+    from keras_attention import recipes
+
+    asked = {}
+
+    class Stop(Exception):
+        pass
+
+    def record(**kwargs):
+        asked.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(datasets, "load_text_corpus", record)
+    with pytest.raises(Stop):
+        recipes.run_causal_lm(model_name, None, 1, str(tmp_path), seed=3, quick=True)
+    assert asked["seed"] == corpus_seed
