@@ -70,6 +70,19 @@ def _explore(model, inputs, out, name, **kwargs):
 # Translation -----------------------------------------------------------------
 
 
+def quick_slice(corpus, train=2000, other=200):
+    """`--quick` on a user's corpus, "a small slice of the data": the first
+    `train` examples of its train split and `other` of the others, a split
+    being `(sources, targets)` (translation) or text, a line an example."""
+    def head(split, value):
+        n = train if split == "train" else other
+        if isinstance(value, str):
+            return "\n".join(value.split("\n")[:n])
+        return tuple(list(side)[:n] for side in value)
+
+    return {split: head(split, value) for split, value in corpus.items()}
+
+
 def run_translation(model_name, data, epochs, out, seed, quick=False):
     from keras_attention import visualization
     from keras_attention import applications
@@ -94,12 +107,13 @@ def run_translation(model_name, data, epochs, out, seed, quick=False):
         learning_rate = 1e-4
     else:
         corpus = translation.load_translation_corpus(data)
+        corpus = quick_slice(corpus) if quick else corpus
         sources, targets = corpus["train"]
         preprocessor = applications.TranslationPreprocessor.from_corpus(
             sources, targets, vocabulary_size=8000
         )
         preset, data_name = "small", data
-        epochs = epochs or 10
+        epochs = epochs or (1 if quick else 10)
     cls = (
         applications.TransformerTranslator
         if model_name == "transformer"
@@ -404,6 +418,7 @@ def run_causal_lm(model_name, data, epochs, out, seed, quick=False):
         data_name = "date lines '<date> = <ISO date>' (embedded)"
     else:
         corpus, data_name = datasets.load_text_corpus(data), data
+        corpus = quick_slice(corpus) if quick else corpus
     model = CausalLM.from_preset(
         "causal_lm_dates", load_weights=pretrained,
         position_encoding="alibi" if model_name == "alibi" else "rope",

@@ -78,3 +78,32 @@ def test_triton_imported_after_the_package_does_not_crash():
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0 and "ok" in result.stdout, result.returncode
+
+
+def test_quick_takes_a_slice_of_a_users_corpus(monkeypatch, tmp_path):
+    # `--quick` with `--data` trained on all of it (29,000 Multi30k pairs).
+    from keras_attention import applications
+    from keras_attention import recipes
+    from keras_attention.applications import translation
+
+    text = {"train": "\n".join(map(str, range(5000))), "val": "a\nb"}
+    sliced = recipes.quick_slice(text)
+    assert sliced["train"].split("\n") == [str(i) for i in range(2000)]
+    assert sliced["val"] == "a\nb"
+    pairs = {split: ([f"s{i}" for i in range(3000)], [f"t{i}" for i in range(3000)])
+             for split in ("train", "val", "test")}
+    monkeypatch.setattr(translation, "load_translation_corpus", lambda data: pairs)
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def from_corpus(sources, targets, **kwargs):
+        seen.append(len(sources))
+        raise Stop
+
+    monkeypatch.setattr(applications.TranslationPreprocessor, "from_corpus", from_corpus)
+    for quick, size in ((True, 2000), (False, 3000)):
+        with pytest.raises(Stop):
+            recipes.run_translation("rnn", "corpus", None, str(tmp_path), 0, quick=quick)
+        assert seen[-1] == size
