@@ -341,14 +341,14 @@ def command_demo(args):
     from keras_attention import recipes
     from keras_attention import reports
 
-    _make_out_folder(args.out, args.out)
+    for task in recipes.DEMO_ORDER:  # every folder, before any work
+        _make_out_folder(os.path.join(args.out, task), args.out)
     start = time.time()
     results = []
     for task in recipes.DEMO_ORDER:
         recipe = recipes.TASKS[task]
         print(f"\n=== {task} ({recipe.models[0]}) ===", flush=True)
         task_out = os.path.join(args.out, task)
-        os.makedirs(task_out, exist_ok=True)
         cpu = time.process_time()
         result = recipe.run(
             model_name=recipe.models[0],
@@ -436,12 +436,24 @@ def _load_node_labels(text):
 
 
 def _make_out_folder(folder, out):
-    """Makes the folder of `--out`; a file in its way is a bad argument."""
+    """Makes the folder of `--out` and checks that files can be written in
+    it, before any work; a file in its way, or a folder that takes no
+    files (read-only, no permission), is a bad argument."""
+    import tempfile
+
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as error:  # a file of that name, or in the path
         raise UsageError(
             f"--out: cannot make the folder {folder}: {error.strerror}. "
+            f"Received: --out={out}"
+        ) from None
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise UsageError(
+            f"--out: cannot write in the folder {folder}: {error.strerror}. "
             f"Received: --out={out}"
         ) from None
 

@@ -67,6 +67,45 @@ def test_out_in_the_way_of_a_file_is_a_usage_error(tmp_path, capsys):
     assert blocker.read_text() == "mine"
 
 
+def test_out_that_takes_no_files_is_a_usage_error_before_any_work(
+    monkeypatch, tmp_path, capsys
+):
+    # A read-only folder failed at the end, after the training, with a
+    # traceback; a file where demo puts a task's folder, at that task.
+    import errno
+    import tempfile
+
+    from keras_attention import recipes
+
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / recipes.DEMO_ORDER[-1]).write_text("mine")
+    assert cli.main(["demo", "--quick", "--out", str(tmp_path / "demo")]) == cli.EXIT_USAGE
+    assert "--out" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path / "demo")) == sorted(recipes.DEMO_ORDER)
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    import dataclasses
+
+    def no_work(**kwargs):
+        raise AssertionError("the recipe ran")
+
+    monkeypatch.setattr(recipes, "TASKS", {
+        task: dataclasses.replace(recipe, run=no_work)
+        for task, recipe in recipes.TASKS.items()
+    })
+    for argv in (
+        ["run", "node-classification", "--out", str(tmp_path / "ro")],
+        ["demo", "--out", str(tmp_path / "ro")],
+        ["convert", str(tmp_path), "--out", str(tmp_path / "ro" / "m.keras")],
+    ):
+        assert cli.main(argv) == cli.EXIT_USAGE, argv
+        err = capsys.readouterr().err
+        assert "--out: cannot write" in err and "Read-only" in err, err
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="needs triton"
 )
