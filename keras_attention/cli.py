@@ -386,8 +386,14 @@ def _explore_input(text, model):
             raise UsageError(f"INPUT: cannot read {text}: {error}") from None
         if lower.endswith(".npy"):
             return loaded
-        arrays = [loaded[name] for name in loaded.files]
-        return arrays[0] if len(arrays) == 1 else arrays
+        arrays = {name: loaded[name] for name in loaded.files}
+        if len(arrays) == 1:
+            return next(iter(arrays.values()))
+        try:  # a model of named inputs takes them by name
+            named = isinstance(model.input, dict)
+        except (AttributeError, ValueError):
+            named = False
+        return arrays if named else list(arrays.values())
     if lower.endswith((".png", ".jpg", ".jpeg", ".bmp", ".gif")):
         if not os.path.isfile(text):
             raise UsageError(f"INPUT: no such file: {text}")
@@ -420,7 +426,10 @@ def _model_image_shape(model):
     try:
         shape = tuple(model.inputs[0].shape[1:])
     except (AttributeError, IndexError, TypeError, ValueError):
-        return None
+        # A subclassed model (DETR): the shape it was built on, kept in
+        # its file.
+        config = model.get_build_config() or {}
+        shape = tuple(config.get("input_shape") or ())[1:]
     return shape if len(shape) == 3 else None
 
 

@@ -46,11 +46,29 @@ def text_inputs(model, inputs, index, tokens, target_tokens):
             "target_length": int(decoder_inputs.shape[1]),
         }
         return model_inputs, tokens, context_labels, notes
-    ids = np.asarray(preprocessor([text]))
+    if not callable(preprocessor) and hasattr(preprocessor, "encode"):
+        # A causal LM's characters: the ids of the text itself, no padding.
+        ids = np.asarray(preprocessor.encode(text), "int32")[None]
+        tokens = tokens or [preprocessor.decode(ids[0, i:i + 1]) for i in range(ids.shape[1])]
+        return ids, tokens, target_tokens, notes
+    ids = preprocessor([text])
+    first = np.asarray(ids["token_ids"] if isinstance(ids, dict) else ids)
     if tokens is None and hasattr(preprocessor, "vocabulary"):
         vocabulary = preprocessor.vocabulary
-        tokens = [str(vocabulary[i]) for i in ids[0] if i != 0]
-    return ids, tokens, target_tokens, notes
+        tokens = [str(vocabulary[i]) for i in first[0] if i != 0]
+    return with_mask_positions(model, ids), tokens, target_tokens, notes
+
+
+def with_mask_positions(model, ids):
+    """`ids` as a masked language model takes them: a dict with
+    `"mask_positions"` (all 0: the attention does not depend on which
+    positions its head predicts); other models' ids as they are."""
+    length = getattr(model, "mask_length", None)
+    if length is None or not isinstance(getattr(model, "input", None), dict):
+        return np.asarray(ids) if not isinstance(ids, dict) else ids
+    ids = dict(ids) if isinstance(ids, dict) else {"token_ids": ids}
+    batch = np.asarray(ids["token_ids"]).shape[0]
+    return {**ids, "mask_positions": np.zeros((batch, length), "int32")}
 
 
 def sequence_payload(context, inputs, index, layers, tokens, target_tokens):
