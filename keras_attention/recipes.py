@@ -46,6 +46,38 @@ def _verbose():
     return 1 if sys.stdout.isatty() else 2
 
 
+class EpochProgress(keras.callbacks.Callback):
+    """One progress bar over a run's epochs, for the short epochs (one
+    step each: the whole graph) that Keras would give a bar each: its loss
+    and validation figures at every epoch on a terminal, a line every
+    tenth of the run in logs."""
+
+    def __init__(self, epochs):
+        super().__init__()
+        self.epochs = epochs
+        self.bar = keras.utils.Progbar(epochs, verbose=1, unit_name="epoch")
+        self.every = max(1, epochs // 10)
+
+    def on_epoch_end(self, epoch, logs=None):
+        values = [(k, float(v)) for k, v in (logs or {}).items()
+                  if k in ("loss", "val_loss", "val_accuracy")]
+        if sys.stdout.isatty():
+            self.bar.update(epoch + 1, values=values)
+        elif (epoch + 1) % self.every == 0 or epoch + 1 == self.epochs:
+            self._print(epoch, values)
+        self.last = (epoch, values)
+
+    def on_train_end(self, logs=None):
+        epoch, values = getattr(self, "last", (None, None))
+        stopped = epoch is not None and epoch + 1 < self.epochs
+        if stopped and not sys.stdout.isatty() and (epoch + 1) % self.every:
+            self._print(epoch, values)  # stopped early: its last epoch
+
+    def _print(self, epoch, values):
+        shown = " - ".join(f"{k}: {v:.4f}" for k, v in values)
+        print(f"epoch {epoch + 1}/{self.epochs} - {shown}", flush=True)
+
+
 def _save(model, out, name):
     path = os.path.join(out, f"{name}.keras")
     write_atomically(path, model.save, suffix=".keras")
@@ -303,6 +335,29 @@ def run_detection(model_name, data, epochs, out, seed, quick=False):
 # Node classification ---------------------------------------------------------
 
 
+def _planetoid_name(data):
+    """`(folder, name)` of `--data`: a Planetoid folder (its first set of
+    Cora, CiteSeer, PubMed) or one of a set's files, `ind.<name>.graph`."""
+    names = ("cora", "citeseer", "pubmed")
+    if os.path.isfile(data):
+        parts = os.path.basename(data).split(".")
+        if len(parts) >= 3 and parts[0] == "ind" and parts[1] in names:
+            return os.path.dirname(os.path.abspath(data)), parts[1]
+    else:
+        found = [n for n in names if os.path.exists(os.path.join(data, f"ind.{n}.graph"))]
+        if found:
+            if len(found) > 1:
+                print(f"--data {data} holds {', '.join(found)}: {found[0]} taken "
+                      f"(pass {os.path.join(data, f'ind.{found[1]}.graph')} for "
+                      f"{found[1]})", flush=True)
+            return data, found[0]
+    raise ValueError(
+        f"--data {data}: expected a Planetoid folder with "
+        "ind.<cora|citeseer|pubmed>.{x,y,tx,ty,allx,ally,graph,test.index}, "
+        "or one of those files (ind.citeseer.graph: CiteSeer)"
+    )
+
+
 def run_node_classification(model_name, data, epochs, out, seed, quick=False):
     from keras_attention import datasets, visualization
     from keras_attention.applications import node_classification as nc
@@ -313,17 +368,8 @@ def run_node_classification(model_name, data, epochs, out, seed, quick=False):
         graph = datasets.load_karate_club(seed=seed)
         data_name = "Zachary's karate club (networkx, embedded)"
     else:
-        name = next(
-            (n for n in ("cora", "citeseer", "pubmed")
-             if os.path.exists(os.path.join(data, f"ind.{n}.graph"))),
-            None,
-        )
-        if name is None:
-            raise ValueError(
-                f"--data {data}: expected a Planetoid folder with "
-                "ind.<cora|citeseer|pubmed>.{x,y,tx,ty,allx,ally,graph,test.index}"
-            )
-        graph = datasets.load_planetoid(data, name, normalize_features=True)
+        folder, name = _planetoid_name(data)
+        graph = datasets.load_planetoid(folder, name, normalize_features=True)
         data_name = f"{name} ({data})"
     prepared = nc.node_classification_data(graph)
     model = nc.GATNodeClassifier(
@@ -332,11 +378,12 @@ def run_node_classification(model_name, data, epochs, out, seed, quick=False):
         version="v2" if model_name == "gatv2" else "v1",
     )
     model.compile()
+    epochs = epochs or (5 if quick else 300)
     model.fit(
         prepared.inputs, prepared.labels, sample_weight=prepared.train_weights,
         validation_data=(prepared.inputs, prepared.labels, prepared.val_weights),
-        epochs=epochs or (5 if quick else 300), verbose=0 if not quick else _verbose(),
-        callbacks=[nc.GATEarlyStopping(patience=100)],
+        epochs=epochs, verbose=0,
+        callbacks=[nc.GATEarlyStopping(patience=100), EpochProgress(epochs)],
     )
     # The compiled accuracy is a weighted metric: the test nodes only.
     accuracy = model.evaluate(

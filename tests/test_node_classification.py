@@ -153,3 +153,26 @@ def test_an_empty_split_raises_instead_of_scoring_zero(karate):
     with pytest.raises(ValueError, match="`mask`.*no labelled node"):
         masked_accuracy(np.zeros((34, 2)), labels, np.zeros(34, bool))
     assert 0 <= masked_accuracy(np.zeros((34, 2)), labels, labels >= 0) <= 1
+
+
+def test_planetoid_data_names_its_set_and_the_run_shows_progress(tmp_path, capsys):
+    # A folder of several sets took the first silently, and 300 epochs of a
+    # full-graph run printed nothing.
+    from keras_attention import recipes
+
+    for name in ("cora", "citeseer"):
+        (tmp_path / f"ind.{name}.graph").write_text("")
+    assert recipes._planetoid_name(str(tmp_path)) == (str(tmp_path), "cora")
+    assert "citeseer" in capsys.readouterr().out  # what else it holds
+    citeseer = str(tmp_path / "ind.citeseer.graph")
+    assert recipes._planetoid_name(citeseer) == (str(tmp_path), "citeseer")
+    with pytest.raises(ValueError, match="--data"):
+        recipes._planetoid_name(str(tmp_path / "elsewhere"))
+    progress = recipes.EpochProgress(20)
+    for epoch in range(7):
+        progress.on_epoch_end(epoch, {"loss": 1.0 / (epoch + 1), "val_accuracy": 0.5})
+    progress.on_train_end()  # stopped early, at epoch 7
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" - ")[0] for line in lines] == [
+        "epoch 2/20", "epoch 4/20", "epoch 6/20", "epoch 7/20"]
+    assert "val_accuracy: 0.5000" in lines[-1]
