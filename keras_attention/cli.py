@@ -41,10 +41,22 @@ def _positive_int(text):
     return value
 
 
+def _seed(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer from 0 to 2**32 - 1, got {text!r}"
+        )
+    return value
+
+
 def _add_output_arguments(command, out_default, quick_help):
     """`--out`, `--seed` and `--quick` of a command that trains."""
     command.add_argument("--out", default=out_default, help="output folder")
-    command.add_argument("--seed", type=int, default=0, help="random seed")
+    command.add_argument("--seed", type=_seed, default=0, help="random seed")
     command.add_argument("--quick", action="store_true", help=quick_help)
 
 

@@ -33,6 +33,11 @@ def test_help_and_bad_arguments(capsys):
     assert cli.main(["run", "classification", "--model", "alexnet"]) == cli.EXIT_USAGE
     assert "--model" in capsys.readouterr().err
     assert cli.main(["run", "classification", "--data", "/no/such/folder"]) == cli.EXIT_USAGE
+    for seed in ("-1", str(2**32), "x"):  # keras's error came after --out was made
+        with pytest.raises(SystemExit) as info:
+            cli.main(["run", "classification", "--seed", seed, "--out", "/no/such/out"])
+        assert info.value.code == cli.EXIT_USAGE
+        assert "--seed" in capsys.readouterr().err
 
 
 def test_list_shows_layers_applications_and_presets(capsys):

@@ -350,6 +350,9 @@ def test_grad_cam_rejects_bad_arguments():
         vis.grad_cam(model, x, method="cam")
     with pytest.raises(ValueError, match="class_index"):
         vis.grad_cam(model, x, class_index=[0, 1, 2])
+    classes = model.outputs[0].shape[-1]
+    with pytest.raises(ValueError, match=f"class_index.*0 to {classes - 1}"):
+        vis.grad_cam(model, x, class_index=classes)  # TensorFlow's gather error
     with pytest.raises(ValueError, match="layer"):
         vis.grad_cam(model, x, layer="nope")
     with pytest.raises(ValueError, match="images"):
@@ -561,6 +564,17 @@ def test_a_failed_write_leaves_the_previous_file(tmp_path, monkeypatch):
     with pytest.raises(ZeroDivisionError):
         reports.write_report([], str(tmp_path), 1.0)
     assert (tmp_path / "report.md").read_text() == "previous report"
+
+
+def test_a_picture_is_saved_in_the_format_its_name_says(tmp_path):
+    # PNG bytes went into any name (a.pdf was a PNG).
+    for name, magic in (("a.pdf", b"%PDF"), ("a.svg", b"<?xml"), ("a.png", b"\x89PNG"),
+                        ("noextension", b"\x89PNG")):
+        vis.plot_image_overlay(rand(8, 8, 1), rand(4, 4), path=tmp_path / name)
+        assert (tmp_path / name).read_bytes().startswith(magic), name
+    with pytest.raises(ValueError, match="path.*a.xyz"):
+        vis.plot_image_overlay(rand(8, 8, 1), rand(4, 4), path=tmp_path / "a.xyz")
+    assert not (tmp_path / "a.xyz").exists()
 
 
 def test_plot_image_overlay(tmp_path):

@@ -246,9 +246,26 @@ def class_indices(model, images, class_index=None):
             f"None, a non-negative int or {count} of them (one per image). "
             f"Received: class_index={class_index!r}"
         )
+    classes = _num_classes(model, images)
+    if classes is not None and (values >= classes).any():
+        raise ValueError(
+            "Received an invalid value for argument `class_index`, expected "
+            f"a class of the model's {classes} (0 to {classes - 1}). "
+            f"Received: class_index={class_index!r}"
+        )
     if len(values) == 1:
         values = np.repeat(values, count)
     return [int(i) for i in values]
+
+
+def _num_classes(model, images):
+    """The size of the model's class axis (its outputs' last), or `None`."""
+    try:
+        classes = model.outputs[0].shape[-1]
+    except (AttributeError, IndexError, TypeError, ValueError):
+        outputs = model(_as_tensor(images[:1]), training=False)
+        classes = getattr(outputs, "shape", (None,))[-1]
+    return None if classes is None else int(classes)
 
 
 def tf_keras_vis_cam(model, images, indices, target, method, options=CamOptions()):

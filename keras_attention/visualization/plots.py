@@ -420,14 +420,24 @@ def _figure(size):
 
 
 def _finish(fig, path):
+    """`fig`, saved to `path` (if any) in the format its extension names
+    (`.png`, `.pdf`, `.svg`, `.jpg`, ...; PNG without one)."""
     if path is not None:
+        extension = os.path.splitext(os.fspath(path))[1][1:].lower()
+        formats = fig.canvas.get_supported_filetypes()
+        if extension and extension not in formats:
+            raise ValueError(
+                "Received an invalid value for argument `path`, expected a "
+                f"file name ending in one of {', '.join('.' + f for f in sorted(formats))} "
+                f"(or none, for PNG). Received: path={os.fspath(path)!r}"
+            )
         folder = os.path.dirname(os.fspath(path))
         if folder:
             os.makedirs(folder, exist_ok=True)
         write_atomically(
             path,
             lambda temporary: fig.savefig(
-                temporary, format="png", bbox_inches="tight"
+                temporary, format=extension or "png", bbox_inches="tight"
             ),
         )
     return fig
