@@ -190,8 +190,16 @@ def test_no_registry_layer_is_an_error(tmp_path):
 
 
 def test_wrong_input_shape_is_an_error(tmp_path):
-    with pytest.raises(ValueError, match=r"cannot be called on inputs of shape \(1, 6, 5\)"):
+    with pytest.raises(ValueError, match=r"cannot be called on inputs of shape \(1, 6, 5\)") as info:
         explore(token_model(), np.ones((1, 6, 5)), tmp_path / "x.html")
+    assert len(str(info.value)) <= 800
+    # Keras appends the call's arguments, whole input arrays: left out.
+    from keras_attention.visualization._explorer_data import brief
+
+    keras_error = ValueError("Input 0 is incompatible.\n\nArguments received by "
+                             "Functional.call():\n  • inputs=" + "1.0 " * 2000)
+    assert brief(keras_error) == "Input 0 is incompatible."
+    assert len(brief(ValueError("x" * 5000))) < 700
     with pytest.raises(ValueError, match="expected images"):
         explore(tiny_vit(), np.ones((16, 16, 1)), tmp_path / "x.html", kind="image")
     assert not os.listdir(tmp_path)

@@ -44,13 +44,13 @@ class Context:
         except (ValueError, TypeError, IndexError) as error:
             raise ValueError(
                 f"The model {self.model.name!r} cannot be called on inputs of "
-                f"shape {shapes(inputs)}: {error}"
+                f"shape {shapes(inputs)}: {brief(error)}"
             ) from error
         except Exception as error:  # backend errors (InvalidArgumentError)
             if type(error).__module__.startswith(("tensorflow", "jax", "torch")):
                 raise ValueError(
                     f"The model {self.model.name!r} cannot be called on "
-                    f"inputs of shape {shapes(inputs)}: {error}"
+                    f"inputs of shape {shapes(inputs)}: {brief(error)}"
                 ) from error
             raise
         return pick_layers(weights, layers)
@@ -85,6 +85,13 @@ def pick_layers(weights, layers):
         for name in matches:
             picked[name] = weights[name]
     return picked
+
+
+def brief(error, limit=600):
+    """An error's own message without the call's arguments, which Keras
+    appends (whole input arrays), cut to `limit` characters."""
+    text = str(error).split("Arguments received by")[0].strip()
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def is_text(inputs):

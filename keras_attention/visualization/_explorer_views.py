@@ -259,7 +259,7 @@ def detection_payload(context, inputs, index, class_names, score_threshold):
     except (ValueError, TypeError) as error:
         raise ValueError(
             f"The model {model.name!r} cannot be called on inputs of shape "
-            f"{image.shape}: {error}"
+            f"{image.shape}: {data.brief(error)}"
         ) from error
     logits = np.asarray(keras.ops.convert_to_numpy(outputs["logits"]), "float64")[0]
     boxes = np.asarray(keras.ops.convert_to_numpy(outputs["boxes"]), "float32")[0]
