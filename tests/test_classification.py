@@ -518,6 +518,7 @@ def test_text_classifier_new_head_keeps_the_preprocessor():
     )
     assert new.num_classes == 3 and new.preprocessor is preprocessor
     assert new.predict_texts(["the film was good"]).shape == (1, 3)
+    assert new.predict_texts([]).shape == (0, 3)  # was NumPy's concatenate error
 
 
 def test_text_token_ids_outside_the_vocabulary_are_refused():

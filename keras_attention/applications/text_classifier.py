@@ -434,12 +434,13 @@ class TextClassifier(app_base.Classifier):
         """Class probabilities (or activations) `(B, num_classes)` of texts."""
         ids = self._require_preprocessor()(texts)
         # Eager batches: no compilation for the few texts this is meant for.
-        outputs = np.concatenate(
-            [
-                ops.convert_to_numpy(self(batch, training=False))
-                for batch in _batches(ids, batch_size)
-            ]
-        )
+        outputs = [
+            ops.convert_to_numpy(self(batch, training=False))
+            for batch in _batches(ids, batch_size)
+        ]
+        if not outputs:  # no texts: no rows
+            return np.zeros((0, self.num_classes), "float32")
+        outputs = np.concatenate(outputs)
         if self.activation is keras.activations.linear:
             outputs = ops.convert_to_numpy(ops.softmax(outputs, axis=-1))
         return outputs
