@@ -648,6 +648,8 @@ def test_parallel_corpus_errors_name_file_and_line(corpus_folder):
     assert isinstance(info.value, FileNotFoundError)
     with pytest.raises(FileNotFoundError, match=r"train\.fr"):
         datasets.load_parallel_corpus(corpus_folder, src="fr", tgt="en")
+    with pytest.raises(ValueError, match="expected a corpus folder.*not a file"):
+        datasets.load_parallel_corpus(corpus_folder / "val.de")
 
 
 # ---------------------------------------------------- shared real data ----

@@ -68,6 +68,11 @@ def load_parallel_corpus(path, src="en", tgt="de", splits=None, max_lines=None):
     (['test2016', 'train', 'val'], 29000)
     """
     folder = os.fspath(path)
+    if os.path.isfile(folder):
+        raise ValueError(
+            "Received an invalid value for argument `path`, expected a corpus "
+            f"folder (its split files inside), not a file. Received: path={folder!r}"
+        )
     if not os.path.isdir(folder):
         raise missing_file_error(folder, "corpus folder")
     if src == tgt:
