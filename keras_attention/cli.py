@@ -538,7 +538,10 @@ def main(argv=None):
             return command_convert(args)
         return command_demo(args)
     except UsageError as error:
-        parser.print_usage(sys.stderr)
+        # The command's own usage line, as argparse prints for its errors.
+        commands = next(a for a in parser._actions
+                        if isinstance(a, argparse._SubParsersAction))
+        commands.choices.get(args.command, parser).print_usage(sys.stderr)
         print(f"keras-attention: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except (ValueError, FileNotFoundError) as error:

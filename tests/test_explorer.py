@@ -202,6 +202,11 @@ def test_wrong_input_shape_is_an_error(tmp_path):
     assert len(brief(ValueError("x" * 5000))) < 700
     with pytest.raises(ValueError, match="expected images"):
         explore(tiny_vit(), np.ones((16, 16, 1)), tmp_path / "x.html", kind="image")
+    # A graph's arrays as an image: ours, not NumPy's "setting an array
+    # element with a sequence".
+    with pytest.raises(ValueError, match=r"expected images.*\(4, 3\)"):
+        explore(tiny_vit(), [np.ones((4, 3)), np.ones((2, 5))], tmp_path / "x.html",
+                kind="image")
     assert not os.listdir(tmp_path)
 
 

@@ -29,6 +29,11 @@ def test_a_causal_lm_reads_text(tmp_path, capsys):
     model.save(tmp_path / "lm.keras")
     data = explored(tmp_path, capsys, tmp_path / "lm.keras", "1 may = ")
     assert data["layers"][0]["keys"] == list("1 may = ")
+    # One text is a batch of one: another index is an error, not ignored.
+    argv = ["explore", str(tmp_path / "lm.keras"), "1 may", "--index", "1",
+            "--out", str(tmp_path / "other.html")]
+    assert cli.main(argv) == cli.EXIT_FAILED
+    assert "index=1" in capsys.readouterr().err
 
 
 def test_a_masked_language_model_reads_text_and_named_arrays(tmp_path, capsys):

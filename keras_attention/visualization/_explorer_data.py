@@ -209,12 +209,15 @@ def class_name(class_names, k):
 
 def one_image(inputs, index):
     """The `index`-th image of a `(B, H, W, C)` batch, as a batch of one."""
-    images = np.asarray(inputs)
+    try:
+        images = np.asarray(inputs)
+    except ValueError:  # arrays of several shapes (a graph's)
+        images = np.empty(0)
     if images.ndim != 4:
         raise ValueError(
             "Received an invalid value for argument `inputs`, expected images "
             "(B, height, width, channels). Received: "
-            f"inputs.shape={images.shape}"
+            f"inputs of shape {shapes(inputs)}"
         )
     index = check_index(index, len(images))
     return images[index : index + 1].astype("float32")

@@ -20,7 +20,9 @@ def text_inputs(model, inputs, index, tokens, target_tokens):
             "into token ids; pass token ids (B, T). Received: "
             f"inputs={inputs!r}"
         )
-    text = inputs if isinstance(inputs, str) else inputs[data.check_index(index, len(inputs))]
+    # One string is a batch of one: `index` 0.
+    batch = [inputs] if isinstance(inputs, str) else inputs
+    text = batch[data.check_index(index, len(batch))]
     notes = []
     if hasattr(model, "translate"):
         # One sentence: eager decoding beats compiling a decoder for it.
