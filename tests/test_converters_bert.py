@@ -157,6 +157,28 @@ def test_folder_converts_and_tokenizes_like_hugging_face(tmp_path):
     np.testing.assert_allclose(probabilities.sum(-1), 1.0, atol=1e-5)
 
 
+@pytest.mark.parametrize("lower, accents", [(False, None), (True, False), (False, True)])
+def test_a_cased_folder_tokenizes_like_hugging_face(tmp_path, lower, accents):
+    # The casing is in tokenizer_config.json, not the model's config.json:
+    # a cased BERT was lowercased and its accents stripped.
+    cased = VOCABULARY + ["The", "Film", "Paris", "paris", "café"]
+    reference = transformers.BertForSequenceClassification(
+        _config(vocab_size=len(cased))
+    ).eval()
+    reference.save_pretrained(tmp_path)
+    (tmp_path / "vocab.txt").write_text("\n".join(cased) + "\n")
+    transformers.BertTokenizer(
+        str(tmp_path / "vocab.txt"), do_lower_case=lower, strip_accents=accents
+    ).save_pretrained(tmp_path)
+    model = TextClassifier.from_transformers(str(tmp_path), sequence_length=10)
+    texts = ["The Film Paris café.", "the film paris cafe", "Café THE"]
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))(
+        texts, padding="max_length", max_length=10
+    )
+    np.testing.assert_array_equal(model.preprocessor(texts)["token_ids"],
+                                  theirs["input_ids"])
+
+
 def test_other_architectures_and_options_are_refused(tmp_path):
     vit = transformers.ViTModel(transformers.ViTConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=4,

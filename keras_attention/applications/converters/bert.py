@@ -13,6 +13,7 @@ maps onto keras-hub's `MaskedLMHead`: `transform.dense` -> its
 `bias` -> `output_bias`; the decoder is the word embeddings (tied).
 """
 
+import json
 import os
 import re
 import warnings
@@ -229,10 +230,20 @@ def _preprocessor(vocabulary, config, arguments):
         return None
     from keras_attention.applications.bert_preprocessor import BertPreprocessor
 
+    # Hugging Face keeps the tokenizer's casing in tokenizer_config.json
+    # beside vocab.txt (a cased BERT: do_lower_case false); the model's
+    # config.json does not hold it. BertTokenizer's defaults otherwise.
+    tokenizer = {}
+    path = os.path.join(os.path.dirname(vocabulary), "tokenizer_config.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as file:
+            tokenizer = json.load(file)
+    lowercase = tokenizer.get("do_lower_case", config.get("do_lower_case", True))
     return BertPreprocessor(
         vocabulary,
         sequence_length=arguments["sequence_length"],
-        lowercase=config.get("do_lower_case", True),
+        lowercase=lowercase,
+        strip_accents=tokenizer.get("strip_accents"),
     )
 
 
