@@ -10,6 +10,7 @@ kernels only).
 """
 
 from keras_attention.applications.converters import common
+from keras_attention.layers.local_window import window_geometry
 
 
 def _unsupported(option, value, where=""):
@@ -76,6 +77,18 @@ def swin_arguments(model):
                     "window_size", size, f"{where} with img_size="
                     f"{tuple(patch_embed.img_size)} (the {grid[0]} x "
                     f"{grid[1]} patch grid is not a multiple of the window)"
+                )
+            # Ours shifts both axes or neither (`window_geometry`); timm
+            # stops shifting an axis as long as the window on its own.
+            shift = window_geometry(grid[0], grid[1], size[0],
+                                    size[0] // 2 if index % 2 else 0)[1]
+            if tuple(block.shift_size) != (shift, shift):
+                raise _unsupported(
+                    "img_size", tuple(patch_embed.img_size),
+                    f"{where} (timm shifts its windows by "
+                    f"{tuple(block.shift_size)} on the {grid[0]} x {grid[1]} "
+                    "grid: one axis only; a grid whose sides both exceed the "
+                    "window, or both equal it, converts)"
                 )
             if (block.attn.qkv.bias is not None) != qkv_bias:
                 raise _unsupported("qkv_bias", not qkv_bias, where + " (blocks differ)")
