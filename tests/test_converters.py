@@ -214,6 +214,21 @@ def test_timm_file_with_model_name(tmp_path):
     )
     assert model.num_classes == 5
     assert _difference(reference, model) < ATOL
+    # The checkpoint's own class count is accepted in `model_kwargs` too
+    # (timm's create_model was given it twice: a TypeError); another count,
+    # or an argument timm does not take, is a ValueError naming them.
+    same = VisionTransformer.from_timm(
+        path, model_name="vit_tiny_patch16_224",
+        model_kwargs={"img_size": 32, "num_classes": 5},
+    )
+    assert _difference(reference, same) < ATOL
+    for kwargs, match in (({"num_classes": 7}, "num_classes=7.*5 classes"),
+                          ({"no_such_option": 1}, "model_kwargs.*no_such_option")):
+        with pytest.raises(ValueError, match=match):
+            VisionTransformer.from_timm(
+                path, model_name="vit_tiny_patch16_224",
+                model_kwargs={"img_size": 32, **kwargs},
+            )
 
 
 def test_timm_vit_without_projection_biases(tmp_path):
@@ -295,6 +310,8 @@ def test_other_architectures_and_options_are_refused():
         VisionTransformer.from_timm(_timm_vit(init_values=1e-5))
     with pytest.raises(ValueError, match="reg_tokens"):
         VisionTransformer.from_timm(_timm_vit(reg_tokens=2))
+    with pytest.raises(ValueError, match="dynamic_img_pad"):
+        VisionTransformer.from_timm(_timm_vit(dynamic_img_pad=True))
     with pytest.raises(ValueError, match="qk_norm|q_norm"):
         VisionTransformer.from_timm(_timm_vit(qk_norm=True))
     swin = dict(img_size=32, window_size=2, embed_dim=16, depths=(2, 2),

@@ -192,6 +192,8 @@ def timm_arguments(model):
         raise _unsupported("reg_tokens", model.num_reg_tokens)
     if getattr(model, "dynamic_img_size", False):
         raise _unsupported("dynamic_img_size", True)
+    if getattr(model.patch_embed, "dynamic_img_pad", False):
+        raise _unsupported("dynamic_img_pad", True)
     if model.pos_embed is None:
         raise _unsupported("pos_embed", "none")
     for option in ("norm_pre", "patch_drop"):
@@ -277,6 +279,14 @@ def _timm_model_from_name(model_name, num_classes, model_kwargs):
             "torch); without them pass `config=` (VisionTransformer's "
             "arguments)."
         ) from error
+    given = model_kwargs.pop("num_classes", num_classes)
+    if given != num_classes:
+        raise ValueError(
+            "Received an invalid value for argument `model_kwargs`, whose "
+            f"num_classes={given!r} is not the checkpoint's {num_classes} "
+            "classes (read from its head; pass `num_classes=` for a new "
+            f"head). Received: model_kwargs={dict(model_kwargs, num_classes=given)!r}"
+        )
     try:
         with torch.device("meta"):  # the structure only, no memory
             return timm.create_model(
@@ -286,6 +296,12 @@ def _timm_model_from_name(model_name, num_classes, model_kwargs):
     except RuntimeError as error:
         raise ValueError(
             f"timm does not know the model {model_name!r}: {error}"
+        ) from error
+    except TypeError as error:  # an argument its model class does not take
+        raise ValueError(
+            f"Received an invalid value for argument `model_kwargs`, which "
+            f"timm's {model_name!r} does not take: {error}. Received: "
+            f"model_kwargs={model_kwargs!r}"
         ) from error
 
 
