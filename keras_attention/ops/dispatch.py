@@ -278,9 +278,7 @@ def _dense_path(
     key = repeat_heads(key, num_heads)
     value = repeat_heads(value, num_heads)
     q = ops.transpose(query, (0, 2, 1, 3)) * ops.cast(scale, query.dtype)
-    if is_causal:
-        causal = causal_mask(ops.shape(query)[1], ops.shape(key)[1])
-        mask = causal if mask is None else ops.logical_and(mask, causal)
+    mask = _with_causal(mask, is_causal, query, key)
     if custom_gradient:
         out = dense_core(
             q,
