@@ -122,3 +122,26 @@ def test_every_benchmark_prints_its_machine():
         )
     ]
     assert silent == [], f"print the machine in: {silent}"
+
+
+def test_no_benchmark_shadows_the_machine_line():
+    """A script that imports `describe` from `machine.py` and defines its
+    own `describe` too calls the wrong one: `bench_classification.py`
+    stopped on `describe()` (a TypeError) before measuring anything."""
+    benchmarks = ROOT.parent / "benchmarks"
+    shadowed = []
+    for path in sorted(benchmarks.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = any(
+            isinstance(node, ast.ImportFrom) and node.module == "machine"
+            and any((a.asname or a.name) == "describe" for a in node.names)
+            for node in tree.body
+        )
+        defined = any(
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name == "describe"
+            for node in tree.body
+        )
+        if imported and defined:
+            shadowed.append(path.name)
+    assert shadowed == [], f"rename the local describe() in: {shadowed}"
