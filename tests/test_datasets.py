@@ -211,6 +211,30 @@ def test_sentiment_is_deterministic():
         datasets.make_sentiment_task(5, negation_rate=1.5)
 
 
+def test_sentiment_exclude_leaves_out_another_splits_sentences():
+    # The generator repeats sentences across seeds: seed 0's 3,000 hold
+    # some of seed 1's 1,000 (the benchmarks' training and test streams).
+    test, _ = datasets.make_sentiment_task(1000, seed=1)
+    plain, plain_labels, plain_keys = datasets.make_sentiment_task(
+        3000, seed=0, return_key_positions=True
+    )
+    assert set(plain) & set(test)
+    texts, labels, keys = datasets.make_sentiment_task(
+        3000, seed=0, return_key_positions=True, exclude=test
+    )
+    assert len(texts) == len(labels) == len(keys) == 3000
+    assert not set(texts) & set(test)
+    # The same stream with the excluded sentences skipped, labels and key
+    # positions kept with their sentences.
+    kept = [i for i, t in enumerate(plain) if t not in set(test)]
+    assert texts[: len(kept)] == [plain[i] for i in kept]
+    np.testing.assert_array_equal(labels[: len(kept)], plain_labels[kept])
+    assert keys[: len(kept)] == [plain_keys[i] for i in kept]
+    assert labels.dtype == np.int32
+    # Nothing to exclude: the plain task.
+    assert datasets.make_sentiment_task(20, seed=0, exclude=[])[0] == plain[:20]
+
+
 # --------------------------------------------------------------- images ----
 
 

@@ -13,6 +13,7 @@ from keras_attention.applications.masked_lm import masked_lm_dataset
 from keras_attention.training import masked_lm_metrics
 from keras_attention.training import pretrain_masked_lm
 from keras_attention.training import read_text_folder
+from tests import benchmark_scripts
 
 TINY = dict(hidden_dim=32, depth=1, num_heads=2, mlp_dim=64, pooling_units=16)
 
@@ -214,3 +215,19 @@ def test_the_recipe_never_trains_on_its_test_sentences(seed):
         texts, labels = sentiment_split(split, n, seed)
         assert len(texts) == len(labels) == n
         assert not set(texts) & set(test)
+
+
+
+def test_the_pretraining_benchmark_splits_share_no_sentence():
+    # Generator seeds 0 (pool), 2 (validation) and 1 (test) repeat
+    # sentences: 79 test sentences were in the pool, 42 validation ones.
+    bench = benchmark_scripts.load("bench_pretraining")
+    validation, test = bench.held_out_splits()
+    assert (len(validation[0]), len(test[0])) == (500, 1000)
+    assert not set(validation[0]) & set(test[0])
+    for seed in (0, 3):
+        labelled, labels, unlabelled = bench.split(seed, (validation, test))
+        assert (len(labelled), len(labels), len(unlabelled)) == (1000, 1000, 2000)
+        pool = set(labelled) | set(unlabelled)
+        assert not pool & set(test[0]), seed
+        assert not pool & set(validation[0]), seed

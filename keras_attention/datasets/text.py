@@ -108,6 +108,7 @@ def make_sentiment_task(
     double_negation_rate=0.0,
     max_distractors=3,
     return_key_positions=False,
+    exclude=None,
 ):
     """Generates sentiment sentences whose class a few tokens decide.
 
@@ -127,6 +128,11 @@ def make_sentiment_task(
             together); each sentence draws between 0 and this many.
         return_key_positions: also return, for each sentence, the token
             indices that decide its class.
+        exclude: sentences left out (another split's): the generator
+            repeats sentences, also across seeds, so splits drawn from
+            different seeds share some unless each excludes the others'.
+            The result is the first `num_samples` sentences of the stream
+            of `seed` that are not in `exclude`.
 
     Returns:
         `(sentences, labels)`: a list of strings and an int32 array `(N,)`;
@@ -166,6 +172,13 @@ def make_sentiment_task(
             "expected a non-negative integer. Received: "
             f"max_distractors={max_distractors}"
         )
+    if exclude is not None:
+        return _excluding(
+            set(exclude), num_samples, seed, return_key_positions,
+            dict(negation_rate=negation_rate,
+                 double_negation_rate=double_negation_rate,
+                 max_distractors=max_distractors),
+        )
     rng = np.random.default_rng(seed)
     sentences, labels, keys = [], [], []
     for _ in range(num_samples):
@@ -203,3 +216,27 @@ def make_sentiment_task(
     if return_key_positions:
         return sentences, labels, keys
     return sentences, labels
+
+
+def _excluding(excluded, num_samples, seed, return_key_positions, options):
+    """`make_sentiment_task` without the sentences of `excluded`: the same
+    stream (a longer draw of one seed starts with the shorter one), read
+    until `num_samples` sentences outside `excluded` are found."""
+    count = num_samples + len(excluded)
+    while True:
+        sentences, labels, keys = make_sentiment_task(
+            count, seed=seed, return_key_positions=True, **options
+        )
+        kept = [i for i, s in enumerate(sentences) if s not in excluded]
+        if len(kept) >= num_samples or count > 100 * (num_samples + len(excluded)):
+            break
+        count *= 2
+    if len(kept) < num_samples:
+        raise ValueError(
+            "Received an invalid value for argument `exclude`: the generator "
+            f"gave only {len(kept)} sentences outside it, fewer than "
+            f"num_samples={num_samples}"
+        )
+    kept = kept[:num_samples]
+    out = ([sentences[i] for i in kept], labels[np.asarray(kept, dtype="int64")])
+    return out + ([keys[i] for i in kept],) if return_key_positions else out
