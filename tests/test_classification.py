@@ -21,6 +21,7 @@ from keras_attention.applications.text_classifier import TextClassifierPreproces
 from keras_attention.applications.patches import PatchEmbedding
 from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention.applications.vision_transformer import VisionTransformer
+from tests import benchmark_scripts
 
 TINY_VIT = dict(
     image_size=8,
@@ -548,3 +549,27 @@ def test_text_token_ids_outside_the_vocabulary_are_refused():
         bert.predict({"token_ids": np.ones((2, 6), "int32"),
                       "token_type_ids": types}, verbose=0)
     assert model.predict(ids % 20, verbose=0).shape == (2, 2)
+
+
+
+def test_text_benchmark_scores_sentences_it_never_trained_on():
+    # The sentiment generator repeats sentences across seeds: 94 of the
+    # 1,000 test sentences (seed 1) were among the 4,000 training ones.
+    bench = benchmark_scripts.load("bench_classification")
+    train, test = bench.text_splits("test")
+    train_again, validation = bench.text_splits("validation")
+    assert train[0] == train_again[0] and len(train[0]) == 4000
+    assert len(test[0]) == len(validation[0]) == 1000
+    assert not set(train[0]) & set(test[0])
+    assert not set(train[0]) & set(validation[0])
+    assert not set(validation[0]) & set(test[0])
+
+
+def test_finetune_benchmark_has_no_validation_split():
+    # Its validation images would come out of the training split, on which
+    # the shipped backbones were trained: a score that flatters.
+    import argparse
+
+    bench = benchmark_scripts.load("bench_classification")
+    with pytest.raises(SystemExit, match="--evaluate-on test"):
+        bench.finetune_task(argparse.Namespace(evaluate_on="validation"))
