@@ -71,10 +71,8 @@ def gradcam_figure(out, seed):
 
 
 def alignment_figure(out, seed):
-    from keras_attention.datasets import make_date_task
-
     model = recipes.date_translator(seed)
-    held_out, _ = make_date_task(200, seed=99, formats=recipes.DATE_FORMATS)
+    held_out, _ = recipes.date_splits(seed)[1]
     exact, mass = recipes.alignment_mass(model, held_out)
     print(f"date alignment: exact {exact:.3f}, mass on the determining "
           f"characters {mass:.3f}", flush=True)
