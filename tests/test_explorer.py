@@ -134,6 +134,32 @@ def test_translator_page_labels_source_and_output(tmp_path):
     assert any("Translation of '3 March 1998'" in n for n in data["notes"])
 
 
+def test_translator_page_labels_decoder_layers_when_lengths_are_equal(tmp_path):
+    # Before: with source_length == target_length the decoder layers were
+    # told apart by their shape, so their rows (and the decoder's own keys)
+    # were labelled with the source and cut to its length.
+    from keras_attention.applications import TransformerTranslator
+    from keras_attention.applications import TranslationPreprocessor
+
+    keras.utils.set_random_seed(0)
+    model = TransformerTranslator(
+        TranslationPreprocessor(source_length=16, target_length=16),
+        num_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=16,
+    )
+    data = page_data(explore(model, "3 March 1998", tmp_path / "tr.html"))
+    layers = {l["name"]: l for l in data["layers"]}
+    source = list("3 March 1998")
+    encoder = layers["encoder_block_0/self_attention"]
+    assert encoder["queries"] == encoder["keys"] == source
+    cross = layers["decoder_block_0/cross_attention"]
+    decoder_self = layers["decoder_block_0/self_attention"]
+    assert cross["keys"] == source
+    assert cross["queries"] != source[: len(cross["queries"])]
+    assert decoder_self["queries"] == cross["queries"]  # the tokens it writes
+    assert decoder_self["keys"][0] == "[START]"
+    assert decoder_self["keys"][1:] == cross["queries"][:-1]
+
+
 def test_large_model_page_stays_small(tmp_path):
     # 12 layers x 12 heads on 197 tokens, as ViT-B/16 at 224 pixels.
     model = token_model(num_layers=12, num_heads=12, length=197)
@@ -220,6 +246,16 @@ def test_layer_and_index_out_of_range_are_errors(tmp_path):
         explore(model, tokens_input(), tmp_path / "x.html", index=3)
     data = page_data(explore(model, tokens_input(), tmp_path / "one.html", layers=[-1]))
     assert [l["name"] for l in data["layers"]] == ["mha_1"]
+
+
+def test_more_tokens_than_positions_is_an_error(tmp_path):
+    # Before: the labels were dropped without a word (positions shown).
+    model = token_model()
+    with pytest.raises(ValueError, match=r"`tokens`, expected at most 6 labels.*7 labels"):
+        explore(model, tokens_input(), tmp_path / "x.html", tokens=TOKENS + ["."])
+    with pytest.raises(ValueError, match="`target_tokens`, expected at most 6"):
+        explore(model, tokens_input(), tmp_path / "x.html", target_tokens=list("abcdefgh"))
+    assert not (tmp_path / "x.html").exists()
 
 
 def test_unwritable_path_is_an_error(tmp_path):
@@ -403,6 +439,19 @@ def test_sequence_page_in_browser(browser, tmp_path):
     browser.find_elements("css selector", "#model canvas")[5].click()
     assert browser.find_element("id", "layer").get_attribute("value") == "1"
     assert browser.find_element("id", "head").get_attribute("value") == "1"
+    no_console_errors(browser)
+
+
+def test_control_characters_in_tokens_are_visible_in_browser(browser, tmp_path):
+    # Before: a newline token (a causal LM's line end) was drawn as an
+    # empty row: only spaces were made visible.
+    tokens = ["1", "\n", "\t", "März 日本"]
+    path = explore(token_model(length=4), tokens_input(4), tmp_path / "ctl.html", tokens=tokens)
+    open_page(browser, path)
+    shown = browser.execute_script(
+        "return [...document.querySelectorAll('#queries .token')].map((n) => n.textContent)"
+    )
+    assert shown == ["1", "\u240a", "\u2409", "M\u00e4rz\u2423\u65e5\u672c"]
     no_console_errors(browser)
 
 

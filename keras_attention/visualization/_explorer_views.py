@@ -86,7 +86,9 @@ def sequence_payload(context, inputs, index, layers, tokens, target_tokens):
     else:
         inputs = data.take(inputs, index)
     weights = context.maps(inputs, layers)
-    entries = []
+    if labels:
+        labels["sides"] = decoder_sides(context, inputs, layers, weights)
+    entries, longest = [], 0
     for name, value in weights.items():
         value = data.calls(value)
         if isinstance(value, (tuple, list)):
@@ -102,8 +104,10 @@ def sequence_payload(context, inputs, index, layers, tokens, target_tokens):
             )
             continue
         matrix = value[0]
-        rows = row_labels(matrix.shape[1], tokens, target_tokens, labels)
-        cols = col_labels(matrix.shape[2], tokens, target_tokens, labels)
+        longest = max(longest, *matrix.shape[1:])
+        side = labels.get("sides", {}).get(name) if labels else None
+        rows = row_labels(matrix.shape[1], tokens, target_tokens, labels, side)
+        cols = col_labels(matrix.shape[2], tokens, target_tokens, labels, side)
         rows_kept = min(len(rows), context.max_tokens)
         cols_kept = min(len(cols), context.max_tokens)
         if max(len(rows), len(cols)) > context.max_tokens:
@@ -123,12 +127,45 @@ def sequence_payload(context, inputs, index, layers, tokens, target_tokens):
             f"attention (B, H, T, S) for inputs of shape {data.shapes(inputs)}; "
             "pass `kind=` ('image', 'graph', 'detection')."
         )
+    for argument, given in (("tokens", tokens), ("target_tokens", target_tokens)):
+        if given is not None and len(given) > longest:
+            raise ValueError(
+                f"Received an invalid value for argument `{argument}`, "
+                f"expected at most {longest} labels (the longest token axis "
+                f"of the attention layers). Received: {len(given)} labels"
+            )
     return {"layers": data.fit_budget(context, entries)}
 
 
-def row_labels(count, tokens, target_tokens, labels):
-    """The query labels of a layer with `count` rows (fewer crop the rows)."""
+def decoder_sides(context, inputs, layers, weights):
+    """A translator's `{layer: (rows, keys)}`, each true where that axis is
+    the decoder's: the axes that shrink in a second pass with one decoder
+    position fewer (shapes alone cannot tell when the source and target
+    lengths are equal)."""
+    target = np.asarray(inputs["target_ids"])
+    if target.shape[1] < 2:
+        return {}
+    try:
+        shorter = context.maps({**inputs, "target_ids": target[:, :-1]}, layers)
+    except ValueError:  # a decoder of one fixed length: shapes decide
+        return {}
+    sides = {}
+    for name, value in weights.items():
+        full, short = data.calls(value), data.calls(shorter.get(name))
+        if isinstance(full, (tuple, list)) or isinstance(short, (tuple, list)):
+            continue
+        full, short = np.shape(full), np.shape(short)
+        if len(full) == len(short) >= 3:
+            sides[name] = (full[-2] != short[-2], full[-1] != short[-1])
+    return sides
+
+
+def row_labels(count, tokens, target_tokens, labels, side=None):
+    """The query labels of a layer with `count` rows (fewer crop the rows);
+    `side`: a translator layer's `decoder_sides` entry."""
     if labels:  # a translator: decoder rows are as long as its inputs
+        if side is not None:
+            return [str(t) for t in (labels["target_rows"] if side[0] else tokens)]
         if count == labels["target_length"] != labels["source_length"]:
             return [str(t) for t in labels["target_rows"]]
         return [str(t) for t in tokens]
@@ -140,9 +177,11 @@ def row_labels(count, tokens, target_tokens, labels):
     return [str(i) for i in range(count)]
 
 
-def col_labels(count, tokens, target_tokens, labels):
+def col_labels(count, tokens, target_tokens, labels, side=None):
     """The key labels of a layer with `count` columns."""
     if labels:
+        if side is not None:
+            return [str(t) for t in (labels["target_keys"] if side[1] else tokens)]
         if count == labels["target_length"] != labels["source_length"]:
             return [str(t) for t in labels["target_keys"]]
         return [str(t) for t in tokens]

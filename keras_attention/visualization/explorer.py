@@ -85,7 +85,9 @@ def explore(
         index: which example of the batch to show.
         layers: optional attention layers to show: paths or names, or
             indices into the layers in the order they run.
-        tokens: labels of the (source) tokens, default their positions.
+        tokens: labels of the (source) tokens, default their positions;
+            fewer than the positions crop the weights (padding), more are
+            an error.
         target_tokens: labels of the target tokens of cross-attention
             layers whose query length differs from the source's.
         node_labels: graphs: the `N` node classes (node colours).

@@ -34,8 +34,9 @@ function colour(name, t) {
 const css = (rgb, a) => a == null ? `rgb(${rgb[0]},${rgb[1]},${rgb[2]})` : `rgba(${rgb[0]},${rgb[1]},${rgb[2]},${a})`;
 const TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
 const headColour = (h) => TAB10[h % 10];
-// Token labels as shown: blanks visible.
-const shown = (t) => t === "" ? "\u2205" : t.replace(/ /g, "\u2423");
+// Token labels as shown: blanks and control characters (a newline) visible.
+const shown = (t) => t === "" ? "\u2205" : t.replace(/ /g, "\u2423")
+  .replace(/[\x00-\x1f\x7f]/g, (c) => c === "\x7f" ? "\u2421" : String.fromCharCode(0x2400 + c.charCodeAt(0)));
 const tooltip = $("tooltip");
 function showTip(event, text) {
   tooltip.hidden = false; tooltip.textContent = text;
