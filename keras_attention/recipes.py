@@ -260,6 +260,8 @@ def run_classification(model_name, data, epochs, out, seed, quick=False):
         "classification", model_name,
         {"accuracy": round(float(accuracy), 4), "loss": round(float(loss), 4)},
         files, time.time() - start, data_name,
+        [f"accuracy and loss on the test split ({len(x_test)} images, never "
+         "trained on; 10 % of the training images monitored the fit)"],
     )
 
 
@@ -323,6 +325,10 @@ def run_detection(model_name, data, epochs, out, seed, quick=False):
         ["fine-tuned from the shipped detr_digits weights (trained by "
          "benchmarks/bench_detection.py)"]
         if pretrained else []
+    )
+    notes.append(
+        f"mAP (COCO's convention, faster-coco-eval) on {len(test.images)} "
+        "test canvases, drawn from the digits' test split"
     )
     return Result(
         "detection", model_name,
@@ -493,15 +499,22 @@ def run_causal_lm(model_name, data, epochs, out, seed, quick=False):
     texts = model.generate_text(prompts, max_length=80)
     ids = model.preprocessor.encode(texts[0])[None]
     maps = visualization.attention_maps(model, ids)
-    tokens = [repr(c)[1:-1] for c in texts[0]]
+    # Characters as labels, a space and a line end visible.
+    tokens = ["\u2423" if c == " " else repr(c)[1:-1] for c in texts[0]]
     for i, (name, weights) in enumerate(maps.items()):
         path = os.path.join(out, f"causal_lm_attention_{i}.png")
         _close(visualization.plot_attention_heatmap(
-            weights[0], tokens, tokens, title=f"{name} (mean of heads)", path=path
+            weights[0], tokens, tokens, title=f"{name} (mean of heads)",
+            path=path, xlabel="key (earlier characters)", ylabel="query",
         ))
         files.append(path)
     files.append(_explore(model, ids, out, "causal_lm", tokens=tokens))
-    notes = [f"generated (greedy, cached): {t!r}" for t in texts]
+    notes = [f"val_bits_per_char on the {len(corpus['val'])} characters "
+             "of the validation text"]
+    if data is None:
+        notes.append("date_accuracy: greedy completions of 100 test lines "
+                     "(calendar days never trained on)")
+    notes += [f"generated (greedy, cached): {t!r}" for t in texts]
     if pretrained:
         notes.insert(0, "fine-tuned from the shipped causal_lm_dates weights")
     return Result(

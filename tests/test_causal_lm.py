@@ -261,6 +261,9 @@ def test_run_recipe_quick(tmp_path):
         quick=True,
     )
     assert result.metrics["date_accuracy"] > 0.5
+    # The report names the split of each figure.
+    assert any("validation text" in n for n in result.notes)
+    assert any("100 test lines" in n for n in result.notes)
     assert {os.path.basename(f) for f in result.files} >= {
         "causal_lm_rope.keras", "causal_lm_attention_0.png",
         "causal_lm_explorer.html",
@@ -304,3 +307,38 @@ def test_the_recipe_takes_the_shipped_split_when_it_fine_tunes(
     with pytest.raises(Stop):
         recipes.run_causal_lm(model_name, None, 1, str(tmp_path), seed=3, quick=True)
     assert asked["seed"] == corpus_seed
+
+
+def test_prompts_as_backend_tensors_and_no_prompts():
+    # Before: a (B, P) tensor (tf.Tensor, jax.Array...) was read as one row
+    # and refused ("expected non-empty rows"), though a (P,) tensor and a
+    # (B, P) NumPy array were taken; `generate_text([])` raised max()'s
+    # "empty sequence" instead of returning [] as `translate([])` does.
+    model = tiny(depth=1)
+    x = ids(2, 3)
+    want = model.generate(x, max_length=6, jit_compile=False)
+    got = model.generate(keras.ops.convert_to_tensor(x), max_length=6,
+                         jit_compile=False)
+    np.testing.assert_array_equal(got, want)
+    one = model.generate(keras.ops.convert_to_tensor(x[0]), max_length=6,
+                         jit_compile=False)
+    np.testing.assert_array_equal(one, want[0])
+    lm = tiny(depth=1, vocabulary_size=128)
+    lm.preprocessor = CausalLMPreprocessor()
+    assert lm.generate_text([]) == []
+
+
+def test_generation_traces_again_after_lora_is_enabled():
+    # The compiled generation loop was kept per batch and length, with the
+    # variables it was traced with: after `enable_lora` (and training the
+    # low-rank factors) `generate` kept decoding with the base model.
+    model = tiny(depth=1)
+    prompts = ids(2, 3)
+    before = model.generate(prompts, max_length=8)
+    model.backbone.enable_lora(rank=2)
+    rng = np.random.default_rng(0)
+    for v in model.trainable_weights:
+        v.assign(rng.normal(size=v.shape).astype(v.dtype))
+    eager = model.generate(prompts, max_length=8, jit_compile=False)
+    assert (eager != before).any()  # the adapted model decodes otherwise
+    np.testing.assert_array_equal(model.generate(prompts, max_length=8), eager)

@@ -517,6 +517,10 @@ def test_plot_attention_heatmap(tmp_path):
     # Heads averaged, the padded last target row cropped.
     np.testing.assert_allclose(shown, weights.mean(axis=0)[:3], atol=1e-6)
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == list("abcde")
+    assert (fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel()) == ("source", "target")
+    # Self-attention names its axes (a causal LM's were "source"/"target").
+    named = vis.plot_attention_heatmap(weights, xlabel="key", ylabel="query")
+    assert (named.axes[0].get_xlabel(), named.axes[0].get_ylabel()) == ("key", "query")
     with pytest.raises(ValueError, match="source_tokens"):
         vis.plot_attention_heatmap(weights[0], list("abcdefg"))
     # A head by any integer index (NumPy's too); a bool or out of range is named.

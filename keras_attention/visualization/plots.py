@@ -27,6 +27,8 @@ def plot_attention_heatmap(
     title=None,
     cmap="viridis",
     path=None,
+    xlabel="source",
+    ylabel="target",
 ):
     """The attention of target tokens over source tokens, as a heatmap.
 
@@ -43,6 +45,8 @@ def plot_attention_heatmap(
         title: title of the picture.
         cmap: Matplotlib colour map.
         path: where to save a PNG.
+        xlabel, ylabel: names of the columns' and the rows' axes (for
+            self-attention, e.g. `"key"` and `"query"`).
 
     Returns:
         The `matplotlib.figure.Figure`.
@@ -72,8 +76,8 @@ def plot_attention_heatmap(
     image = ax.imshow(weights, cmap=cmap, aspect="auto", vmin=0.0)
     ax.set_xticks(range(cols), source_tokens, rotation=90)
     ax.set_yticks(range(rows), target_tokens)
-    ax.set_xlabel("source")
-    ax.set_ylabel("target")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
