@@ -276,6 +276,23 @@ def test_xla_decoding_equals_eager(rnn, transformer):
         np.testing.assert_allclose(eager[1], compiled[1], atol=1e-4)
 
 
+def test_compiled_decoding_traces_again_after_lora_is_enabled():
+    # The compiled decoding loop was kept per setting with the variables it
+    # was traced with: after `enable_lora` (and training the low-rank
+    # factors) `translate` kept decoding with the base model.
+    keras.utils.set_random_seed(0)
+    model = tiny_transformer()
+    ids = model.preprocessor.encode_sources(random_words(4, seed=7))
+    before = model.generate_ids(ids)[0]
+    keras_attention.layers.enable_lora(model, 2)
+    rng = np.random.default_rng(0)
+    for v in model.trainable_weights:
+        v.assign(rng.normal(size=v.shape).astype(v.dtype))
+    eager = model.generate_ids(ids, jit_compile=False)[0]
+    assert (eager != before).any()  # the adapted model decodes otherwise
+    np.testing.assert_array_equal(model.generate_ids(ids)[0], eager)
+
+
 class MarkovTranslator(Translator):
     """A decoder with known probabilities: a fixed table P(next | previous)."""
 

@@ -38,6 +38,34 @@ from keras_attention._config import graph_state_config
 PACKAGE = preset_registry.PACKAGE
 
 
+class CompiledLoops:
+    """A task's decoding loops by key (translators, the causal LM).
+
+    `build()` gives the `keras.ops` loop; with `jit_compile` on TensorFlow it
+    runs as `tf.function(jit_compile=True)` (other backends run it as it
+    is). A traced function keeps the variables it was traced with, and
+    `enable_lora` and `quantize` add or replace variables, so every loop is
+    traced again once the model's variables change.
+    """
+
+    def __init__(self):
+        self._loops, self._weights = {}, None
+
+    def get(self, model, key, build, jit_compile):
+        weights = tuple(id(v) for v in model.weights)
+        if weights != self._weights:
+            self._loops.clear()
+            self._weights = weights
+        if key not in self._loops:
+            function = build()
+            if jit_compile and keras.backend.backend() == "tensorflow":
+                import tensorflow as tf
+
+                function = tf.function(function, jit_compile=True)
+            self._loops[key] = function
+        return self._loops[key]
+
+
 class PresetMixin:
     """`presets()` and `from_preset(name)` from the one preset registry.
 

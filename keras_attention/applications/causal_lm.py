@@ -262,7 +262,9 @@ class CausalLM(
         self.backbone = backbone
         self.preprocessor = preprocessor
         # A plain object: Keras tracks dict attributes.
-        self._generation = types.SimpleNamespace(functions={}, samplers={})
+        self._generation = types.SimpleNamespace(
+            loops=app_base.CompiledLoops(), samplers={}
+        )
 
     @classmethod
     def _make_backbone(cls, backbone, preprocessor, kwargs):
@@ -334,6 +336,8 @@ class CausalLM(
     def _check_prompts(self, prompt_ids, max_length):
         """`(B, max_length)` int32 ids, the prompt mask, the rows' lengths
         and whether one row `(P,)` was given."""
+        if ops.is_tensor(prompt_ids):  # a backend tensor: (P,) or (B, P)
+            prompt_ids = ops.convert_to_numpy(prompt_ids)
         if isinstance(prompt_ids, np.ndarray) and prompt_ids.ndim == 2:
             rows = list(prompt_ids)
         elif isinstance(prompt_ids, (list, tuple)) and prompt_ids and all(
@@ -377,9 +381,6 @@ class CausalLM(
 
     def _generate_function(self, key, sampler):
         batch, max_length, start, use_cache, stop, jit_compile = key
-        function = self._generation.functions.get(key + (sampler,))
-        if function is not None:
-            return function
 
         def next_cached(prompt, cache, index):
             token = ops.slice(prompt, [0, index - 1], [batch, 1])
@@ -405,14 +406,9 @@ class CausalLM(
                 stop_token_ids=stop, model=self,
             )
 
-        function = generate
-        if jit_compile and keras.backend.backend() == "tensorflow":
-            import tensorflow as tf
-
-            function = tf.function(generate, jit_compile=True)
-        # Other backends run the same keras.ops loop eagerly.
-        self._generation.functions[key + (sampler,)] = function
-        return function
+        return self._generation.loops.get(
+            self, key + (sampler,), lambda: generate, jit_compile
+        )
 
     def generate(
         self,
@@ -426,8 +422,8 @@ class CausalLM(
         """Continues token-id prompts to `max_length` ids.
 
         Args:
-            prompt_ids: ids `(P,)`, `(B, P)`, or a list of rows of different
-                lengths.
+            prompt_ids: ids `(P,)`, `(B, P)` (NumPy or a backend tensor),
+                or a list of rows of different lengths.
             max_length: the total length of each row, prompt included.
             sampler: `"greedy"`, `"top_k"`, `"top_p"`, `"random"` or a
                 `keras_hub.samplers.Sampler` (its settings: temperature,
@@ -474,6 +470,8 @@ class CausalLM(
             )
         single = isinstance(prompts, str)
         texts = [prompts] if single else list(prompts)
+        if not texts:  # no prompt: no continuation (as `translate([])`)
+            return []
         rows = self.preprocessor.encode(texts)
         if max_length is None:
             max_length = max(len(r) for r in rows) + 32

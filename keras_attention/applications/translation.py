@@ -22,7 +22,6 @@ Every tensor of `encoded` and of the cache has the batch axis first, so beam
 search repeats and reorders them without knowing what they are.
 """
 
-import types
 
 import keras
 import numpy as np
@@ -35,6 +34,7 @@ from keras_attention.applications.text_preprocessing import corpus_bleu
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
 from keras_attention.applications.base import CompileDefaults
+from keras_attention.applications.base import CompiledLoops
 from keras_attention.applications.base import deserialize_preprocessor
 from keras_attention._config import ArgumentConfig
 from keras_attention._config import build_with_graph_state
@@ -136,9 +136,9 @@ class Translator(
             )
         # A plain object, not a layer: its vocabularies travel in the config.
         self.preprocessor = preprocessor
-        # A plain object: Keras and TensorFlow track dict attributes, and a
+        # Not a dict: Keras and TensorFlow track dict attributes, and a
         # SavedModel cannot hold a dict with tuple keys.
-        self._generate_functions = types.SimpleNamespace(cache={})
+        self._generate_functions = CompiledLoops()
 
     # Hooks -----------------------------------------------------------------
 
@@ -259,9 +259,6 @@ class Translator(
             search, beam_width, max_length, float(length_penalty),
             bool(use_cache), bool(jit_compile),
         )
-        function = self._generate_functions.cache.get(key)
-        if function is not None:
-            return function
 
         def generate(source_ids):
             if search == "greedy":
@@ -270,14 +267,9 @@ class Translator(
                 source_ids, max_length, beam_width, length_penalty, use_cache
             )
 
-        function = generate
-        if jit_compile and keras.backend.backend() == "tensorflow":
-            import tensorflow as tf
-
-            function = tf.function(generate, jit_compile=True)
-        # Other backends run the same keras.ops loop eagerly.
-        self._generate_functions.cache[key] = function
-        return function
+        return self._generate_functions.get(
+            self, key, lambda: generate, jit_compile
+        )
 
     def generate_ids(
         self,
