@@ -137,3 +137,26 @@ def test_cached_attention_mask_of_a_wrong_length_names_the_argument():
     out, _ = layer(x[:, :1], cache=ring, cache_update_index=3,
                    attention_mask=np.ones((2, 1, 5), bool))
     assert out.shape == (2, 1, DIM)
+
+
+def test_cached_call_refuses_a_non_token_query_and_values_of_another_length():
+    # A (B, H, W, dim) query (attention_axes) failed deep in the backend
+    # (XLA "input and update must have the same rank"); key/value rows of
+    # another length than the query were written into the cache but only
+    # T of them attended to (or, in a ring, at the wrong positions).
+    layer = MultiHeadAttention(num_heads=2, key_dim=8, attention_axes=(1, 2))
+    images = np.zeros((2, 3, 3, DIM), "float32")
+    cache = np.zeros((2, 2, 9, 2, 8), "float32")
+    with pytest.raises(ValueError, match=r"query.shape=\(2, 3, 3, 12\)"):
+        layer(images, cache=cache, cache_update_index=0)
+    for window, size in [(None, 16), (4, 4)]:
+        layer, x = make(sliding_window=window)
+        cache = np.zeros((2, 2, size, 2, 8), "float32")
+        with pytest.raises(ValueError, match=r"`value`.*value.shape=\(2, 3, 12\)"):
+            layer(x[:, :1], value=x[:, :3], cache=cache, cache_update_index=0)
+        with pytest.raises(ValueError, match=r"`key`.*key.shape=\(2, 2, 12\)"):
+            layer(x[:, :1], value=x[:, :1], key=x[:, :2], cache=cache,
+                  cache_update_index=0)
+        # Reading a fixed memory (no index) takes any length.
+        out, _ = layer(x[:, :1], value=x[:, :3], cache=cache)
+        assert out.shape == (2, 1, DIM)

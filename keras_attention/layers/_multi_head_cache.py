@@ -19,12 +19,18 @@ from keras_attention._validation import shape_fits
 class KVCache:
     """Cached calls of `MultiHeadAttention`: `call(..., cache=...)`."""
 
-    def _check_cache(self, query, cache, cache_update_index):
+    def _check_cache(self, query, cache, cache_update_index, value=None, key=None):
         """Static checks of a cache and its index, before any work."""
         if cache is None:
             raise ValueError(
                 "`cache_update_index` is given without a `cache`. Received: "
                 f"cache=None, cache_update_index={cache_update_index!r}"
+            )
+        if len(query.shape) != 3:
+            raise ValueError(
+                "Received an invalid value for argument `query`, expected "
+                "tokens (B, T, dim) in a cached call (`cache=`). Received: "
+                f"query.shape={tuple(query.shape)}"
             )
         shape = tuple(cache.shape)
         expected = (query.shape[0], 2, None, self.kv_heads, self._key_dim)
@@ -47,6 +53,20 @@ class KVCache:
                 f"the layer's compute dtype {self.compute_dtype}. "
                 f"Received: cache.dtype={dtype}"
             )
+        if cache_update_index is not None:
+            # The new keys and values are those of the T new positions.
+            for name, x in (("value", value), ("key", key)):
+                length = None if x is None else x.shape[1]
+                if None not in (length, query.shape[1]) and (
+                    length != query.shape[1]
+                ):
+                    raise ValueError(
+                        f"Received an invalid value for argument `{name}`, "
+                        "expected the query's length T = "
+                        f"{query.shape[1]} with `cache_update_index` (the "
+                        "keys and values of the new positions). Received: "
+                        f"{name}.shape={tuple(x.shape)}"
+                    )
         self._check_cache_index(cache_update_index, query.shape[1], shape[2])
 
     def _check_cache_index(self, index, t_len, s_max):
@@ -109,7 +129,7 @@ class KVCache:
         are its `W` slots, then the `T` new tokens: `S = W + T`). Returns
         `(output, cache)`.
         """
-        self._check_cache(query, cache, cache_update_index)
+        self._check_cache(query, cache, cache_update_index, value, key)
         if return_attention_scores:
             raise ValueError(
                 "A cached call returns `(output, cache)`, no attention "

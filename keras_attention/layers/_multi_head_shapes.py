@@ -89,7 +89,7 @@ class ShapeInference:
         )
         attention_mask = base.as_mask(attention_mask)
         if cache is not None:
-            self._check_cache(query, cache, cache_update_index)
+            self._check_cache(query, cache, cache_update_index, value, key)
             output = keras.KerasTensor(
                 self.compute_output_shape(query.shape, query.shape, query.shape),
                 dtype=self.compute_dtype,
