@@ -22,15 +22,18 @@ def invalid(argument, expected, value):
 def check_positive_int(argument, value, allow_none=False):
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    # NumPy's integers too (`len` of an array, `np.int64(6)`); a bool is not.
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, numbers.Integral
+    ) or value <= 0:
         raise invalid(argument, "a positive integer", value)
-    return value
+    return int(value)
 
 
 def check_rate(argument, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        0.0 <= value < 1.0
-    ):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, numbers.Real
+    ) or not (0.0 <= value < 1.0):
         raise invalid(argument, "a float in [0, 1)", value)
     return float(value)
 
@@ -42,9 +45,11 @@ def check_pair(argument, value):
     else:
         values = (value, value)
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(
+            v, numbers.Integral
+        ) or v <= 0:
             raise invalid(argument, "a positive integer or a pair of them", value)
-    return values
+    return tuple(int(v) for v in values)
 
 
 def check_ids_in_range(argument, ids, stop, what, size):

@@ -182,6 +182,10 @@ def test_preprocessor_and_text_folder(tmp_path):
         load_text_corpus(str(tmp_path / "empty"))
     with pytest.raises(ValueError, match="sequence_length"):
         p.sequences("short", 16)
+    with pytest.raises(ValueError, match="`stride`"):  # was the default stride
+        p.sequences(corpus["train"], 16, stride=0)
+    x2, _ = p.sequences(corpus["train"], 16, stride=np.int64(8))
+    assert len(x2) > len(x)
     with pytest.raises(ValueError, match="vocabulary_size"):
         CausalLMPreprocessor(vocabulary_size=10)
 

@@ -216,6 +216,11 @@ def test_dataset_rejects_bad_seeds(graph):
         sampled_node_dataset(unlabelled, [2, 3], [2])
     with pytest.raises(ValueError, match="`fanouts`"):
         sampled_node_dataset(graph, [1], [0])
+    # A given sampler draws the neighbours: other fanouts were ignored.
+    sampler = NeighborSampler(graph.edges, len(graph.features), [3, 2])
+    with pytest.raises(ValueError, match=r"`fanouts`, expected the fanouts of the given `sampler`, \[3, 2\]"):
+        sampled_node_dataset(graph, [1], [5], sampler=sampler)
+    assert sampled_node_dataset(graph, [1], [3, 2], sampler=sampler) is not None
 
 
 # ------------------------------------------------------------------ make_graph

@@ -203,6 +203,11 @@ def test_malformed_tf_config_is_a_value_error(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", "{not json")
     with pytest.raises(ValueError, match="TF_CONFIG"):
         multi_worker_strategy()
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["localhost:1"]},
+                                                "task": {"type": "worker", "index": 0}}))
+    for timeout in (float("nan"), 0, -1.0, True, "60"):  # NaN passed before
+        with pytest.raises(ValueError, match="`timeout`"):
+            multi_worker_strategy(timeout=timeout)
     monkeypatch.delenv("TF_CONFIG")
     with pytest.raises(ValueError, match="TF_CONFIG unset"):
         multi_worker_strategy()

@@ -9,6 +9,19 @@ from keras import ops
 from keras_attention import _validation
 
 
+def test_numpy_numbers_are_taken_and_bools_refused():
+    # np.int64 (e.g. a length read from an array) was refused before.
+    assert _validation.check_positive_int("n", np.int64(6)) == 6
+    assert type(_validation.check_positive_int("n", np.int32(2))) is int
+    assert _validation.check_pair("p", (np.int64(2), 3)) == (2, 3)
+    assert _validation.check_rate("r", np.float32(0.25)) == 0.25
+    for bad in (True, np.bool_(True), 0, np.int64(-1), 1.5):
+        with pytest.raises(ValueError, match="`n`"):
+            _validation.check_positive_int("n", bad)
+    with pytest.raises(ValueError, match="`r`"):
+        _validation.check_rate("r", np.bool_(False))
+
+
 @pytest.mark.parametrize(
     "x", [np.zeros(3, "int64"), np.zeros(3, "uint8"), ops.zeros(3, "int32")]
 )

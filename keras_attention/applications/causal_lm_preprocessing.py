@@ -100,7 +100,9 @@ class CausalLMPreprocessor(ArgumentConfig):
         `sequence_length`) ids; `y` is `x` shifted left by one.
         """
         check_positive_int("sequence_length", sequence_length)
-        stride = check_positive_int("stride", stride or sequence_length)
+        stride = check_positive_int(
+            "stride", sequence_length if stride is None else stride
+        )
         ids = self.encode(text)
         if len(ids) < sequence_length + 1:
             raise ValueError(

@@ -22,6 +22,7 @@ import numpy as np
 
 from keras_attention.datasets.sampling import NeighborSampler
 from keras_attention.datasets.sampling import check_edges
+from keras_attention.datasets.sampling import check_fanouts
 from keras_attention.datasets.sampling import check_seeds
 from keras_attention.datasets.sampling import csr_by_target
 from keras_attention._validation import invalid
@@ -110,6 +111,12 @@ def sampled_node_dataset(
     _check_count("batch_size", batch_size)
     if sampler is None:
         sampler = NeighborSampler(graph.edges, num_nodes, fanouts)
+    elif tuple(check_fanouts(fanouts)) != tuple(sampler.fanouts):
+        raise ValueError(
+            "Received an invalid value for argument `fanouts`, expected the "
+            f"fanouts of the given `sampler`, {list(sampler.fanouts)} (the "
+            f"sampler draws the neighbours). Received: fanouts={fanouts!r}"
+        )
     seeds = _seed_ids(seeds, num_nodes)
     if len(seeds) == 0:
         raise ValueError(

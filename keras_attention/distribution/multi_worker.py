@@ -100,8 +100,8 @@ def multi_worker_strategy(timeout=120.0, **kwargs):
     import tensorflow as tf
 
     addresses, me = _read_tf_config()
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or (
-        timeout <= 0
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+        timeout > 0
     ):
         raise ValueError(
             "Received an invalid value for argument `timeout`, expected a "
