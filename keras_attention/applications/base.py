@@ -150,7 +150,14 @@ def _xla_slower_here(model):
     AVX512-BF16 machine (BENCHMARKS.md, "Speed per machine", bfloat16). So
     a half-precision model on a CPU compiles without XLA unless
     `jit_compile` is given.
+
+    torch has no XLA: Keras's `jit_compile=True` there is `torch.compile`,
+    which recompiled a tiny translator's step for every batch shape (102 s
+    against 0.23 s eager for three epochs on a CPU), so the applications'
+    XLA default runs eagerly on torch, as the README's backend table says.
     """
+    if keras.backend.backend() == "torch":
+        return True
     if keras.backend.backend() != "tensorflow":
         return False
     compute = keras.backend.standardize_dtype(model.dtype_policy.compute_dtype)
@@ -166,8 +173,8 @@ class CompileDefaults:
 
     `optimizer`, `loss` and `weighted_metrics` given as `"auto"`, and
     `jit_compile=None`, take the values of `compile_defaults()`, which
-    subclasses implement (except that a bfloat16/float16 model on a CPU
-    compiles without XLA, which is slower there: `_xla_slower_here`).
+    subclasses implement (except that a bfloat16/float16 model on a CPU,
+    and any model on torch, compile without XLA: `_xla_slower_here`).
     Metrics default to `weighted_metrics`, so that a
     `sample_weight` (a split's mask) weighs them too; Keras 3 updates
     `metrics=` without it. Keras leaves `compile_from_config` to a class that

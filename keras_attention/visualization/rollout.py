@@ -116,7 +116,8 @@ def attention_rollout(
         discard_ratio: fraction in `[0, 1)` of the lowest attention weights
             of each layer set to zero (Gildenblat's filtering); `0` is the
             paper's rollout.
-        layers: optional paths or names of the layers to use, in order;
+        layers: optional paths or names of the layers to use (multiplied
+            in the order the model runs them, whatever the order given);
             default every `MultiHeadAttention` layer.
         class_token: `"auto"` (a class token first when the number of
             tokens is one more than a patch grid), `True` or `False`.
