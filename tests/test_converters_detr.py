@@ -117,6 +117,56 @@ def test_detr_converts_exactly(backbone, timm_reference):
     assert np.abs(plain - masked).max() > 1e-3
 
 
+def test_predict_boxes_of_a_padded_batch_equal_transformers_post_processing(
+    converted, timm_reference
+):
+    # Before: predict_boxes took no pixel_mask, so a padded batch attended
+    # its padding and scaled every box by the padded size.
+    from transformers import DetrImageProcessor
+
+    found = converted.predict_boxes(
+        IMAGES, score_threshold=0.0, pixel_mask=MASK, return_attention=True,
+        upsample_attention=True,
+    )
+    sizes = [(HEIGHT, 90), (60, WIDTH)]
+    expected = DetrImageProcessor().post_process_object_detection(
+        _torch_outputs(timm_reference, mask=MASK), threshold=0.0,
+        target_sizes=sizes,
+    )
+    for ours, theirs, (h, w) in zip(found, expected, sizes):
+        order = np.argsort(-theirs["scores"].numpy(), kind="stable")
+        np.testing.assert_allclose(ours["scores"], theirs["scores"].numpy()[order], atol=1e-5)
+        np.testing.assert_allclose(ours["boxes"], theirs["boxes"].numpy()[order], atol=1e-3)
+        assert ours["attention"].shape[1:] == (h, w)  # cropped to the image
+        np.testing.assert_allclose(ours["attention"].sum(axis=(1, 2)), 1.0, atol=1e-5)
+    # Without attention maps too (the same boxes).
+    plain = converted.predict_boxes(IMAGES, score_threshold=0.0, pixel_mask=MASK)
+    np.testing.assert_allclose(plain[1]["boxes"], found[1]["boxes"], atol=1e-4)
+    with pytest.raises(ValueError, match=r"`pixel_mask`, expected shape \(2, 96, 128\)"):
+        converted.predict_boxes(IMAGES, pixel_mask=MASK[:, :, :5])
+    empty = MASK.copy()
+    empty[1] = 0
+    with pytest.raises(ValueError, match="`pixel_mask`.*no pixel of image 1"):
+        converted.predict_boxes(IMAGES, pixel_mask=empty)
+
+
+def test_explorer_page_of_a_padded_image(converted, tmp_path):
+    from keras_attention.visualization import explore
+    from tests.test_explorer import dequantised
+    from tests.test_explorer import page_data
+
+    path = explore(converted, IMAGES, tmp_path / "detr.html", index=1,
+                   pixel_mask=MASK, score_threshold=0.0)
+    data = page_data(path)
+    found = converted.predict_boxes(IMAGES, score_threshold=0.0, pixel_mask=MASK)[1]
+    boxes = np.array([o["box"] for o in data["objects"]])
+    np.testing.assert_allclose(boxes, found["boxes"], atol=0.02)  # 60 x 128 pixels
+    # The padded rows of the feature grid (the bottom one of 3 x 4) unseen.
+    layer = data["layers"][0]
+    weights = dequantised(layer).reshape(layer["heads"], layer["rows"], *layer["grid"])
+    assert weights[..., 2, :].max() == 0.0 and weights[..., :2, :].max() > 0.0
+
+
 def test_odd_image_sizes_pad_as_pytorch(converted, timm_reference):
     """PyTorch pads its stride-2 convolutions and max pool on both sides
     (Keras's "same" pads more at the end): odd sizes show a difference."""

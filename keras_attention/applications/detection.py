@@ -39,6 +39,7 @@ from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention.applications.detection_training import DETRTraining
 from keras_attention.applications.converters.detr import DETRConverters
 from keras_attention.applications.detection_layers import feature_positions
+from keras_attention.applications.detection_layers import image_sizes
 from keras_attention.applications.detection_resnet import check_backbone_options
 from keras_attention.applications.detection_resnet import make_backbone
 from keras_attention.applications.detection_metrics import decode_detections
@@ -437,6 +438,7 @@ class DETR(
         batch_size=64,
         return_attention=False,
         upsample_attention=False,
+        pixel_mask=None,
     ):
         """Detections per image, in pixels.
 
@@ -452,6 +454,12 @@ class DETR(
                 layer's cross-attention averaged over heads.
             upsample_attention: resize those maps to the image size
                 (bilinear) instead of the `(h, w)` feature grid.
+            pixel_mask: optional `(B, height, width)` for a padded batch, 1
+                on the image and 0 on padding, the image in the top-left
+                corner (Hugging Face's `pixel_mask`): the padding is not
+                attended, and each image's boxes (and upsampled maps) are
+                in its own pixels, as transformers'
+                `post_process_object_detection` with the images' sizes.
 
         Returns:
             A list of `B` dicts: `"boxes"` float32 `(k, 4)` pixel corners
@@ -468,13 +476,17 @@ class DETR(
                 f"Received: images.shape={images.shape}"
             )
         height, width = images.shape[1:3]
-        if return_attention:
-            outputs = {"logits": [], "boxes": [], "cross_attention": []}
+        pixel_mask, sizes = image_sizes(pixel_mask, images)
+        if return_attention or pixel_mask is not None:
+            keys = ["logits", "boxes"] + ["cross_attention"] * return_attention
+            outputs = {key: [] for key in keys}
             for start in range(0, len(images), batch_size):
+                part = slice(start, start + batch_size)
                 out = self(
-                    images[start : start + batch_size],
+                    images[part],
                     training=False,
-                    return_attention_scores=True,
+                    return_attention_scores=return_attention,
+                    pixel_mask=None if pixel_mask is None else pixel_mask[part],
                 )
                 for key in outputs:
                     outputs[key].append(ops.convert_to_numpy(out[key]))
@@ -482,7 +494,7 @@ class DETR(
         else:
             outputs = self.predict(images, batch_size=batch_size, verbose=0)
         return decode_detections(
-            outputs, (height, width), score_threshold, upsample_attention
+            outputs, (height, width), score_threshold, upsample_attention, sizes
         )
 
     def with_preset_classes(self, num_classes, spec, config):

@@ -118,6 +118,32 @@ def resize_mask(pixel_mask, size):
     return ops.cast(ops.take(mask, indices[1], axis=2), "bool")
 
 
+def image_sizes(pixel_mask, images):
+    """`(mask, sizes)` of a padded batch: its `pixel_mask` `(B, H, W)` as a
+    NumPy array, and each image's `(height, width)` inside it `(B, 2)`
+    (the rows and the columns that hold a 1); `(None, None)` without one.
+    """
+    if pixel_mask is None:
+        return None, None
+    mask = np.asarray(ops.convert_to_numpy(pixel_mask))
+    if mask.shape != tuple(images.shape[:3]):
+        raise ValueError(
+            "Received an invalid value for argument `pixel_mask`, expected "
+            f"shape {tuple(images.shape[:3])} (B, height, width) like the "
+            f"images. Received: pixel_mask.shape={mask.shape}"
+        )
+    valid = mask != 0
+    sizes = np.stack([valid.any(axis=2).sum(1), valid.any(axis=1).sum(1)], -1)
+    empty = np.flatnonzero(sizes.min(axis=1) == 0)
+    if len(empty):
+        raise ValueError(
+            "Received an invalid value for argument `pixel_mask`, expected "
+            "1 on each image's pixels. Received: no pixel of image "
+            f"{int(empty[0])}"
+        )
+    return valid.astype("float32"), sizes.astype("float32")
+
+
 def feature_positions(pixel_mask, images, height, width, dim):
     """`(mask (B, h * w) or None, positions (B or 1, h * w, D))` of DETR.
 

@@ -179,7 +179,8 @@ def _coco_results(predictions, max_detections):
     return results
 
 
-def decode_detections(outputs, image_size, score_threshold=0.5, upsample_attention=False):
+def decode_detections(outputs, image_size, score_threshold=0.5,
+                      upsample_attention=False, sizes=None):
     """Per-image detections in pixels from DETR's outputs (NumPy arrays).
 
     A query's score is its most likely object class's probability (softmax
@@ -192,6 +193,9 @@ def decode_detections(outputs, image_size, score_threshold=0.5, upsample_attenti
         image_size: `(height, width)` of the images, for the pixel boxes.
         score_threshold: the least score kept.
         upsample_attention: resize the maps to the image size (bilinear).
+        sizes: optional `(B, 2)` heights and widths of the images inside a
+            padded batch (`image_size` is the padded size): each image's
+            boxes in its own pixels, its upsampled maps cropped to it.
     """
     height, width = image_size
     logits = np.asarray(outputs["logits"], dtype="float64")
@@ -200,7 +204,10 @@ def decode_detections(outputs, image_size, score_threshold=0.5, upsample_attenti
     object_probs = probs[..., :-1]
     labels = object_probs.argmax(-1).astype("int32")
     scores = object_probs.max(-1).astype("float32")
-    scale = np.array([width, height, width, height], "float32")
+    if sizes is None:
+        sizes = np.array([[height, width]] * len(logits), "float32")
+    sizes = np.asarray(sizes, "float32")
+    scale = sizes[:, None, ::-1][..., [0, 1, 0, 1]]  # B, 1, 4: w, h, w, h
     corners = ops.convert_to_numpy(
         detection_loss.cxcywh_to_xyxy(
             ops.convert_to_tensor(outputs["boxes"], "float32")
@@ -233,5 +240,11 @@ def decode_detections(outputs, image_size, score_threshold=0.5, upsample_attenti
         }
         if maps is not None:
             item["attention"] = maps[index, keep].astype("float32")
+            if upsample_attention:  # the image without its padding
+                h, w = sizes[index].astype("int64")
+                crop = item["attention"][:, :h, :w]
+                item["attention"] = crop / np.maximum(
+                    crop.sum(axis=(1, 2), keepdims=True), 1e-12
+                )
         detections.append(item)
     return detections

@@ -292,11 +292,18 @@ def predictions(context, image, class_names):
     }
 
 
-def detection_payload(context, inputs, index, class_names, score_threshold):
+def detection_payload(context, inputs, index, class_names, score_threshold,
+                      pixel_mask=None):
+    from keras_attention.applications.detection_layers import image_sizes
+
     image = data.one_image(inputs, index)
     model = context.model
+    mask, sizes = image_sizes(pixel_mask, np.asarray(inputs))
+    index = int(index)  # checked by one_image
+    extra = {} if mask is None else {"pixel_mask": mask[index : index + 1]}
     try:
-        outputs = model(image, training=False, return_attention_scores=True)
+        outputs = model(image, training=False, return_attention_scores=True,
+                        **extra)
     except (ValueError, TypeError) as error:
         raise ValueError(
             f"The model {model.name!r} cannot be called on inputs of shape "
@@ -311,7 +318,8 @@ def detection_payload(context, inputs, index, class_names, score_threshold):
     probabilities /= probabilities.sum(-1, keepdims=True)
     labels = probabilities[:, :-1].argmax(-1)
     scores = probabilities[:, :-1].max(-1)
-    height, width = image.shape[1:3]
+    # Boxes are relative to the image without its padding (top left).
+    height, width = image.shape[1:3] if sizes is None else sizes[index]
     centre, extent = boxes[:, :2], boxes[:, 2:]
     corners = np.clip(np.concatenate([centre - extent / 2, centre + extent / 2], -1), 0, 1)
     corners = corners * np.array([width, height, width, height], "float32")

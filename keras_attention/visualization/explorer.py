@@ -56,6 +56,7 @@ def explore(
     class_names=None,
     cam_methods=CAM_METHODS,
     score_threshold=0.5,
+    pixel_mask=None,
     title=None,
     max_tokens=256,
     max_nodes=400,
@@ -96,6 +97,9 @@ def explore(
             `"scorecam"` to compute (empty for none).
         score_threshold: detection: the initial score threshold of the
             boxes shown (a slider on the page changes it).
+        pixel_mask: detection: `(B, height, width)` of a padded batch, 1 on
+            the image and 0 on padding (as `DETR.predict_boxes`): the
+            padding is not attended, the boxes are in the image's pixels.
         title: the page title; default the model's name.
         max_tokens: sequences longer than this are cut to their first
             `max_tokens` tokens.
@@ -127,7 +131,7 @@ def explore(
         kind = _infer_kind(model, inputs, found)
     if kind == "detection":
         payload = views.detection_payload(
-            context, inputs, index, class_names, score_threshold
+            context, inputs, index, class_names, score_threshold, pixel_mask
         )
     elif kind == "graph":
         payload = graph_view.graph_payload(context, inputs, layers, node_labels)
