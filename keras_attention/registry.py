@@ -23,12 +23,17 @@ keras_attention.layers =
 The entry point may name a module (whose import runs `@register(...)`) or a
 layer class (registered under the entry point's name if it is not already).
 Plugins are discovered lazily, the first time a name is looked up or listed,
-never at `import keras_attention`. A plugin that fails to import is reported
-with a warning naming it and the library keeps working.
+never at `import keras_attention`: a plain Keras model holding a plugin's
+layer loads from `.keras` after `discover_plugins()` (or the plugin's own
+import). A plugin that fails to import, or whose entry point names neither a
+module nor a layer class, is reported with a warning naming it and the
+library keeps working; a plugin never takes over the name of one of
+keras_attention's own layers.
 """
 
 import contextlib
 import importlib.metadata
+import inspect
 import threading
 import warnings
 
@@ -72,10 +77,15 @@ def register(name, package=None, input_kind=None):
     Args:
         name: the short registry name (e.g. `"multi_head"`), a non-empty
             string. Registering a name that is already taken by another
-            class warns and replaces it.
-        package: the Keras serialization package; defaults to the top-level
-            package of the class's module, so plugin classes never collide
-            with keras_attention's own.
+            class warns and replaces it, except a name of keras_attention's
+            own layers: another package's class warns and the built-in
+            stays (`unregister` it first to replace it).
+        package: the Keras serialization package, a non-empty string;
+            defaults to the top-level package of the class's module, so
+            plugin classes never collide with keras_attention's own. Two
+            classes of one name in one package (`"my_package>Attention"`)
+            would load from `.keras` files as one another: that raises a
+            `ValueError`; give one of them its own `package`.
         input_kind: what the layer takes: `"tokens"` `(B, T, C)`, `"grid"`
             `(B, H, W, C)` or `"graph"`. `None` reads the class attribute
             `input_kind` (or the older `expects_grid`), else `"tokens"`.
@@ -99,6 +109,11 @@ def register(name, package=None, input_kind=None):
             "Received an invalid value for argument `name`, expected a "
             f"non-empty string. Received: name={name!r}"
         )
+    if package is not None and (not isinstance(package, str) or not package):
+        raise ValueError(
+            "Received an invalid value for argument `package`, expected a "
+            f"non-empty string or None. Received: package={package!r}"
+        )
     if input_kind is not None and input_kind not in INPUT_KINDS:
         raise ValueError(
             "Received an invalid value for argument `input_kind`, expected "
@@ -113,32 +128,68 @@ def register(name, package=None, input_kind=None):
             )
         origin = _current_origin[0] or _default_origin(cls)
         with _lock:
-            previous = _REGISTRY.get(name)
-            if previous is not None and previous is not cls:
-                warnings.warn(
-                    f"keras_attention: the layer name {name!r} is registered "
-                    f"twice: {previous.__module__}.{previous.__qualname__} "
-                    f"(from {_ORIGINS.get(name)}) is replaced by "
-                    f"{cls.__module__}.{cls.__qualname__} (from {origin}).",
-                    stacklevel=2,
-                )
-            keras.saving.register_keras_serializable(
-                package=package or _default_origin(cls), name=cls.__name__
-            )(cls)
             kind = input_kind or _declared_kind(cls) or "tokens"
             if kind not in INPUT_KINDS:
                 raise ValueError(
                     f"The layer class {cls.__qualname__} declares "
                     f"input_kind={kind!r}; expected one of {INPUT_KINDS}."
                 )
+            _register_serializable(cls, package or _default_origin(cls))
             # Kept on the class too: a re-registration and subclasses read it.
             cls.input_kind = kind
+            previous = _REGISTRY.get(name)
+            if previous is not None and previous is not cls:
+                kept = (
+                    _ORIGINS.get(name) == "keras_attention"
+                    and _default_origin(cls) != "keras_attention"
+                )
+                warnings.warn(
+                    f"keras_attention: the layer name {name!r} is registered "
+                    f"twice: {_qualified(previous)} (from "
+                    f"{_ORIGINS.get(name)}) "
+                    + ("stays; " if kept else "is replaced by ")
+                    + f"{_qualified(cls)} (from {origin})"
+                    + (
+                        " is not registered under keras_attention's own "
+                        "name (`unregister` it first to replace it)."
+                        if kept else "."
+                    ),
+                    stacklevel=2,
+                )
+                if kept:
+                    return cls
             _REGISTRY[name] = cls
             _ORIGINS[name] = origin
             _INPUT_KINDS[name] = kind
         return cls
 
     return decorator
+
+
+def _qualified(cls):
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _register_serializable(cls, package):
+    """`keras.saving.register_keras_serializable(package)(cls)`, refusing a
+    key (`package>ClassName`) that another class holds: keras would
+    silently replace it, and a `.keras` file of the first class would load
+    as the second. A class defined again (same module and name: a reloaded
+    module, a notebook cell run twice) replaces its former self."""
+    key = f"{package}>{cls.__name__}"
+    holder = keras.saving.get_registered_object(key)
+    if holder is not None and holder is not cls and (
+        _qualified(holder) != _qualified(cls)
+    ):
+        raise ValueError(
+            f"Received an invalid value for argument `package`: the Keras "
+            f"serialization name {key!r} of {_qualified(cls)} is already "
+            f"that of {_qualified(holder)}, so a `.keras` file of one would "
+            "load as the other. Pass another `package` (e.g. "
+            f"package={cls.__module__!r}) or rename the class. "
+            f"Received: package={package!r}"
+        )
+    keras.saving.register_keras_serializable(package=package, name=cls.__name__)(cls)
 
 
 @contextlib.contextmanager
@@ -177,11 +228,15 @@ def discover_plugins(force=False):
                 with _origin(origin), warnings.catch_warnings():
                     warnings.simplefilter("always")
                     obj = entry_point.load()
-                    if (
-                        isinstance(obj, type)
-                        and issubclass(obj, keras.layers.Layer)
-                        and obj not in _REGISTRY.values()
-                    ):
+                    is_layer = isinstance(obj, type) and issubclass(
+                        obj, keras.layers.Layer
+                    )
+                    if not (is_layer or inspect.ismodule(obj)):
+                        raise TypeError(
+                            "the entry point names neither a module nor a "
+                            f"keras.layers.Layer subclass but {obj!r}"
+                        )
+                    if is_layer and obj not in _REGISTRY.values():
                         register(entry_point.name)(obj)
             except Exception as error:  # a broken plugin must not break us
                 warnings.warn(
@@ -211,6 +266,12 @@ def get_class(name):
     discover_plugins()
     if isinstance(name, type) and issubclass(name, keras.layers.Layer):
         return name
+    if not isinstance(name, str):
+        raise ValueError(
+            "Received an invalid value for argument `name`, expected a "
+            "registered layer name (a string) or a keras.layers.Layer "
+            f"subclass. Received: name={name!r}"
+        )
     if name not in _REGISTRY:
         raise ValueError(
             f"Received an unknown attention layer name: {name!r}. "
@@ -234,6 +295,11 @@ def input_kind(name):
 
 def names_of_kind(kind):
     """The sorted registered names whose input kind is `kind`."""
+    if kind not in INPUT_KINDS:
+        raise ValueError(
+            "Received an invalid value for argument `kind`, expected one of "
+            f"{INPUT_KINDS}. Received: kind={kind!r}"
+        )
     discover_plugins()
     return sorted(
         n for n, k in _INPUT_KINDS.items() if k == kind and n in _REGISTRY
@@ -285,8 +351,6 @@ def call_accepts(layer, argument, var_keyword=False):
     that such a layer may silently drop, while the attention-map hooks try
     any layer that might take it.
     """
-    import inspect
-
     try:
         parameters = inspect.signature(layer.call).parameters
     except (TypeError, ValueError):
@@ -323,8 +387,6 @@ def accepted_arguments(name, offered):
     `key_dim`, `window_size`, `reduction`, ...); each layer takes those its
     constructor names.
     """
-    import inspect
-
     parameters = inspect.signature(get_class(name).__init__).parameters
     return {k: v for k, v in offered.items() if k in parameters}
 

@@ -137,8 +137,83 @@ def test_plugin_that_takes_a_builtin_name_warns_and_names_itself(tmp_path, monke
     try:
         with pytest.warns(UserWarning, match="ka_impostor"):
             keras_attention.discover_plugins(force=True)
+        # The library keeps working: the built-in name keeps its layer.
+        assert keras_attention.get_class("additive") is original
+        assert registry.origins()["additive"] == "keras_attention"
     finally:
         keras_attention.register("additive")(original)
+
+
+def test_a_built_in_name_is_not_taken_over_by_another_package():
+    original = keras_attention.get_class("multi_head")
+
+    class Mine(keras.layers.Layer):
+        pass
+
+    Mine.__module__ = "my_package.layers"
+    try:
+        with pytest.warns(UserWarning, match="unregister"):
+            assert keras_attention.register("multi_head")(Mine) is Mine
+        assert keras_attention.get_class("multi_head") is original
+    finally:
+        keras_attention.register("multi_head")(original)
+
+
+def test_two_classes_of_one_name_in_one_package_are_refused(tmp_path):
+    """keras would key both `ka_same>Attention` and load a `.keras` file of
+    the first as the second."""
+
+    def attention(module, factor):
+        cls = type("Attention", (keras.layers.Layer,), {
+            "call": lambda self, x: x * factor, "__module__": module,
+        })
+        return cls
+
+    first = keras_attention.register("test_same_first")(attention("ka_same.one", 2.0))
+    second = attention("ka_same.two", 3.0)
+    with pytest.raises(ValueError, match="package.*ka_same>Attention"):
+        keras_attention.register("test_same_second")(second)
+    assert "test_same_second" not in keras_attention.names()
+    # Its own package: both load as themselves.
+    keras_attention.register("test_same_second", package="ka_same.two")(second)
+    for cls, factor in ((first, 2.0), (second, 3.0)):
+        inputs = keras.Input((2,))
+        path = str(tmp_path / f"{factor}.keras")
+        keras.Model(inputs, cls()(inputs)).save(path)
+        loaded = keras.saving.load_model(path)
+        np.testing.assert_allclose(loaded(np.ones((1, 2))), factor)
+    # A class defined again (a reloaded module) replaces its former self.
+    keras_attention.register("test_same_first")(attention("ka_same.one", 2.0))
+    for name in ("test_same_first", "test_same_second"):
+        registry.unregister(name)
+
+
+def test_registry_arguments_are_checked():
+    class Layer(keras.layers.Layer):
+        pass
+
+    with pytest.raises(ValueError, match="`package`.*package=3"):
+        keras_attention.register("test_bad_package", package=3)(Layer)
+    with pytest.raises(ValueError, match="`name`.*name=\\['multi_head'\\]"):
+        keras_attention.get_class(["multi_head"])
+    with pytest.raises(ValueError, match="`kind`.*kind='image'"):
+        registry.names_of_kind("image")
+    assert "test_bad_package" not in keras_attention.names()
+
+
+def test_an_entry_point_that_is_not_a_module_or_layer_warns(tmp_path, monkeypatch):
+    source = """
+        def helper():
+            return 1
+    """
+    write_plugin(
+        tmp_path, "ka_helper_plugin", "ka_helper_plugin", source,
+        {"helper": "ka_helper_plugin:helper"},
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.warns(UserWarning, match="'helper' \\(ka_helper_plugin\\).*neither"):
+        loaded = keras_attention.discover_plugins(force=True)
+    assert "helper" not in loaded
 
 
 def test_plugins_are_not_imported_with_the_library(tmp_path):
