@@ -126,7 +126,9 @@ PLUGINS = {
 @pytest.fixture(scope="module", autouse=True)
 def plugins():
     for name, (cls, kind) in PLUGINS.items():
-        registry.register(name, input_kind=kind)(cls)
+        # Its own package: test_classification registers other classes
+        # named TokenPlugin and GridPlugin (package "tests").
+        registry.register(name, package="tests.test_plugins", input_kind=kind)(cls)
     yield
     for name in PLUGINS:
         registry.unregister(name)
@@ -310,3 +312,18 @@ def test_one_preset_registry_lists_every_application(capsys):
     out = capsys.readouterr().out
     for name in ("detr_digits", "seq2seq_tiny", "transformer_small", "gat_cora"):
         assert name in out
+
+
+def test_backbone_lora_reaches_plugin_layers():
+    """`Backbone.enable_lora` adapts a plugin layer's projections (it is an
+    attention layer of the backbone like ours); a name it lacks is refused
+    with the names it has."""
+    model = applications.VisionTransformer(
+        image_size=8, patch_size=4, num_classes=3, hidden_dim=16, depth=1,
+        num_heads=2, mlp_dim=32, num_channels=1, attention="test_tokens_plugin",
+    )
+    with pytest.raises(ValueError, match="key_dense.*query_dense"):
+        model.backbone.enable_lora(rank=2)  # no "query"/"value" projections
+    adapted = model.backbone.enable_lora(rank=2, target_names=["query_dense"])
+    assert list(adapted) == ["block_0/attention/query_dense"]
+    assert adapted["block_0/attention/query_dense"].lora_enabled

@@ -6,6 +6,7 @@ import re
 
 import keras
 
+from keras_attention import registry
 from keras_attention._config import KERAS_OBJECTS
 from keras_attention._config import ArgumentConfig
 from keras_attention._config import collections_of_new_objects
@@ -165,23 +166,29 @@ def enable_lora(model, rank, lora_alpha=None, target_names=None):
             f"Cannot enable LoRA on {model.name!r} before it is built. "
             f"Received: rank={rank}"
         )
+    # Ours, and any registered layer (a plugin's: `lora_targets` if it
+    # names them, else query and value).
+    registered = tuple(registry._REGISTRY.values())
     owners = [
         layer for layer in model._flatten_layers(include_self=True)
-        if isinstance(layer, ProjectionMixin)
+        if isinstance(layer, (ProjectionMixin,) + registered)
     ]
-    targets, seen = {}, set()
+    targets, seen, available = {}, set(), set()
     for layer in owners:
         for key, sub in projection_sublayers(layer).items():
             if id(sub) in seen:
                 continue  # a nested attention layer (CBAM's parts)
-            wanted = layer.lora_targets if names is None else names
+            available.add(key.split("/")[-1])
+            wanted = getattr(layer, "lora_targets", DEFAULT_LORA_TARGETS)
+            wanted = wanted if names is None else names
             if key.split("/")[-1] in wanted:
                 targets[sub.path] = sub
                 seen.add(id(sub))
     if not targets:
         raise invalid(
             "target_names",
-            f"names of projections in {model.name!r}'s attention layers",
+            f"names of projections in {model.name!r}'s attention layers "
+            f"(found: {sorted(available) or 'no registered attention layer'})",
             target_names,
         )
     # Check everything before the first change (all or nothing).
