@@ -200,6 +200,9 @@ def test_preprocessor_and_text_folder(tmp_path):
         (dict(tie_weights="yes"), "tie_weights"),
         (dict(window=3), "window"),
         (dict(vocabulary_size=None), "vocabulary_size"),
+        # A layer without RoPE/ALiBi: keras's "Unrecognized keyword
+        # arguments" from deep inside the block before.
+        (dict(attention="additive"), r"`attention`.*'additive', which does not take \["),
     ],
 )
 def test_bad_constructor_arguments(kwargs, match):

@@ -115,6 +115,17 @@ class CausalLMBackbone(app_base.Backbone):
             "num_key_value_heads": num_key_value_heads,
             **(attention_kwargs or {}),
         }
+        missing = sorted(
+            set(layer_kwargs) - set(registry.accepted_arguments(attention, layer_kwargs))
+        )
+        if missing:
+            raise ValueError(
+                "Received an invalid value for argument `attention`, expected "
+                "a layer whose constructor takes use_causal_mask, "
+                "position_encoding, sliding_window and num_key_value_heads "
+                f"(a causal LM's self-attention). Received: attention="
+                f"{attention!r}, which does not take {missing}"
+            )
         inputs = keras.Input((None,), dtype="int32", name="token_ids")
         embedding = keras_hub.layers.ReversibleEmbedding(
             vocabulary_size,
