@@ -322,6 +322,31 @@ def under_dtype_policy(init):
     return __init__
 
 
+def backend_neutral_compile_config(config):
+    """A saved compile config with torch's optimizers named as Keras's.
+
+    On torch, Keras saves `keras.optimizers.Adam` (and the others) under
+    their backend class, `keras.src.backend.torch.optimizers.torch_adam`:
+    loading such a file on JAX gave torch's optimizer (a `TypeError` in
+    `fit`), and on TensorFlow imported torch after TensorFlow (a crash).
+    Those entries are named `keras.optimizers.<class>` here, which each
+    backend resolves to its own.
+    """
+    if isinstance(config, (list, tuple)):
+        return [backend_neutral_compile_config(v) for v in config]
+    if not isinstance(config, dict):
+        return config
+    config = {k: backend_neutral_compile_config(v) for k, v in config.items()}
+    module, name = config.get("module"), config.get("class_name")
+    if (
+        isinstance(module, str)
+        and module.startswith("keras.src.backend.")
+        and isinstance(getattr(keras.optimizers, str(name), None), type)
+    ):
+        config.update(module="keras.optimizers", registered_name=None)
+    return config
+
+
 def dtype_config(model):
     """`{"dtype": policy}` of a model built with `dtype=`, else `{}` (the
     global policy at load time, as before)."""

@@ -233,7 +233,8 @@ def run_classification(model_name, data, epochs, out, seed, quick=False):
         data, seed, quick, image_size
     )
     model = cls.from_preset(preset, load_weights=False)
-    model.compile(optimizer=keras.optimizers.Adam(2e-3), jit_compile=True)
+    # The applications' default: XLA, but eager on torch (no XLA there).
+    model.compile(optimizer=keras.optimizers.Adam(2e-3))
     model.fit(
         x_train, y_train, validation_split=0.1, batch_size=64,
         epochs=epochs or (1 if quick else 30), verbose=_verbose(),
@@ -271,6 +272,7 @@ def run_classification(model_name, data, epochs, out, seed, quick=False):
 def run_detection(model_name, data, epochs, out, seed, quick=False):
     from keras_attention import datasets, visualization
     from keras_attention import applications
+    from keras_attention.applications import base as app_base
     from keras_attention.applications import detection
 
     if data is not None:
@@ -300,7 +302,9 @@ def run_detection(model_name, data, epochs, out, seed, quick=False):
     )
     model.compile(
         optimizer=keras.optimizers.AdamW(schedule, weight_decay=1e-4, global_clipnorm=1.0),
-        jit_compile=True,
+        # XLA where it is faster (not torch's `torch.compile`, nor a
+        # half-precision policy on a CPU): the applications' default.
+        jit_compile=not app_base.xla_slower_here(model),
     )
     model.fit(
         train.images, {"boxes": train.boxes, "labels": train.labels},

@@ -365,5 +365,58 @@ def test_the_applications_xla_default_runs_eagerly_on_torch():
     )
     model.compile()
     assert model.jit_compile is (keras.backend.backend() != "torch")
+    # The default is saved as one: a file saved on TensorFlow or JAX fits
+    # eagerly on torch.
+    assert model.get_compile_config()["jit_compile"] is None
     model.compile(jit_compile=True)  # asked for: Keras's meaning
     assert model.jit_compile is True
+    assert model.get_compile_config()["jit_compile"] is True
+
+
+def _as_saved_on_torch(path, torch_path):
+    """`path`'s `.keras` file with its optimizer named as torch's Keras
+    saves it: `keras.src.backend.torch.optimizers.torch_adam.Adam`."""
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(torch_path, "w") as target:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename == "config.json":
+                config = json.loads(data)
+                config["compile_config"]["optimizer"].update(
+                    module="keras.src.backend.torch.optimizers.torch_adam",
+                    registered_name="Adam",
+                )
+                data = json.dumps(config)
+            target.writestr(item, data)
+
+
+@pytest.mark.parametrize("kind", ["classifier", "detr"])
+def test_a_file_saved_on_torch_loads_with_this_backends_optimizer(kind, tmp_path):
+    # Loading such a file gave torch's optimizer on JAX (a TypeError in
+    # `fit`) and crashed TensorFlow's process (torch imported after it).
+    if kind == "classifier":
+        model = applications.TextClassifier(
+            vocabulary_size=20, sequence_length=6, num_classes=2, hidden_dim=8,
+            depth=1, num_heads=2, mlp_dim=8,
+        )
+        model.compile(jit_compile=JIT)
+        x, y = RNG.integers(1, 20, (4, 6)).astype("int32"), np.arange(4) % 2
+    else:
+        model = applications.DETR(
+            num_classes=3, num_queries=2, hidden_dim=8, num_heads=2,
+            num_encoder_layers=1, num_decoder_layers=1, feedforward_dim=8,
+            backbone_filters=(4, 8),
+        )
+        model.compile(optimizer="adam", jit_compile=JIT)
+        x = RNG.random((2, 16, 16, 1)).astype("float32")
+        y = {"boxes": np.full((2, 1, 4), 0.5, "float32"),
+             "labels": np.ones((2, 1), "int32")}
+    model.fit(x, y, epochs=1, verbose=0)
+    model.save(tmp_path / "saved.keras")
+    _as_saved_on_torch(tmp_path / "saved.keras", tmp_path / "torch.keras")
+    loaded = keras.saving.load_model(tmp_path / "torch.keras")
+    assert type(loaded.optimizer) is type(model.optimizer)
+    loss = loaded.fit(x, y, epochs=1, verbose=0).history["loss"]
+    assert np.all(np.isfinite(loss)), loss

@@ -29,6 +29,7 @@ from keras_attention import _validation
 from keras_attention.layers import base as layer_base
 from keras_attention.applications import presets as preset_registry
 from keras_attention._config import DTypeArgument
+from keras_attention._config import backend_neutral_compile_config
 from keras_attention._config import FunctionalConfig
 from keras_attention._config import dtype_config
 from keras_attention._config import build_with_graph_state
@@ -140,7 +141,7 @@ class PresetMixin:
         return model
 
 
-def _xla_slower_here(model):
+def xla_slower_here(model):
     """Whether XLA would train this model slower than graph mode here.
 
     On a CPU, TensorFlow's XLA backend computes bfloat16 and float16
@@ -174,7 +175,7 @@ class CompileDefaults:
     `optimizer`, `loss` and `weighted_metrics` given as `"auto"`, and
     `jit_compile=None`, take the values of `compile_defaults()`, which
     subclasses implement (except that a bfloat16/float16 model on a CPU,
-    and any model on torch, compile without XLA: `_xla_slower_here`).
+    and any model on torch, compile without XLA: `xla_slower_here`).
     Metrics default to `weighted_metrics`, so that a
     `sample_weight` (a split's mask) weighs them too; Keras 3 updates
     `metrics=` without it. Keras leaves `compile_from_config` to a class that
@@ -203,15 +204,25 @@ class CompileDefaults:
         for name, value in given.items():
             if isinstance(value, str) and value == "auto":
                 given[name] = defaults[name]
+        # A default is saved as one: the backend that loads the file
+        # decides (XLA on TensorFlow and JAX, eager on torch).
+        self._default_jit_compile = jit_compile is None
         if jit_compile is None:
             jit_compile = defaults.get("jit_compile", "auto")
-            if jit_compile and _xla_slower_here(self):
+            if jit_compile and xla_slower_here(self):
                 jit_compile = False
         super().compile(
             metrics=metrics, jit_compile=jit_compile, **given, **kwargs
         )
 
+    def get_compile_config(self):
+        config = super().get_compile_config()
+        if config and getattr(self, "_default_jit_compile", False):
+            config["jit_compile"] = None
+        return config
+
     def compile_from_config(self, config):
+        config = backend_neutral_compile_config(config)
         config = keras.saving.deserialize_keras_object(config)
         self.compile(**config)
         if self.built:

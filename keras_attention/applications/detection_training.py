@@ -5,6 +5,7 @@
 from keras import ops
 
 from keras_attention.applications import detection_loss
+from keras_attention._config import backend_neutral_compile_config
 from keras_attention.applications.detection_loss import validate_targets
 
 
@@ -26,6 +27,10 @@ class DETRTraining:
     trackers (`_class_loss_tracker`, `_l1_loss_tracker`,
     `_giou_loss_tracker`).
     """
+
+    def compile_from_config(self, config):
+        # A file saved on torch names torch's optimizer class.
+        super().compile_from_config(backend_neutral_compile_config(config))
 
     def _loss_terms(self, y, y_pred):
         """The loss summed over decoder layers, and the last layer's terms."""

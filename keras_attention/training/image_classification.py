@@ -69,11 +69,15 @@ def fit_image_classifier(
         A dict: `wall` and `cpu` seconds of the fit, `epochs_run`, `epochs`,
         `load` (load average before and after).
     """
+    from keras_attention.applications import base as app_base
+
     steps = epochs * int(np.ceil(len(x_train) / batch_size))
     schedule = keras.optimizers.schedules.CosineDecay(learning_rate, steps)
     model.compile(
         optimizer=keras.optimizers.AdamW(schedule, weight_decay=weight_decay),
-        jit_compile=True,
+        # XLA where it is faster (not torch's `torch.compile`, nor a
+        # half-precision policy on a CPU): the applications' default.
+        jit_compile=not app_base.xla_slower_here(model),
     )
     rng = np.random.default_rng(seed)
     start, cpu, load = time.perf_counter(), cpu_seconds(), os.getloadavg()[0]
