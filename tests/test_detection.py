@@ -400,6 +400,27 @@ def test_invalid_arguments():
         DETR.from_preset("nope")
 
 
+def test_images_of_other_channels_are_refused_by_name_and_change_nothing():
+    # The stem's error named no argument; on JAX, raised inside the traced
+    # step, it left the model's variables emptied: every later `predict`
+    # failed with "'NoneType' object is not callable".
+    model = DETR(**TINY)
+    model.compile(optimizer="adam")
+    images, boxes, labels = tiny_data(2)
+    want = model.predict(images, verbose=0)["boxes"]
+    rgb = np.repeat(images, 3, axis=-1)
+    for call in (
+        lambda: model.predict(rgb, verbose=0),
+        lambda: model.predict_boxes(rgb),
+        lambda: model.evaluate(rgb, {"boxes": boxes, "labels": labels}, verbose=0),
+        lambda: model.fit(rgb, {"boxes": boxes, "labels": labels}, verbose=0),
+        lambda: model.predict(images[..., 0], verbose=0),
+    ):
+        with pytest.raises(ValueError, match=r"`images`.*\(B, height, width, 1\)"):
+            call()
+    np.testing.assert_allclose(model.predict(images, verbose=0)["boxes"], want)
+
+
 def test_loss_settings_config_and_older_files():
     model = DETR(**TINY, loss_settings={"class_loss_weight": 2.0})
     config = model.get_config()

@@ -343,6 +343,7 @@ class DETR(
             initializer=keras.initializers.RandomNormal(stddev=1.0),
         )
         self.feature_size = (feature_shape[1], feature_shape[2])
+        self.image_channels = input_shape[-1]
         self.built = True
         quantized = getattr(self, "_quantize_when_built", None)
         if quantized:
@@ -421,15 +422,38 @@ class DETR(
             setattr(self, function, None)
         setattr(self, key, size)
 
+    def _check_images(self, x):
+        # Before Keras traces them: on JAX an error inside the traced step
+        # left the model's variables emptied (every later call failed).
+        spec = getattr(x, "element_spec", x)  # a tf.data.Dataset's
+        spec = spec[0] if isinstance(spec, (tuple, list)) else spec
+        shape = getattr(spec, "shape", None)
+        channels = getattr(self, "image_channels", None)
+        if shape is not None and (
+            len(shape) != 4 or shape[-1] not in (None, channels or shape[-1])
+        ):
+            raise ValueError(
+                "Received an invalid value for argument `images`, expected "
+                f"shape (B, height, width, {channels or 'channels'}). "
+                f"Received: images.shape={tuple(shape)}"
+            )
+
     def predict(self, x, *args, **kwargs):
         """`keras.Model.predict`, on images of any size."""
+        self._check_images(x)
         self._trace_for_image_size(x, "predict_function")
         return super().predict(x, *args, **kwargs)
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
         """`keras.Model.evaluate`, on images of any size."""
+        self._check_images(x)
         self._trace_for_image_size(x, "test_function")
         return super().evaluate(x, y, *args, **kwargs)
+
+    def fit(self, x=None, y=None, *args, **kwargs):
+        """`keras.Model.fit` (`DETRTraining.fit`), the images checked."""
+        self._check_images(x)
+        return super().fit(x, y, *args, **kwargs)
 
     def predict_boxes(
         self,
@@ -469,12 +493,7 @@ class DETR(
             `(k, height, width)`), each map summing to 1 over the grid.
         """
         images = np.asarray(images, dtype="float32")
-        if images.ndim != 4:
-            raise ValueError(
-                "Received an invalid value for argument `images`, expected "
-                "shape (B, height, width, channels). "
-                f"Received: images.shape={images.shape}"
-            )
+        self._check_images(images)
         height, width = images.shape[1:3]
         pixel_mask, sizes = image_sizes(pixel_mask, images)
         if return_attention or pixel_mask is not None:
