@@ -147,6 +147,31 @@ def test_bad_input_is_refused(tmp_path):
         masked_lm_dataset(np.ones((2, 4), "int32"), 2, mask_rate=1.5)
 
 
+def test_bad_ids_and_positions_are_refused_by_name_before_tracing():
+    # Ids outside the vocabulary were a silent clamp on JAX and torch; a
+    # wrong length failed inside JAX's traced `predict` and left the
+    # model's variables emptied (every later call failed).
+    backbone = TextClassifierBackbone(20, 6, hidden_dim=8, depth=1, num_heads=2,
+                                      mlp_dim=8, pooling_units=4)
+    model = MaskedLanguageModel(backbone, mask_length=2)
+    model.compile()
+    ids, positions = np.ones((2, 6), "int32"), np.array([[0, 5], [1, 2]], "int32")
+    want = model.predict({"token_ids": ids, "mask_positions": positions}, verbose=0)
+    for bad, message in [
+        ({"token_ids": ids + 30}, r"`token_ids`.*\[0, 20\)"),
+        ({"token_ids": np.ones((2, 7), "int32")}, r"`token_ids`.*\(None, 6\)"),
+        ({"mask_positions": positions + 3}, r"`mask_positions`.*\[0, 6\)"),
+        ({"mask_positions": np.zeros((2, 3), "int32")}, r"`mask_positions`.*mask_length=2"),
+    ]:
+        x = {"token_ids": ids, "mask_positions": positions, **bad}
+        with pytest.raises(ValueError, match=message):
+            model.predict(x, verbose=0)
+        with pytest.raises(ValueError, match=message):
+            model.fit(x, np.ones((2, 2), "int32"), verbose=0)
+    got = model.predict({"token_ids": ids, "mask_positions": positions}, verbose=0)
+    np.testing.assert_allclose(got, want)
+
+
 def test_run_pretraining_recipe_on_a_folder(tmp_path, capsys):
     from keras_attention import cli
 

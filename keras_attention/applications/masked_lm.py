@@ -26,8 +26,8 @@ from keras_attention.applications.text_classifier import TextClassifierBackbone
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class MaskedLanguageModel(
-    app_base.TaskConfig, app_base.CompileDefaults, app_base.QuickQuantize,
-    keras.Model,
+    app_base.TaskConfig, app_base.CompileDefaults, app_base.InputChecks,
+    app_base.QuickQuantize, keras.Model,
 ):
     """A text backbone and a masked-LM head (BERT's pretraining task).
 
@@ -120,6 +120,33 @@ class MaskedLanguageModel(
                 keras.metrics.SparseCategoricalAccuracy(name="accuracy")
             ],
         }
+
+    def check_inputs(self, inputs):
+        # Before Keras traces them: ids outside the vocabulary were a silent
+        # clamp on JAX and torch, and a shape error inside JAX's traced
+        # `predict` left the model's variables emptied.
+        if not isinstance(inputs, dict) or "mask_positions" not in inputs:
+            raise base.invalid(
+                "inputs", 'a dict with "token_ids" and "mask_positions"',
+                type(inputs).__name__,
+            )
+        tokens = {k: v for k, v in inputs.items() if k != "mask_positions"}
+        self.backbone.check_inputs(
+            tokens if self.backbone.token_types else tokens.get("token_ids")
+        )
+        positions = inputs["mask_positions"]
+        shape, length = tuple(positions.shape), self.backbone.sequence_length
+        if len(shape) != 2 or shape[1] not in (None, self.mask_length):
+            raise ValueError(
+                "Received an invalid value for argument `mask_positions`, "
+                f"expected integer positions of shape (None, {self.mask_length}) "
+                f"for mask_length={self.mask_length}. Received: "
+                f"mask_positions.shape={shape}"
+            )
+        base.check_known_ids(
+            "mask_positions", positions, length, "positions",
+            f"sequence_length={length}",
+        )
 
     def with_head(self, num_classes, **kwargs):
         """A `TextClassifier` on this (pretrained) backbone, shared."""
