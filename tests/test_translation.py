@@ -561,3 +561,27 @@ def test_warns_when_translating_long_sentences(rnn):
     assert isinstance(out, list) and len(out) == 1
     with pytest.raises(ValueError, match="empty"):
         model.translate(["abc", ""])
+
+
+@pytest.mark.parametrize("make", [tiny_rnn, tiny_transformer])
+def test_ids_outside_the_vocabularies_are_refused_by_name(make):
+    # Before: accepted (a gather error on TensorFlow, a silent clamp and
+    # garbage on JAX and torch).
+    model = make()
+    model.compile()
+    x, y = model.prepare(["abc", "de"], ["abc", "de"])
+    source_size = model.preprocessor.source_vocabulary_size
+    target_size = model.preprocessor.target_vocabulary_size
+    bad_source = {**x, "source_ids": np.full_like(x["source_ids"], source_size)}
+    with pytest.raises(ValueError, match=rf"`source_ids`.*\[0, {source_size}\)"):
+        model.predict(bad_source, verbose=0)
+    bad_target = {**x, "target_ids": np.full_like(x["target_ids"], target_size + 3)}
+    with pytest.raises(ValueError, match=r"`target_ids`, expected token ids in"):
+        model.fit(bad_target, y, epochs=1, verbose=0)
+    with pytest.raises(ValueError, match=r"`source_ids`.*\[0, "):
+        model([bad_source["source_ids"], x["target_ids"]])
+    with pytest.raises(ValueError, match=r"`target_ids`, expected token ids \(B, length\)"):
+        model.predict({**x, "target_ids": x["target_ids"][0]}, verbose=0)
+    # Good ids still train and predict.
+    model.fit(x, y, epochs=1, verbose=0)
+    assert model.predict(x, verbose=0).shape[:2] == x["target_ids"].shape

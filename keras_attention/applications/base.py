@@ -249,7 +249,9 @@ class InputChecks:
         if isinstance(x, dict):
             # Checked where the model takes a dict (BERT's token ids and
             # types); keras matches a dict to other models' input names.
-            takes_dict = isinstance(getattr(self, "_inputs_struct", None), dict)
+            takes_dict = getattr(self, "takes_dict_inputs", False) or isinstance(
+                getattr(self, "_inputs_struct", None), dict
+            )
             if takes_dict and all(
                 hasattr(v, "shape") for v in x.values()
             ):

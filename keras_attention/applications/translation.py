@@ -31,11 +31,13 @@ from keras_attention.applications.text_preprocessing import (
     TranslationPreprocessor,
 )
 from keras_attention.applications.text_preprocessing import corpus_bleu
+from keras_attention._validation import check_known_ids
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
 from keras_attention.applications.base import CompileDefaults
 from keras_attention.applications.base import CompiledLoops
 from keras_attention.applications.base import deserialize_preprocessor
+from keras_attention.applications.base import InputChecks
 from keras_attention._config import ArgumentConfig
 from keras_attention._config import build_with_graph_state
 from keras_attention._config import graph_state_config
@@ -111,7 +113,7 @@ def _next_power_of_two(n):
 
 
 class Translator(
-    ArgumentConfig, PresetMixin, CompileDefaults, SearchDecoding,
+    ArgumentConfig, PresetMixin, CompileDefaults, InputChecks, SearchDecoding,
     QuickQuantize, keras.Model,
 ):
     """Base of the translators: preprocessing, training defaults, decoding.
@@ -183,7 +185,34 @@ class Translator(
             f"Received: {inputs!r}"
         )
 
+    takes_dict_inputs = True  # `InputChecks`: {"source_ids", "target_ids"}
+
+    def check_inputs(self, inputs):
+        """`(B, S)` and `(B, T)` ids in the preprocessor's vocabularies,
+        checked before any tracing (an id outside an embedding is a gather
+        error on TensorFlow and a silent clamp, garbage, on JAX and torch)."""
+        source_ids, target_ids = self._unpack(inputs)
+        sizes = (
+            self.preprocessor.source_vocabulary_size,
+            self.preprocessor.target_vocabulary_size,
+        )
+        for argument, ids, size in zip(
+            ("source_ids", "target_ids"), (source_ids, target_ids), sizes
+        ):
+            shape = getattr(ids, "shape", None)
+            if shape is not None and len(shape) != 2:
+                raise ValueError(
+                    f"Received an invalid value for argument `{argument}`, "
+                    f"expected token ids (B, length). Received: "
+                    f"{argument}.shape={tuple(shape)}"
+                )
+            check_known_ids(
+                argument, ids, size, "token ids",
+                f"the preprocessor's vocabulary of {size}",
+            )
+
     def call(self, inputs, training=None):
+        self.check_inputs(inputs)
         source_ids, target_ids = self._unpack(inputs)
         source_ids = ops.cast(source_ids, "int32")
         target_ids = ops.cast(target_ids, "int32")
