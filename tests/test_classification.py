@@ -482,6 +482,10 @@ def test_bad_images_raise_expected_versus_received():
         (dict(num_heads=3), r"divisor of the token size 16. Received: num_heads=3"),
         (dict(pooling="max"), r"Received: pooling='max'"),
         (dict(attention="local_window", pooling="cls"), r"expected 'mean'"),
+        # Before: the shift of the model's window (4 // 2) with this window
+        # of 2, an error naming shift_size, never given.
+        (dict(attention="local_window", attention_kwargs={"window_size": 2}),
+         r"`attention_kwargs`, expected no window_size.*pass `window_size=`"),
     ],
 )
 def test_bad_vit_arguments(kwargs, match):
