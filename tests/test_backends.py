@@ -355,7 +355,7 @@ def test_auto_measures_the_paths_on_jax(monkeypatch):
 def test_the_applications_xla_default_runs_eagerly_on_torch():
     # The translators' and the causal LM's default `jit_compile=True` was
     # `torch.compile` on torch: a recompilation for every batch shape
-    # (102 s against 0.23 s eager for a tiny translator's three epochs).
+    # (far slower than eager for a tiny translator's few epochs).
     from keras_attention.applications import TransformerTranslator
     from keras_attention.applications import TranslationPreprocessor
 

@@ -153,8 +153,8 @@ def xla_slower_here(model):
     `jit_compile` is given.
 
     torch has no XLA: Keras's `jit_compile=True` there is `torch.compile`,
-    which recompiled a tiny translator's step for every batch shape (102 s
-    against 0.23 s eager for three epochs on a CPU), so the applications'
+    which recompiled a tiny translator's step for every batch shape (far
+    slower than eager on a CPU), so the applications'
     XLA default runs eagerly on torch, as the README's backend table says.
     """
     if keras.backend.backend() == "torch":
