@@ -49,6 +49,20 @@ def _per_stage(argument, value, num_stages, growth):
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+
+def _check_attention_kwargs(attention_kwargs):
+    """No window_size, shift_size or grid_shape: the model sets them per
+    block (the shift alternates), and given here they would disagree with
+    them (a window of 2 with the default window's shift, 4 // 2, was an
+    error naming shift_size)."""
+    if {"window_size", "shift_size", "grid_shape"} & set(attention_kwargs or {}):
+        raise base.invalid(
+            "attention_kwargs",
+            "no window_size, shift_size or grid_shape (the model sets them "
+            "per block: pass `window_size=` to the model)",
+            attention_kwargs,
+        )
+
 class VisionTransformerBackbone(app_base.ImageBackbone):
     """ViT feature extractor (Dosovitskiy et al., 2021); Swin-style stages.
 
@@ -172,19 +186,7 @@ class VisionTransformerBackbone(app_base.ImageBackbone):
         mlp_dims = _per_stage("mlp_dim", mlp_dim, len(depths), 2)
         attention = registry.check_name(attention, kinds=("tokens", "grid"))
         grid_attention = registry.input_kind(attention) == "grid"
-        # Set per block from the arguments above (the shift alternates):
-        # given here they would disagree with them (a window of 2 with the
-        # shift of the default window, 4 // 2, was an error naming
-        # shift_size).
-        fixed = sorted({"window_size", "shift_size", "grid_shape"}
-                       & set(attention_kwargs or {}))
-        if fixed:
-            raise base.invalid(
-                "attention_kwargs",
-                "no window_size, shift_size or grid_shape (the model sets "
-                "them per block: pass `window_size=` to the model)",
-                attention_kwargs,
-            )
+        _check_attention_kwargs(attention_kwargs)
         if pooling == "auto":
             pooling = "cls" if len(depths) == 1 and not grid_attention else "mean"
         if pooling not in ("cls", "mean"):
