@@ -48,8 +48,6 @@ def _per_stage(argument, value, num_stages, growth):
     return [value * growth**stage for stage in range(num_stages)]
 
 
-@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
-
 def _check_attention_kwargs(attention_kwargs):
     """No window_size, shift_size or grid_shape: the model sets them per
     block (the shift alternates), and given here they would disagree with
@@ -63,6 +61,8 @@ def _check_attention_kwargs(attention_kwargs):
             attention_kwargs,
         )
 
+
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class VisionTransformerBackbone(app_base.ImageBackbone):
     """ViT feature extractor (Dosovitskiy et al., 2021); Swin-style stages.
 
