@@ -281,6 +281,34 @@ def test_grad_cam_tape_path_matches_tf_keras_vis(method):
     assert model.get_layer("logits").activation is keras.activations.softmax
 
 
+@pytest.mark.parametrize("engine", ["tf_keras_vis_cam", "tape_cam"])
+def test_score_cam_weights_are_the_softmax_of_the_logits(engine):
+    # Score-CAM (Wang et al.) softmaxes the logits of the masked images; a
+    # softmax output layer must not be softmaxed again, and the user's
+    # model (its activation, its traced `predict`) comes back unchanged.
+    model = cbam_cnn(activation="softmax")
+    logits_model = cbam_cnn(activation=None)
+    logits_model.set_weights(model.get_weights())
+    x = rand(3, 12, 12, 1)
+    before = model.predict(x, verbose=0)
+    target = vis.find_cam_target(model, x)
+    indices = cam_lib.class_indices(model, x)
+    options = cam_lib.CamOptions(expand=False, normalize=False)
+    run = getattr(cam_lib, engine)
+    got = run(model, x, indices, target, "scorecam", options)
+    expected = run(
+        logits_model, x, indices, vis.find_cam_target(logits_model, x),
+        "scorecam", options,
+    )
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+    assert model.get_layer("logits").activation is keras.activations.softmax
+    np.testing.assert_allclose(model.predict(x, verbose=0), before, atol=1e-6)
+    other = rand(5, 12, 12, 1, seed=1)  # a shape `predict` has not seen
+    np.testing.assert_allclose(
+        model.predict(other, verbose=0), np_(model(other)), atol=1e-6
+    )
+
+
 def test_grad_cam_is_the_class_activation_map_for_gap_models():
     # conv -> GAP -> linear: Grad-CAM = ReLU(sum_k W[k, c] A_k) / (h w).
     model = cbam_cnn()

@@ -163,8 +163,10 @@ def grad_cam(
     keeps `ReLU(sum_k w_k A^k)`; Grad-CAM++ weights the positive gradients
     with second- and third-order terms; Score-CAM weights each channel by
     the (softmax) class score of the image masked by that channel's
-    normalised, upsampled map. Scores are read before the output
-    activation (it is made linear for the gradient methods).
+    normalised, upsampled map (the softmax of the logits, as in the
+    paper). Scores are read before the output activation: a softmax or
+    sigmoid of the output layer is made linear while the map is computed,
+    then restored.
 
     Args:
         model: an image classifier with one output `(B, num_classes)`: a
@@ -284,7 +286,8 @@ def tf_keras_vis_cam(model, images, indices, target, method, options=CamOptions(
         normalize_cam=options.normalize,
     )
     if method == "scorecam":
-        with _quiet_predict():
+        # tf-keras-vis clones the model: the clone takes the linear outputs.
+        with _quiet_predict(), linear_outputs(model):
             cam = Scorecam(model)(
                 score,
                 images,
@@ -330,10 +333,11 @@ def tape_cam(model, images, indices, target, method, options=CamOptions()):
     if method == "scorecam":
         features = _capture(model, images, target)
         features = _on_grid(features, images, options)
-        cam = _score_cam(
-            model, images, indices, features, options.max_channels,
-            options.batch_size,
-        )
+        with linear_outputs(model):
+            cam = _score_cam(
+                model, images, indices, features, options.max_channels,
+                options.batch_size,
+            )
     else:
         tape = tf.GradientTape(watch_accessed_variables=False)
         with tape:
@@ -385,7 +389,8 @@ def _grad_cam_plus_plus(features, grads, scores):
 
 
 def _score_cam(model, images, indices, features, max_channels, batch_size):
-    """Score-CAM as tf-keras-vis computes it (softmax of the outputs)."""
+    """Score-CAM as tf-keras-vis computes it (softmax of the outputs, which
+    `linear_outputs` makes the logits)."""
     from scipy.ndimage import zoom
 
     channels = features.shape[-1]
