@@ -21,6 +21,9 @@ from keras_attention.applications.node_classification import (  # noqa: E402
     node_classification_data,
 )
 from keras_attention.applications.translation_metrics import TokenAccuracy  # noqa: E402
+from keras_attention.applications.translation_metrics import (  # noqa: E402
+    TokenCrossEntropy,
+)
 from keras_attention.datasets import load_karate_club  # noqa: E402
 
 
@@ -144,6 +147,34 @@ def test_translator_evaluate_equals_hand_count():
     # Batches of 2, 2 and 1 sentences with different padding.
     logs = model.evaluate(x, labels, batch_size=2, return_dict=True, verbose=0)
     assert logs["token_accuracy"] == pytest.approx(by_hand, abs=1e-6)
+    # The cross-entropy per real token, by hand (Keras's `loss` is a mean
+    # of the three batches' means, weighted 2 : 2 : 1 by sentences).
+    logits = numpy(model(x, training=False)).astype("float64")
+    logits -= logits.max(-1, keepdims=True)
+    log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    picked = -np.take_along_axis(log_p, labels[..., None], -1)[..., 0]
+    token_loss = float(picked[real].mean())
+    assert logs["token_loss"] == pytest.approx(token_loss, rel=1e-4)
+    per_batch = [picked[i : i + 2][real[i : i + 2]].mean() for i in (0, 2, 4)]
+    batch_mean = float(np.average(per_batch, weights=[2, 2, 1]))
+    assert abs(batch_mean - token_loss) > 1e-3  # the two differ here
+    assert logs["loss"] == pytest.approx(batch_mean, rel=1e-4)
+
+
+def test_token_cross_entropy_counts_tokens_and_weights():
+    y_true = np.array([[2, 1, 0], [1, 0, 0]], "int32")
+    probs = np.full((2, 3, 3), 1 / 3, "float32")
+    probs[0, 0] = [0.1, 0.1, 0.8]
+    metric = TokenCrossEntropy(from_logits=False)
+    metric.update_state(y_true[:1], probs[:1])
+    metric.update_state(y_true[1:], probs[1:])
+    expected = (-np.log(0.8) - 2 * np.log(1 / 3)) / 3
+    assert float(metric.result()) == pytest.approx(expected, rel=1e-5)
+    weighted = TokenCrossEntropy(from_logits=False)
+    weighted.update_state(y_true, probs, sample_weight=np.array([0.0, 1.0]))
+    assert float(weighted.result()) == pytest.approx(np.log(3), rel=1e-5)
+    restored = TokenCrossEntropy.from_config(metric.get_config())
+    assert restored.from_logits is False and restored.name == "token_loss"
 
 
 def test_detr_loss_terms_are_weighted_by_images():

@@ -45,6 +45,7 @@ from keras_attention.applications.base import PresetMixin
 from keras_attention.applications.base import QuickQuantize
 from keras_attention.applications.translation_decoding import SearchDecoding
 from keras_attention.applications.translation_metrics import TokenAccuracy
+from keras_attention.applications.translation_metrics import TokenCrossEntropy
 
 
 
@@ -231,9 +232,10 @@ class Translator(
 
     def compile_defaults(self):
         """Adam (`default_learning_rate`, gradient norm clipped at 1),
-        cross-entropy on logits that ignores padding (id 0), `TokenAccuracy`
-        (non-padding tokens over the whole evaluation, weighted by
-        `sample_weight` when one is given), and XLA."""
+        cross-entropy on logits that ignores padding (id 0), and over the
+        non-padding tokens of the whole evaluation (weighted by
+        `sample_weight` when one is given) `TokenAccuracy` and
+        `TokenCrossEntropy` (`token_loss`: the per-token `loss`), and XLA."""
         return {
             "optimizer": keras.optimizers.Adam(
                 learning_rate=self.default_learning_rate, clipnorm=1.0
@@ -241,7 +243,10 @@ class Translator(
             "loss": keras.losses.SparseCategoricalCrossentropy(
                 from_logits=True, ignore_class=0
             ),
-            "weighted_metrics": [TokenAccuracy(name="token_accuracy")],
+            "weighted_metrics": [
+                TokenAccuracy(name="token_accuracy"),
+                TokenCrossEntropy(name="token_loss"),
+            ],
             "jit_compile": True,
         }
 

@@ -1,4 +1,4 @@
-"""Token accuracy of the translators (teacher forcing).
+"""Token accuracy and cross-entropy of the translators (teacher forcing).
 
 BLEU is `text_preprocessing.corpus_bleu` (keras-hub's).
 """
@@ -56,12 +56,7 @@ class TokenAccuracy(keras.metrics.Metric):
     def update_state(self, y_true, y_pred, sample_weight=None):
         y_true = ops.cast(y_true, "int32")
         predicted = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
-        weight = ops.cast(ops.not_equal(y_true, self.padding_id), "float32")
-        if sample_weight is not None:
-            sample_weight = ops.cast(sample_weight, "float32")
-            if len(sample_weight.shape) == 1:
-                sample_weight = sample_weight[:, None]
-            weight = weight * sample_weight
+        weight = _token_weights(y_true, self.padding_id, sample_weight)
         correct = ops.cast(ops.equal(predicted, y_true), "float32")
         self.hits.assign_add(ops.sum(weight * correct))
         self.tokens.assign_add(ops.sum(weight))
@@ -71,3 +66,68 @@ class TokenAccuracy(keras.metrics.Metric):
 
     def get_config(self):
         return {**super().get_config(), "padding_id": self.padding_id}
+
+
+def _token_weights(y_true, padding_id, sample_weight):
+    """`(B, T)` float weights: 0 on padding, times `sample_weight`."""
+    weight = ops.cast(ops.not_equal(y_true, padding_id), "float32")
+    if sample_weight is not None:
+        sample_weight = ops.cast(sample_weight, "float32")
+        if len(sample_weight.shape) == 1:
+            sample_weight = sample_weight[:, None]
+        weight = weight * sample_weight
+    return weight
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class TokenCrossEntropy(keras.metrics.Metric):
+    """Mean cross-entropy per non-padding target token, over everything seen.
+
+    Keras's `loss` / `val_loss` is a mean of per-batch means (each batch
+    weighted by its number of sentences), so a batch with much padding
+    weighs as much as one of long sentences; this metric sums the tokens'
+    cross-entropies and divides by the number of tokens. Weights as in
+    `TokenAccuracy`; `exp` of it is the perplexity.
+
+    Args:
+        padding_id: the target id that marks padding (0).
+        from_logits: whether `y_pred` holds logits (the translators') or
+            probabilities.
+        name, dtype: as for any `keras.metrics.Metric`.
+
+    Example:
+
+    ```python
+    metric = TokenCrossEntropy(from_logits=False)
+    metric.update_state([[1, 0]], [[[0.5, 0.5], [1.0, 0.0]]])
+    float(metric.result())  # 0.693: -log 0.5, the padding not counted
+    ```
+    """
+
+    def __init__(
+        self, padding_id=0, from_logits=True, name="token_loss", dtype=None
+    ):
+        super().__init__(name=name, dtype=dtype)
+        self.padding_id = int(padding_id)
+        self.from_logits = bool(from_logits)
+        self.total = self.add_variable((), initializer="zeros", name="total")
+        self.tokens = self.add_variable((), initializer="zeros", name="tokens")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        y_true = ops.cast(y_true, "int32")
+        weight = _token_weights(y_true, self.padding_id, sample_weight)
+        losses = keras.losses.sparse_categorical_crossentropy(
+            y_true, ops.cast(y_pred, "float32"), from_logits=self.from_logits
+        )
+        self.total.assign_add(ops.sum(weight * losses))
+        self.tokens.assign_add(ops.sum(weight))
+
+    def result(self):
+        return ops.divide_no_nan(self.total, self.tokens)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "padding_id": self.padding_id,
+            "from_logits": self.from_logits,
+        }
