@@ -27,6 +27,7 @@ from keras import ops
 from keras_attention import _validation as base
 from keras_attention import registry
 from keras_attention.applications import base as app_base
+from keras_attention.applications import compiling
 from keras_attention.applications import presets
 from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention.applications.causal_lm_preprocessing import (
@@ -207,7 +208,7 @@ class CausalLMBackbone(app_base.Backbone):
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class CausalLM(
-    app_base.TaskConfig, app_base.PresetMixin, app_base.CompileDefaults,
+    app_base.TaskConfig, app_base.PresetMixin, compiling.CompileDefaults,
     app_base.InputChecks, app_base.QuickQuantize, keras.Model,
 ):
     """Decoder-only language model: `CausalLMBackbone` and next-token logits.
@@ -274,7 +275,7 @@ class CausalLM(
         self.preprocessor = preprocessor
         # A plain object: Keras tracks dict attributes.
         self._generation = types.SimpleNamespace(
-            loops=app_base.CompiledLoops(), samplers={}
+            loops=compiling.CompiledLoops(), samplers={}
         )
 
     @classmethod

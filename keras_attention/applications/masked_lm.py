@@ -19,6 +19,7 @@ import numpy as np
 
 from keras_attention import _validation as base
 from keras_attention.applications import base as app_base
+from keras_attention.applications import compiling
 from keras_attention.applications.blocks.transformer import gelu
 from keras_attention.applications.text_classifier import TextClassifier
 from keras_attention.applications.text_classifier import TextClassifierBackbone
@@ -26,7 +27,7 @@ from keras_attention.applications.text_classifier import TextClassifierBackbone
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class MaskedLanguageModel(
-    app_base.TaskConfig, app_base.CompileDefaults, app_base.InputChecks,
+    app_base.TaskConfig, compiling.CompileDefaults, app_base.InputChecks,
     app_base.QuickQuantize, keras.Model,
 ):
     """A text backbone and a masked-LM head (BERT's pretraining task).

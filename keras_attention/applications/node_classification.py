@@ -22,6 +22,7 @@ from keras import ops
 
 from keras_attention import registry
 from keras_attention.applications import base as app_base
+from keras_attention.applications import compiling
 from keras_attention.applications import presets
 from keras_attention._config import FunctionalConfig
 from keras_attention import _validation as base
@@ -130,7 +131,7 @@ class GraphBatch(keras.layers.Layer):
 class GATNodeClassifier(
     FunctionalConfig,
     app_base.PresetMixin,
-    app_base.CompileDefaults,
+    compiling.CompileDefaults,
     app_base.InputChecks,
     app_base.QuickQuantize,
     keras.Model,

@@ -34,8 +34,8 @@ from keras_attention.applications.text_preprocessing import corpus_bleu
 from keras_attention._validation import check_known_ids
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
-from keras_attention.applications.base import CompileDefaults
-from keras_attention.applications.base import CompiledLoops
+from keras_attention.applications.compiling import CompileDefaults
+from keras_attention.applications.compiling import CompiledLoops
 from keras_attention.applications.base import deserialize_preprocessor
 from keras_attention.applications.base import InputChecks
 from keras_attention._config import ArgumentConfig

@@ -69,7 +69,7 @@ def fit_image_classifier(
         A dict: `wall` and `cpu` seconds of the fit, `epochs_run`, `epochs`,
         `load` (load average before and after).
     """
-    from keras_attention.applications import base as app_base
+    from keras_attention.applications.compiling import xla_slower_here
 
     steps = epochs * int(np.ceil(len(x_train) / batch_size))
     schedule = keras.optimizers.schedules.CosineDecay(learning_rate, steps)
@@ -77,7 +77,7 @@ def fit_image_classifier(
         optimizer=keras.optimizers.AdamW(schedule, weight_decay=weight_decay),
         # XLA where it is faster (not torch's `torch.compile`, nor a
         # half-precision policy on a CPU): the applications' default.
-        jit_compile=not app_base.xla_slower_here(model),
+        jit_compile=not xla_slower_here(model),
     )
     rng = np.random.default_rng(seed)
     start, cpu, load = time.perf_counter(), cpu_seconds(), os.getloadavg()[0]

@@ -1,0 +1,130 @@
+"""How the applications compile: defaults, XLA or not, decoding loops.
+
+- `CompileDefaults`: `compile` with each application's defaults
+  (`compile_defaults()`), and `compile_from_config` so that a loaded
+  model is compiled again;
+- `xla_slower_here(model)`: the rule that keeps XLA off where it would
+  be slower (half precision on a CPU; torch);
+- `CompiledLoops`: the translators' and the causal LM's decoding loops,
+  traced again when the model's variables change.
+"""
+
+import keras
+
+from keras_attention._config import backend_neutral_compile_config
+
+
+class CompiledLoops:
+    """A task's decoding loops by key (translators, the causal LM).
+
+    `build()` gives the `keras.ops` loop; with `jit_compile` on TensorFlow it
+    runs as `tf.function(jit_compile=True)` (other backends run it as it
+    is). A traced function keeps the variables it was traced with, and
+    `enable_lora` and `quantize` add or replace variables, so every loop is
+    traced again once the model's variables change.
+    """
+
+    def __init__(self):
+        self._loops, self._weights = {}, None
+
+    def get(self, model, key, build, jit_compile):
+        weights = tuple(id(v) for v in model.weights)
+        if weights != self._weights:
+            self._loops.clear()
+            self._weights = weights
+        if key not in self._loops:
+            function = build()
+            if jit_compile and keras.backend.backend() == "tensorflow":
+                import tensorflow as tf
+
+                function = tf.function(function, jit_compile=True)
+            self._loops[key] = function
+        return self._loops[key]
+
+
+def xla_slower_here(model):
+    """Whether XLA would train this model slower than graph mode here.
+
+    On a CPU, TensorFlow's XLA backend computes bfloat16 and float16
+    products without the CPU's half-precision units (oneDNN in graph mode
+    uses them): a `mixed_bfloat16` attention layer at 2,048 tokens ran
+    0.53x of its float32 speed under XLA and 1.62x in graph mode on an
+    AVX512-BF16 machine (BENCHMARKS.md, "Speed per machine", bfloat16). So
+    a half-precision model on a CPU compiles without XLA unless
+    `jit_compile` is given.
+
+    torch has no XLA: Keras's `jit_compile=True` there is `torch.compile`,
+    which recompiled a tiny translator's step for every batch shape (far
+    slower than eager on a CPU), so the applications'
+    XLA default runs eagerly on torch, as the README's backend table says.
+    """
+    if keras.backend.backend() == "torch":
+        return True
+    if keras.backend.backend() != "tensorflow":
+        return False
+    compute = keras.backend.standardize_dtype(model.dtype_policy.compute_dtype)
+    if compute not in ("bfloat16", "float16"):
+        return False
+    import tensorflow as tf
+
+    return not tf.config.list_logical_devices("GPU")
+
+
+class CompileDefaults:
+    """`compile` with each application's defaults, and `compile_from_config`.
+
+    `optimizer`, `loss` and `weighted_metrics` given as `"auto"`, and
+    `jit_compile=None`, take the values of `compile_defaults()`, which
+    subclasses implement (except that a bfloat16/float16 model on a CPU,
+    and any model on torch, compile without XLA: `xla_slower_here`).
+    Metrics default to `weighted_metrics`, so that a
+    `sample_weight` (a split's mask) weighs them too; Keras 3 updates
+    `metrics=` without it. Keras leaves `compile_from_config` to a class that
+    overrides `compile`; ours takes the same arguments, so a loaded model is
+    compiled again (optimizer state included).
+    """
+
+    def compile_defaults(self):
+        """`{"optimizer", "loss", "weighted_metrics", "jit_compile"}`."""
+        raise NotImplementedError
+
+    def compile(
+        self,
+        optimizer="auto",
+        loss="auto",
+        metrics=None,
+        weighted_metrics="auto",
+        jit_compile=None,
+        **kwargs,
+    ):
+        """`keras.Model.compile` with the defaults of `compile_defaults()`."""
+        defaults = self.compile_defaults()
+        given = dict(
+            optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics
+        )
+        for name, value in given.items():
+            if isinstance(value, str) and value == "auto":
+                given[name] = defaults[name]
+        # A default is saved as one: the backend that loads the file
+        # decides (XLA on TensorFlow and JAX, eager on torch).
+        self._default_jit_compile = jit_compile is None
+        if jit_compile is None:
+            jit_compile = defaults.get("jit_compile", "auto")
+            if jit_compile and xla_slower_here(self):
+                jit_compile = False
+        super().compile(
+            metrics=metrics, jit_compile=jit_compile, **given, **kwargs
+        )
+
+    def get_compile_config(self):
+        config = super().get_compile_config()
+        if config and getattr(self, "_default_jit_compile", False):
+            config["jit_compile"] = None
+        return config
+
+    def compile_from_config(self, config):
+        config = backend_neutral_compile_config(config)
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
