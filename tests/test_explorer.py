@@ -189,6 +189,32 @@ def test_image_page_has_rollout_and_cams(tmp_path):
     assert data["image"]["width"] == 16
 
 
+def tiny_swin(seed=0):
+    keras.utils.set_random_seed(seed)
+    return VisionTransformer(
+        image_size=16, patch_size=2, num_classes=3, hidden_dim=8,
+        depth=[2, 1], num_heads=2, mlp_dim=16, num_channels=1,
+        attention="local_window", window_size=4,
+    )
+
+
+def test_swin_page_shows_its_window_attention_on_the_grid(tmp_path):
+    from keras_attention.visualization import attention_maps
+    from keras_attention.visualization import window_attention_on_grid
+
+    model = tiny_swin()
+    path = explore(model, bar_image(), tmp_path / "swin.html", cam_methods=())
+    data = page_data(path)
+    assert [l["grid"] for l in data["layers"]] == [[8, 8], [8, 8], [4, 4]]
+    assert "rollout" not in data  # layers of different sizes
+    assert any("outside its window" in note for note in data["notes"])
+    shifted = attention_maps(model, bar_image())["backbone/block_0_1/attention"]
+    expected = window_attention_on_grid(shifted, 8, 8, 4, 2)[0]
+    np.testing.assert_allclose(
+        dequantised(data["layers"][1]), expected, atol=expected.max() / 255
+    )
+
+
 def test_graph_page_keeps_the_nodes_nearest_node_0(tmp_path):
     graph = load_karate_club(seed=0)
     prepared = node_classification_data(graph)
@@ -476,6 +502,24 @@ def test_image_page_in_browser(browser, tmp_path):
     choose(browser, "layer", "0")
     assert drawing(browser, "#main") != shown
     no_console_errors(browser)
+
+
+def test_swin_page_in_browser(browser, tmp_path):
+    path = explore(tiny_swin(), bar_image(), tmp_path / "swin.html", cam_methods=())
+    open_page(browser, path)
+    assert_not_blank(browser, "image")
+    main = browser.find_element("id", "main")
+    near = int(main.size["width"] * 0.45)  # from the centre to a corner patch
+    for layer, last in (("1", 7), ("2", 3)):  # shifted 8 x 8; the 4 x 4 stage
+        choose(browser, "layer", layer)
+        hover(browser, main, -near, -near)
+        corner = drawing(browser, "#main")
+        assert "patch (0, 0)" in browser.find_element("id", "querytext").text
+        hover(browser, main, near, near)
+        assert drawing(browser, "#main") != corner
+        assert f"patch ({last}, {last})" in browser.find_element("id", "querytext").text
+    no_console_errors(browser)
+    browser.save_screenshot(str(tmp_path / "swin.png"))
 
 
 def test_detection_page_in_browser(browser, tmp_path):

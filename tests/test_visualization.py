@@ -259,6 +259,34 @@ def test_rollout_rejects_bad_arguments(vit):
         vis.attention_rollout(model, rand(1, 8, 8, 1), discard_ratio=1.0)
 
 
+@pytest.mark.parametrize(
+    "height, width, shift", [(8, 8, 2), (8, 12, 0), (6, 10, 2)]  # 6 x 10: padded
+)
+def test_window_attention_on_grid_reproduces_the_layer(height, width, shift):
+    # Mixing the values of the tokens, in the input's own coordinates, with
+    # the grid matrix and projecting gives the layer's output: the windows,
+    # the cyclic shift and the padding are undone exactly.
+    keras.utils.set_random_seed(0)
+    layer = ka_layers.LocalWindowAttention(
+        num_heads=2, window_size=4, shift_size=shift
+    )
+    x = np.random.default_rng(0).normal(size=(2, height, width, 8))
+    x = x.astype("float32")
+    out, weights = layer(x, return_attention_scores=True)
+    grid = vis.window_attention_on_grid(weights, height, width, 4, shift)
+    tokens = height * width
+    assert grid.shape == (2, 2, tokens, tokens)
+    qkv = np_(layer.qkv(x.reshape(2, tokens, 8)))
+    values = qkv[..., 16:].reshape(2, tokens, 2, 4).transpose(0, 2, 1, 3)
+    mixed = np.einsum("bhij,bhjd->bihd", grid, values).reshape(2, tokens, 8)
+    expected = np_(layer.output_dense(mixed)).reshape(x.shape)
+    np.testing.assert_allclose(np_(out), expected, atol=1e-5)
+    # A token attends only inside its window: at most 16 keys.
+    assert ((grid > 0).sum(-1) <= 16).all()
+    with pytest.raises(ValueError, match="weights"):
+        vis.window_attention_on_grid(weights, height + 4, width, 4, shift)
+
+
 # grad_cam -----------------------------------------------------------------------
 
 

@@ -2,7 +2,9 @@
 
 - `attention_maps(model, inputs)`: every registry attention layer's weights
   for one forward pass, keyed by the layer's path, from any Keras model
-  (`Sequential`, functional, nested, subclassed) without changing it.
+  (`Sequential`, functional, nested, subclassed) without changing it;
+  `window_attention_on_grid` lays a Swin layer's per-window maps out over
+  its input's grid.
 - `attention_rollout(model, images)`: Abnar & Zuidema's rollout of a
   Vision Transformer, on the patch grid.
 - `grad_cam(model, images, method=...)`: Grad-CAM, Grad-CAM++ and Score-CAM
@@ -23,6 +25,7 @@ from keras_attention.visualization.explorer import explore
 from keras_attention.visualization.maps import attention_layers
 from keras_attention.visualization.maps import attention_maps
 from keras_attention.visualization.maps import capture_attention
+from keras_attention.visualization.maps import window_attention_on_grid
 from keras_attention.visualization.plots import plot_attention_heatmap
 from keras_attention.visualization.plots import plot_detections
 from keras_attention.visualization.plots import plot_graph_attention

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 
 from keras_attention.visualization import _explorer_data as data
+from keras_attention.visualization import maps as maps_lib
 from keras_attention.visualization import _grid
 
 CAM_TITLES = {"gradcam": "Grad-CAM", "gradcam++": "Grad-CAM++", "scorecam": "Score-CAM"}
@@ -209,6 +210,10 @@ def image_payload(context, inputs, index, layers, class_names, cam_methods):
             if value is None:
                 continue
         value = np.asarray(value)
+        if value.ndim == 5:  # LocalWindowAttention: (B, nW, H, T, T)
+            value = windows_on_grid(context, name, value)
+            if value is None:
+                continue
         if value.ndim == 4 and value.shape[-1] == 1 and value.shape[2] != 1:
             spatial.append(
                 {"name": name, "rows": value.shape[1], "cols": value.shape[2],
@@ -269,6 +274,30 @@ def image_payload(context, inputs, index, layers, class_names, cam_methods):
             )
     payload["cams"] = cams
     return payload
+
+
+def windows_on_grid(context, name, value):
+    """A window attention's maps over its input's grid `(B, H, N, N)`
+    (`maps.window_attention_on_grid`), or `None` with a note."""
+    layer = maps_lib.attention_layers(context.model).get(name)
+    shape = getattr(layer, "_build_shapes_dict", None) or {}
+    shape = next(iter(shape.values()), None) or (None,) * 3
+    size = tuple(shape[1:3])
+    if None in size or not hasattr(layer, "shift_size"):
+        context.notes.append(
+            f"{name}: window attention of shape {value.shape} on an input of "
+            "unknown height and width; not shown."
+        )
+        return None
+    if not any("outside its window" in note for note in context.notes):
+        context.notes.append(
+            "Window attention (Swin) is shown over the whole patch grid: a "
+            "patch attends only inside its window (for a shifted layer, the "
+            "window it fell in after the cyclic shift), zero outside its window."
+        )
+    return maps_lib.window_attention_on_grid(
+        value, *size, layer.window_size, layer.shift_size
+    )
 
 
 def predictions(context, image, class_names):

@@ -164,6 +164,66 @@ def attention_maps(model, inputs, layers=None, training=False, **call_kwargs):
     return maps
 
 
+def window_attention_on_grid(weights, height, width, window_size, shift_size=0):
+    """`LocalWindowAttention`'s per-window maps as attention over the grid.
+
+    The layer returns `(B, nW, H, T, T)`: for each window of its (padded,
+    cyclically shifted) input, `T = window**2` queries over the same `T`
+    keys. This lays them out over the `height x width` grid of the input
+    itself, row-major: entry `(b, h, i, j)` is what token `i` gives token
+    `j`, zero where `j` is outside `i`'s window. Weights on the padding
+    tokens (not positions of the input) are dropped, so those rows sum to
+    less than 1.
+
+    Args:
+        weights: `(B, nW, H, T, T)` from the layer with
+            `return_attention_scores=True`.
+        height, width: the spatial size of the layer's input.
+        window_size, shift_size: the layer's (`layer.window_size`,
+            `layer.shift_size`).
+
+    Returns:
+        A NumPy array `(B, H, height * width, height * width)`.
+
+    Example:
+
+    ```python
+    layer = keras_attention.layers.LocalWindowAttention(
+        num_heads=2, window_size=4, shift_size=2
+    )
+    _, weights = layer(np.ones((1, 8, 8, 16)), return_attention_scores=True)
+    grid = window_attention_on_grid(weights, 8, 8, 4, 2)
+    grid.shape  # (1, 2, 64, 64)
+    ```
+    """
+    from keras_attention.layers.local_window import window_geometry
+
+    weights = _to_numpy(weights)
+    window, shift, hp, wp = window_geometry(height, width, window_size, shift_size)
+    count, t = (hp // window) * (wp // window), window * window
+    if weights.ndim != 5 or weights.shape[1] != count or weights.shape[3:] != (t, t):
+        raise ValueError(
+            "Received an invalid value for argument `weights`, expected "
+            f"(batch, {count}, heads, {t}, {t}): the windows of a {height} x "
+            f"{width} input with window_size={window_size}, "
+            f"shift_size={shift_size}. Received: weights.shape={weights.shape}"
+        )
+    # Where each token of each window came from (-1: padding), undoing the
+    # layer's pad, roll by -shift and row-major partition.
+    ids = np.full((hp, wp), -1)
+    ids[:height, :width] = np.arange(height * width).reshape(height, width)
+    ids = np.roll(ids, (-shift, -shift), axis=(0, 1))
+    ids = ids.reshape(hp // window, window, wp // window, window)
+    ids = ids.transpose(0, 2, 1, 3).reshape(count, t)
+    pairs = np.nonzero((ids[:, :, None] >= 0) & (ids[:, None, :] >= 0))
+    where, query, key = pairs
+    size = height * width
+    grid = np.zeros(weights.shape[:1] + weights.shape[2:3] + (size, size), weights.dtype)
+    picked = weights[:, where, :, query, key]  # (P, B, H)
+    grid[:, :, ids[where, query], ids[where, key]] = np.moveaxis(picked, 0, -1)
+    return grid
+
+
 def _to_numpy(x):
     return None if x is None else np.asarray(keras.ops.convert_to_numpy(x))
 
