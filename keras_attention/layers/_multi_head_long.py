@@ -55,7 +55,9 @@ from keras import ops
 
 from keras_attention.ops import positions
 from keras_attention.ops.masks import MASK_VALUE
+from keras_attention.ops.masks import scalar_as
 from keras_attention.ops.masks import sliding_window_mask
+from keras_attention.ops.masks import wide_dtype
 
 LONG_CONTEXT_CHUNK = 512
 LONG_CONTEXT_QUERY_BLOCK = 256
@@ -134,10 +136,10 @@ def _attend_rows(q, k, v, q_at, k_at, alibi_slopes, layout):
     v = ops.slice(v, [0, first, 0, 0], [batch, keys, kv_heads, v.shape[-1]])
     q = ops.reshape(q, (-1, sub, kv_heads, groups, size))
     s = ops.einsum("bqkgd,bskd->bkgqs", q, k)
-    s = ops.reshape(ops.cast(s, "float32"), (-1, heads, sub, keys))
+    s = ops.reshape(ops.cast(s, wide_dtype(q.dtype)), (-1, heads, sub, keys))
     if alibi_slopes is not None:
         s = s + positions.alibi_bias(
-            alibi_slopes, q_at + k_at, sub, first + k_at, keys
+            alibi_slopes, q_at + k_at, sub, first + k_at, keys, wide_dtype(q.dtype)
         )
     band = sliding_window_mask(
         sub, keys, layout.window, q_at - first, layout.causal
@@ -170,7 +172,7 @@ def _attend_chunk(layer, denses, x_rows, weights, q_start, k_start, layout):
     k = _project(denses[1], x_rows, *params[1])  # (B, L, K, D)
     v = _project(denses[2], x_rows, *params[2])  # (B, L, K, Dv)
     q, k, extra = layer._encode_positions(q, k, {}, True, q_start, k_start)
-    q = q * ops.cast(layer._inverse_sqrt_key_dim, q.dtype)
+    q = q * scalar_as(layer._inverse_sqrt_key_dim, q.dtype)
     out = [
         _attend_rows(
             q[:, j : j + sub], k, v, offset + j, k_start,
@@ -198,9 +200,10 @@ def _backward(x, weights, d_out, chunk_fn, layout):
     )
     # The accumulators depend on `d_out`: XLA would make an input-less
     # buffer at the start of the program.
-    zero = ops.sum(ops.cast(ops.ravel(d_out)[:1], "float32")) * 0.0
+    wide = wide_dtype(x.dtype)  # the weights' sums: float64 for float64
+    zero = ops.sum(ops.cast(ops.ravel(d_out)[:1], wide)) * 0.0
     d_x = d_out if reuse else ops.zeros(ops.shape(x), x.dtype) + ops.cast(zero, x.dtype)
-    d_ws = [ops.zeros(ops.shape(w), "float32") + zero for w in weights]
+    d_ws = [ops.zeros(ops.shape(w), wide) + zero for w in weights]
     c, rows = layout.chunk, layout.rows
     source = d_x if reuse else d_out
 
@@ -240,7 +243,7 @@ def _backward(x, weights, d_out, chunk_fn, layout):
         # among those written): a read before it, in the same step, makes
         # XLA copy the whole buffer to update it in place.
         d_y = rows_of(d_x if reuse else d_out, i + 1)
-        d_ws = [a + ops.cast(g, "float32") for a, g in zip(d_ws, grads[1:])]
+        d_ws = [a + ops.cast(g, wide) for a, g in zip(d_ws, grads[1:])]
         return (d_x, d_y, *d_ws)
 
     result = ops.fori_loop(

@@ -10,13 +10,14 @@ step is then `query_block_size * block_size` scores per head, which stays in
 cache on a CPU).
 
 Length-sized tensors stay in the caller's `(B, T, H, D)` / `(B, S, K, D)`
-layout and dtype: each block is sliced, cast to float32, scaled and
-transposed on its own, grouped-query heads are grouped per block (never
+layout and dtype: each block is sliced, cast to float32 (float64 for
+float64 inputs), scaled and transposed on its own, grouped-query heads
+are grouped per block (never
 repeated to `H`), and the pass saves only the output and the log-sum-exp
 `(B, H, T, 1)` for the backward. So a layer's projections reach the core
 and its gradients leave it without a length-sized transpose or copy; the
 backward pass holds q, k, v, dO (whose rows become dq once read) and the
-dk, dv accumulators (float32, cast once at the end).
+dk, dv accumulators (float32 or float64, cast once at the end).
 A `_Plan` holds the static block layout and the rank-4 mask that every
 step reads.
 """
@@ -31,6 +32,7 @@ from keras_attention.ops.masks import causal_mask
 from keras_attention.ops.masks import check_sliding_window
 from keras_attention.ops.masks import expand_mask
 from keras_attention.ops.masks import sliding_window_mask
+from keras_attention.ops.masks import wide_dtype
 from keras_attention.ops.positions import alibi_bias
 from keras_attention.ops.shapes import check_attention_inputs
 from keras_attention.ops.shapes import check_attention_mask
@@ -46,11 +48,12 @@ DEFAULT_QUERY_BLOCK_SIZE = 256
 # key (without a mask every query sees one, a causal row its first key);
 # window: the sliding window or None; span: how many key blocks each query
 # block visits (all of them without a window); slopes: ALiBi slopes `(H,)`
-# or None; scale: the score scale; groups: query heads per key head (GQA).
+# or None; scale: the score scale; groups: query heads per key head (GQA);
+# wide: the dtype blocks are computed in (float32, float64 for float64).
 _Plan = collections.namedtuple(
     "_Plan",
     "block num_blocks q_block num_q_blocks mask is_causal d_v rows_may_be_empty "
-    "window span slopes scale groups",
+    "window span slopes scale groups wide",
 )
 
 
@@ -133,10 +136,10 @@ def _row_stats(x, i, plan):
 
 
 def _keys(x, j, plan):
-    """Key block `j` of `x` `(B, S, K, D)`, in float32."""
+    """Key block `j` of `x` `(B, S, K, D)`, in `plan.wide`."""
     shape = list(ops.shape(x))
     shape[1] = plan.block
-    return ops.cast(ops.slice(x, [0, j * plan.block, 0, 0], shape), "float32")
+    return ops.cast(ops.slice(x, [0, j * plan.block, 0, 0], shape), plan.wide)
 
 
 def _grouped(x, plan):
@@ -158,8 +161,8 @@ def _by_group(x, plan):
 
 
 def _query_block(q, i, plan):
-    """Query block `i`, float32 and scaled, grouped `(B, Tq, K, G, D)`."""
-    return _grouped(ops.cast(_rows(q, i, plan), "float32") * plan.scale, plan)
+    """Query block `i`, in `plan.wide` and scaled, grouped `(B, Tq, K, G, D)`."""
+    return _grouped(ops.cast(_rows(q, i, plan), plan.wide) * plan.scale, plan)
 
 
 def _scores(q_i, k_j, i, j, plan):
@@ -171,7 +174,7 @@ def _scores(q_i, k_j, i, j, plan):
     if plan.slopes is not None:
         s = s + alibi_bias(
             plan.slopes, 0 if q_start is None else q_start, plan.q_block,
-            j * plan.block, plan.block,
+            j * plan.block, plan.block, plan.wide,
         )
     mask = block_mask(
         plan.mask, q_start, plan.q_block, j * plan.block, plan.block,
@@ -181,7 +184,7 @@ def _scores(q_i, k_j, i, j, plan):
 
 
 def _forward_rows(q, k, v, i, plan):
-    """Output `(B, Tq, H, Dv)` (float32) and log-sum-exp `(B, H, Tq, 1)` of
+    """Output `(B, Tq, H, Dv)` (`plan.wide`) and log-sum-exp `(B, H, Tq, 1)` of
     query block `i` over the key blocks it visits (`plan.span` of them from
     `_first_key_block`)."""
     q_i = _query_block(q, i, plan)
@@ -205,10 +208,10 @@ def _forward_rows(q, k, v, i, plan):
 
     # (B, H, Tq, 1), the batch size as the queries have it.
     row_zeros = ops.zeros_like(
-        ops.transpose(_rows(q, i, plan)[..., :1], (0, 2, 1, 3)), "float32"
+        ops.transpose(_rows(q, i, plan)[..., :1], (0, 2, 1, 3)), plan.wide
     )
     init = (
-        row_zeros + ops.zeros((plan.d_v,), "float32"),
+        row_zeros + ops.zeros((plan.d_v,), plan.wide),
         row_zeros + MASK_VALUE,
         row_zeros,
     )
@@ -229,7 +232,7 @@ def _backward_rows(q, k, v, d_out, delta, lse, i, d_k, d_v, plan):
     """`d_q` `(B, Tq, H, D)` of query block `i` (with respect to the
     scaled query); adds its part to `d_k`, `d_v` `(B, S, K, D)`."""
     q_i = _query_block(q, i, plan)
-    do_i = ops.cast(_rows(d_out, i, plan), "float32")
+    do_i = ops.cast(_rows(d_out, i, plan), plan.wide)
     do_i = _grouped(do_i, plan)  # (B, Tq, K, G, Dv)
     delta_i, lse_i = _row_stats(delta, i, plan), _row_stats(lse, i, plan)
     first = _first_key_block(i, plan)
@@ -281,7 +284,7 @@ def _forward(q, k, v, out_dtype, plan):
     b, t, h = ops.shape(q)[0], q.shape[1], q.shape[2]
     init = (
         ops.zeros((b, t, h, plan.d_v), out_dtype),
-        ops.zeros((b, h, t, 1), "float32"),
+        ops.zeros((b, h, t, 1), plan.wide),
     )
     return ops.fori_loop(0, plan.num_q_blocks, step, init)
 
@@ -291,15 +294,15 @@ def _backward(q, k, v, out, lse, d_out, plan):
     weights from `lse`."""
     # delta = rowsum(dO * O) (B, H, T, 1); then O is no longer needed.
     delta = ops.sum(
-        ops.cast(d_out, "float32") * ops.cast(out, "float32"), axis=-1
+        ops.cast(d_out, plan.wide) * ops.cast(out, plan.wide), axis=-1
     )
     delta = ops.expand_dims(ops.transpose(delta, (0, 2, 1)), -1)
     # The zero accumulators depend on `delta` (`0 * x`, which XLA keeps for
     # floats): a plain zeros buffer has no input, and XLA's scheduler makes
     # it at the start of the program, alive through the whole forward pass.
     zero = ops.sum(delta[:1, :1, :1]) * 0.0
-    d_k = ops.zeros(ops.shape(k), "float32") + zero
-    d_v = ops.zeros(ops.shape(v), "float32") + zero
+    d_k = ops.zeros(ops.shape(k), plan.wide) + zero
+    d_v = ops.zeros(ops.shape(v), plan.wide) + zero
 
     def finish(d_q):
         return ops.cast(d_q * plan.scale, q.dtype)
@@ -385,6 +388,7 @@ def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
         alibi_slopes,
         float(scale),
         num_heads // kv_heads,
+        wide_dtype(query.dtype),
     )
     out_dtype = value.dtype
     forward, backward = _forward, _backward

@@ -28,6 +28,7 @@ from keras_attention.ops import xla_cpu
 from keras_attention.ops.blocked import block_mask
 from keras_attention.ops.blocked import pad_queries
 from keras_attention.ops.masks import masked_softmax
+from keras_attention.ops.masks import scalar_as
 from keras_attention.ops.masks import wide_dtype
 from keras_attention.ops.positions import alibi_bias
 from keras_attention.ops.shapes import check_mask_rows
@@ -263,11 +264,13 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
         return _weights(q_i, k_i, mask_of(start, n), bias_of(start, n), v.dtype,
                         empty_rows)
 
+    wide = wide_dtype(k.dtype)  # the keys' gradient sums
+
     def to_all_keys(d, like):
         if key_end is None:
-            return ops.cast(d, "float32")
+            return ops.cast(d, wide)
         missing = ops.shape(like)[2] - ops.shape(d)[2]
-        return ops.pad(ops.cast(d, "float32"), [[0, 0], [0, 0], [0, missing], [0, 0]])
+        return ops.pad(ops.cast(d, wide), [[0, 0], [0, 0], [0, missing], [0, 0]])
 
     @ops.custom_gradient
     def attend(q, k, v):
@@ -304,11 +307,12 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
                     d_v + to_all_keys(d_v_i, v),
                 )
 
-            # Keys' gradients sum over the chunks: accumulated in float32.
+            # Keys' gradients sum over the chunks: accumulated in float32
+            # (float64 for float64).
             grads = (
                 ops.zeros_like(q),
-                ops.zeros(ops.shape(k), "float32"),
-                ops.zeros(ops.shape(v), "float32"),
+                ops.zeros(ops.shape(k), wide),
+                ops.zeros(ops.shape(v), wide),
             )
             if keep:
                 grads = _loop(0, keep, lambda i, c: backward(i, c, kept), grads)
@@ -362,8 +366,8 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
     num_chunks = -(-t_len // chunk)
     q, mask = pad_queries(query, mask, t_len, num_chunks * chunk)
     low = _is_low(query)
-    dtype = query.dtype if low else "float32"
-    q = ops.transpose(ops.cast(q, dtype), (0, 2, 1, 3)) * ops.cast(scale, dtype)
+    dtype = query.dtype if low else wide_dtype(query.dtype)
+    q = ops.transpose(ops.cast(q, dtype), (0, 2, 1, 3)) * scalar_as(scale, dtype)
     k = ops.transpose(ops.cast(repeat_heads(key, num_heads), dtype), (0, 2, 1, 3))
     v = ops.transpose(ops.cast(repeat_heads(value, num_heads), dtype), (0, 2, 1, 3))
 
@@ -373,7 +377,7 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
     def bias_of(start, keys):
         if alibi_slopes is None:
             return None
-        return alibi_bias(alibi_slopes, start, chunk, 0, keys)
+        return alibi_bias(alibi_slopes, start, chunk, 0, keys, wide_dtype(dtype))
 
     key_end = None
     if skips:
@@ -388,7 +392,7 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
         keep = 0  # no backward pass will read them (inference)
     elif keep is None:
         keep = kept_chunks(static_dim(query, 0), num_heads, chunk, t_len, s_len,
-                           skips, 2 if low else 4)
+                           skips, 2 if low else 8 if dtype == "float64" else 4)
     keep = max(0, min(int(keep), num_chunks))
     # Under a causal mask alone every query sees a key (the first one).
     empty_rows = mask is not None or sliding_window is not None or not is_causal

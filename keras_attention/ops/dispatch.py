@@ -25,6 +25,7 @@ from keras_attention.ops.masks import causal_mask
 from keras_attention.ops.masks import check_sliding_window
 from keras_attention.ops.masks import expand_mask
 from keras_attention.ops.masks import masked_softmax
+from keras_attention.ops.masks import scalar_as
 from keras_attention.ops.masks import sliding_window_mask
 from keras_attention.ops.masks import wide_dtype
 from keras_attention.ops.positions import alibi_bias
@@ -263,8 +264,9 @@ def _with_alibi(bias, alibi_slopes, query, key):
     """`bias` plus ALiBi's `slope * (s - t)`, in float32 (float64 for
     float64 queries)."""
     wide = wide_dtype(query.dtype)
-    alibi = alibi_bias(alibi_slopes, 0, ops.shape(query)[1], 0, ops.shape(key)[1])
-    alibi = ops.cast(alibi, wide)
+    alibi = alibi_bias(
+        alibi_slopes, 0, ops.shape(query)[1], 0, ops.shape(key)[1], wide
+    )
     return alibi if bias is None else ops.cast(bias, wide) + alibi
 
 
@@ -277,7 +279,7 @@ def _dense_path(
     out_dtype = value.dtype
     key = repeat_heads(key, num_heads)
     value = repeat_heads(value, num_heads)
-    q = ops.transpose(query, (0, 2, 1, 3)) * ops.cast(scale, query.dtype)
+    q = ops.transpose(query, (0, 2, 1, 3)) * scalar_as(scale, query.dtype)
     mask = _with_causal(mask, is_causal, query, key)
     if custom_gradient:
         out = dense_core(
@@ -364,7 +366,8 @@ def fused_attention(query, key, value, mask=None, is_causal=False, scale=None,
     bias = None
     if alibi_slopes is not None:
         bias = alibi_bias(
-            alibi_slopes, 0, ops.shape(query)[1], 0, ops.shape(key)[1]
+            alibi_slopes, 0, ops.shape(query)[1], 0, ops.shape(key)[1],
+            wide_dtype(query.dtype),
         )
         bias = ops.cast(bias, query.dtype)
         if mask is not None or is_causal:

@@ -3,6 +3,7 @@
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 # A finite "minus infinity": large enough that exp() underflows to 0 in
@@ -14,6 +15,16 @@ def wide_dtype(dtype):
     """The dtype softmaxes and gradient sums accumulate in: float64 for
     float64 tensors, float32 for every other float dtype."""
     return "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
+
+
+def scalar_as(value, dtype):
+    """`value` as a scalar of `dtype`, a Python number rounded once: on
+    TensorFlow `ops.cast` of a Python float goes through float32 (keras's
+    floatx), so a float64 score scale like `1 / sqrt(8)` kept float32's
+    precision only."""
+    if isinstance(value, numbers.Real):
+        value = np.float64(value)
+    return ops.cast(value, dtype)
 
 
 def masked_softmax(scores, mask=None, axis=-1, float32=True, empty_rows=True):

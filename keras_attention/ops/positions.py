@@ -15,6 +15,8 @@ import math
 
 from keras import ops
 
+from keras_attention.ops.masks import wide_dtype
+
 
 def rotary_embedding(x, positions=None, start_index=0, max_wavelength=10000,
                      scaling_factor=1.0):
@@ -33,7 +35,8 @@ def rotary_embedding(x, positions=None, start_index=0, max_wavelength=10000,
     Returns:
         `x` rotated, in its dtype: the halves `(x1, x2)` of each head become
         `(x1 cos - x2 sin, x2 cos + x1 sin)` at angles
-        `position / scaling_factor * max_wavelength ** (-2i / D)`.
+        `position / scaling_factor * max_wavelength ** (-2i / D)`, computed
+        in float32 (float64 for float64 heads).
     """
     dim = x.shape[-1]
     if dim is not None and dim % 2:
@@ -41,15 +44,16 @@ def rotary_embedding(x, positions=None, start_index=0, max_wavelength=10000,
             "Rotary embeddings need an even head size. "
             f"Received: x.shape={tuple(x.shape)}"
         )
+    wide = wide_dtype(x.dtype)
     if positions is None:
-        positions = ops.arange(ops.shape(x)[1], dtype="float32")
-        positions = positions + ops.cast(start_index, "float32")
-    positions = ops.cast(positions, "float32")
+        positions = ops.arange(ops.shape(x)[1], dtype=wide)
+        positions = positions + ops.cast(start_index, wide)
+    positions = ops.cast(positions, wide)
     if len(positions.shape) == 1:
         positions = positions[None]
     inverse_freq = ops.power(
         float(max_wavelength),
-        -ops.arange(0, dim, 2, dtype="float32") / float(dim),
+        -ops.arange(0, dim, 2, dtype=wide) / float(dim),
     ) / float(scaling_factor)
     angles = positions[..., None] * inverse_freq  # (B|1, T, D/2)
     angles = ops.concatenate([angles, angles], axis=-1)[:, :, None, :]
@@ -81,11 +85,12 @@ def alibi_slopes(num_heads, alibi_bias_max=8):
     )
 
 
-def alibi_bias(slopes, q_start, q_size, k_start, k_size):
+def alibi_bias(slopes, q_start, q_size, k_start, k_size, dtype="float32"):
     """`slope * (s - t)` `(1, H, q_size, k_size)` for query rows from
-    `q_start` and keys from `k_start` (ints or scalar tensors)."""
-    rows = ops.arange(q_size, dtype="float32") + ops.cast(q_start, "float32")
-    cols = ops.arange(k_size, dtype="float32") + ops.cast(k_start, "float32")
+    `q_start` and keys from `k_start` (ints or scalar tensors), in `dtype`
+    (float32, or float64 for float64 scores)."""
+    rows = ops.arange(q_size, dtype=dtype) + ops.cast(q_start, dtype)
+    cols = ops.arange(k_size, dtype=dtype) + ops.cast(k_start, dtype)
     distance = cols[None, :] - rows[:, None]  # (q_size, k_size)
-    slopes = ops.reshape(ops.convert_to_tensor(slopes, "float32"), (1, -1, 1, 1))
+    slopes = ops.reshape(ops.convert_to_tensor(slopes, dtype), (1, -1, 1, 1))
     return slopes * distance[None, None]

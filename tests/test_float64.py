@@ -1,0 +1,117 @@
+"""float64 computes in float64 on every path of the core and of
+`MultiHeadAttention`: the dense, blocked and chunked cores, the chunked
+long-context path, RoPE and ALiBi.
+
+On TensorFlow `ops.cast` of a Python float goes through float32, so the
+dense core's `1 / sqrt(D)` kept float32's precision (errors of ~1e-8); the
+blocked and chunked cores, the long-context path and the position
+encodings computed in float32 outright (~1e-7). Small shapes, so each test
+takes a few seconds.
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attention import ops as attention_ops
+from keras_attention.layers import MultiHeadAttention
+from keras_attention.ops import positions
+
+BACKEND = keras.backend.backend()
+# JAX computes float64 only with `jax_enable_x64`; keras's torch
+# `ops.matmul` returns float32 for float64 operands (Keras 3.15).
+pytestmark = pytest.mark.skipif(
+    BACKEND != "tensorflow", reason="float64 products on TensorFlow only"
+)
+RNG = np.random.default_rng(0)
+
+
+def _reference(q, k, v, causal, slopes=None):
+    """float64 NumPy attention `(B, T, H, D)`, scale `1 / sqrt(D)`."""
+    s = np.einsum("bthd,bshd->bhts", q, k) / math.sqrt(q.shape[-1])
+    t, n = q.shape[1], k.shape[1]
+    if slopes is not None:
+        s = s + np.asarray(slopes)[None, :, None, None] * (
+            np.arange(n)[None, :] - np.arange(t)[:, None]
+        )
+    if causal:
+        s = np.where(np.tril(np.ones((t, n), bool)), s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bhts,bshd->bthd", w / w.sum(-1, keepdims=True), v)
+
+
+@pytest.mark.parametrize("implementation", ["dense", "blocked", "chunked"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_float64_core_matches_a_float64_reference(implementation, causal):
+    # D = 8: the scale 1 / sqrt(8) is not a float32 number. Three heads:
+    # ALiBi slopes that are not powers of two.
+    q, k, v = (RNG.standard_normal((1, 48, 3, 8)) for _ in range(3))
+    slopes = positions.alibi_slopes(3)
+    extra = {"block_size": 16} if implementation == "blocked" else {}
+    for alibi in (None, slopes):
+        out = attention_ops.dot_product_attention(
+            q, k, v, is_causal=causal, implementation=implementation,
+            alibi_slopes=alibi, **extra,
+        )
+        assert keras.backend.standardize_dtype(out.dtype) == "float64"
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(out), _reference(q, k, v, causal, alibi),
+            rtol=0, atol=1e-13,
+        )
+
+
+def test_float64_rotary_embedding_matches_a_float64_reference():
+    x = RNG.standard_normal((1, 6, 2, 8))
+    out = positions.rotary_embedding(x, start_index=1000)
+    assert keras.backend.standardize_dtype(out.dtype) == "float64"
+    angles = (np.arange(6) + 1000.0)[:, None] * 10000.0 ** (-np.arange(0, 8, 2) / 8)
+    angles = np.concatenate([angles, angles], -1)[None, :, None, :]
+    rotated = np.concatenate([-x[..., 4:], x[..., :4]], -1)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(out),
+        x * np.cos(angles) + rotated * np.sin(angles), rtol=0, atol=1e-12,
+    )
+
+
+def _values_and_grads(layer, x):
+    import tensorflow as tf
+
+    x = tf.Variable(x)
+    with tf.GradientTape() as tape:
+        y = layer(x)
+        loss = tf.reduce_sum(y * y)
+    grads = tape.gradient(loss, [x] + layer.trainable_weights)
+    return [y.numpy()] + [g.numpy() for g in grads]
+
+
+@pytest.mark.parametrize("encoding", ["rope", "alibi"])
+def test_float64_layer_paths_agree_in_values_and_gradients(encoding):
+    # The blocked and chunked cores and the chunked long-context path
+    # (a causal window) against the dense core, all float64.
+    x = RNG.standard_normal((2, 40, 12))
+    config = dict(
+        num_heads=3, key_dim=6, dtype="float64", use_causal_mask=True,
+        position_encoding=encoding, sliding_window=6,
+    )
+    dense = MultiHeadAttention(implementation="dense", **config)
+    dense(x[:, :4])
+    dense.set_weights([0.3 * RNG.standard_normal(w.shape) for w in dense.weights])
+    expected = _values_and_grads(dense, x)
+    for implementation in ("blocked", "chunked", "long"):
+        layer = MultiHeadAttention(
+            implementation="auto" if implementation == "long" else implementation,
+            **config,
+        )
+        layer(x[:, :4])
+        layer.set_weights(dense.get_weights())
+        if implementation == "long":
+            layer._long_context_chunk = layer._long_context_query_block = 8
+            layer._long_context_min_length = 0
+            assert layer._long_context_reason(x, None, None) is None
+        for got, want in zip(_values_and_grads(layer, x), expected):
+            assert got.dtype == np.float64
+            np.testing.assert_allclose(
+                got, want, rtol=0, atol=1e-11, err_msg=implementation
+            )
