@@ -115,6 +115,14 @@ class GraphUnbatch(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[1:])
 
+    def compute_output_spec(self, inputs):
+        # The input's dtype: integer edge ids must stay integers (the
+        # default spec has the layer's float dtype, which would make the
+        # graph layers read the edges as a dense adjacency).
+        return keras.KerasTensor(
+            self.compute_output_shape(inputs.shape), dtype=inputs.dtype
+        )
+
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class GraphBatch(keras.layers.Layer):
@@ -125,6 +133,11 @@ class GraphBatch(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return (1,) + tuple(input_shape)
+
+    def compute_output_spec(self, inputs):
+        return keras.KerasTensor(
+            self.compute_output_shape(inputs.shape), dtype=inputs.dtype
+        )
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)

@@ -49,6 +49,28 @@ def _seed_ids(seeds, num_nodes):
     return check_seeds(seeds, num_nodes)
 
 
+def _sampler_of(graph, num_nodes, fanouts, sampler):
+    """`sampler`, checked against the graph and the fan-outs, or a new one."""
+    if sampler is None:
+        sampler = NeighborSampler(graph.edges, num_nodes, fanouts)
+    elif (sampler.num_nodes, sampler.num_edges) != (
+        num_nodes, np.shape(graph.edges)[-1]
+    ):
+        raise ValueError(
+            "Received an invalid value for argument `sampler`, expected a "
+            f"NeighborSampler of `graph` ({num_nodes} nodes, "
+            f"{np.shape(graph.edges)[-1]} edges). Received: a sampler of "
+            f"{sampler.num_nodes} nodes and {sampler.num_edges} edges"
+        )
+    elif tuple(check_fanouts(fanouts)) != tuple(sampler.fanouts):
+        raise ValueError(
+            "Received an invalid value for argument `fanouts`, expected the "
+            f"fanouts of the given `sampler`, {list(sampler.fanouts)} (the "
+            f"sampler draws the neighbours). Received: fanouts={fanouts!r}"
+        )
+    return sampler
+
+
 def sampled_node_dataset(
     graph,
     seeds,
@@ -109,14 +131,7 @@ def sampled_node_dataset(
     labels = np.asarray(graph.labels)
     num_nodes = len(features)
     _check_count("batch_size", batch_size)
-    if sampler is None:
-        sampler = NeighborSampler(graph.edges, num_nodes, fanouts)
-    elif tuple(check_fanouts(fanouts)) != tuple(sampler.fanouts):
-        raise ValueError(
-            "Received an invalid value for argument `fanouts`, expected the "
-            f"fanouts of the given `sampler`, {list(sampler.fanouts)} (the "
-            f"sampler draws the neighbours). Received: fanouts={fanouts!r}"
-        )
+    sampler = _sampler_of(graph, num_nodes, fanouts, sampler)
     seeds = _seed_ids(seeds, num_nodes)
     if len(seeds) == 0:
         raise ValueError(
@@ -224,6 +239,14 @@ def layerwise_predict(model, features, edges, chunk_size=4096):
             "Received an invalid value for argument `features`, expected a "
             f"(N, F) array. Received: features.shape={features.shape}"
         )
+    model_inputs = getattr(model, "inputs", None) or [None]
+    width = getattr(model_inputs[0], "shape", (None,))[-1]
+    if width is not None and features.shape[1] != width:
+        raise ValueError(
+            "Received an invalid value for argument `features`, expected "
+            f"{width} features per node, as the model's input. Received: "
+            f"features.shape={features.shape}"
+        )
     _check_count("chunk_size", chunk_size)
     num_nodes = len(features)
     edges = check_edges(edges, num_nodes)
@@ -258,12 +281,25 @@ def layerwise_predict(model, features, edges, chunk_size=4096):
 
 def masked_accuracy(logits, labels, mask):
     """Fraction of the nodes of `mask` whose argmax of `logits` is the label."""
-    mask = np.asarray(mask, bool) & (np.asarray(labels) >= 0)
+    logits, labels, mask = np.asarray(logits), np.asarray(labels), np.asarray(mask)
+    for argument, shape, expected in (
+        ("logits", logits.shape[-1:] if logits.ndim >= 2 else None, "(N, C)"),
+        ("labels", labels.shape, logits.shape[:-1]),
+        ("mask", mask.shape, labels.shape),
+    ):
+        if shape is None or (argument != "logits" and shape != expected):
+            raise ValueError(
+                f"Received an invalid value for argument `{argument}`, "
+                f"expected the shape {expected} (logits (N, C), labels and "
+                f"mask (N,)). Received: logits.shape={logits.shape}, "
+                f"labels.shape={labels.shape}, mask.shape={mask.shape}"
+            )
+    mask = mask.astype(bool) & (labels >= 0)
     if not mask.any():  # the mean of nothing: NaN and a NumPy warning
         raise ValueError(
             "Received an invalid value for argument `mask`, expected a "
             "split with at least one labelled node. Received: a mask that "
             "selects no labelled node (an empty split)"
         )
-    predictions = np.argmax(np.asarray(logits), axis=-1)
-    return float(np.mean(predictions[mask] == np.asarray(labels)[mask]))
+    predictions = np.argmax(logits, axis=-1)
+    return float(np.mean(predictions[mask] == labels[mask]))

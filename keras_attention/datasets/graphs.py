@@ -13,11 +13,13 @@ by target then source (so edges into one node are contiguous).
 
 import collections
 import io
+import numbers
 import os
 import pickle
 
 import numpy as np
 
+from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
 from keras_attention.datasets._files import missing_file_error
 
@@ -81,18 +83,15 @@ def load_karate_club(seed=0, num_train_per_class=2, val_fraction=0.5):
     """
     import networkx
 
-    if not isinstance(num_train_per_class, (int, np.integer)) or (
-        num_train_per_class < 1
-    ):
-        raise ValueError(
-            "Received an invalid value for argument `num_train_per_class`, "
-            "expected a positive integer. Received: "
-            f"num_train_per_class={num_train_per_class}"
-        )
-    if not 0.0 <= val_fraction <= 1.0:
+    num_train_per_class = check_positive_int(
+        "num_train_per_class", num_train_per_class
+    )
+    if isinstance(val_fraction, (bool, np.bool_)) or not isinstance(
+        val_fraction, numbers.Real
+    ) or not 0.0 <= val_fraction <= 1.0:
         raise ValueError(
             "Received an invalid value for argument `val_fraction`, expected "
-            f"a float in [0, 1]. Received: val_fraction={val_fraction}"
+            f"a float in [0, 1]. Received: val_fraction={val_fraction!r}"
         )
     graph = networkx.karate_club_graph()
     nodes = sorted(graph.nodes())
