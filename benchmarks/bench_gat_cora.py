@@ -67,7 +67,7 @@ class BestValidationAccuracy(keras.callbacks.Callback):
         self.epoch = None
 
     def on_epoch_end(self, epoch, logs=None):
-        key = (logs["val_accuracy"], -logs["val_loss"])
+        key = (logs["val_accuracy"], -logs["val_cross_entropy"])
         if key > self.best:
             self.best, self.weights, self.epoch = key, self.model.get_weights(), epoch
 
@@ -96,7 +96,7 @@ def run(name, path, seeds, max_epochs, patience, jit_compile, first_seed=0,
         else:
             model.compile(jit_compile=jit_compile)
         # Stops and restores on the validation nodes only (weighted
-        # `val_loss` and `val_accuracy`); the test nodes are not looked at
+        # `val_cross_entropy` and `val_accuracy`); the test nodes are not looked at
         # until the weights are final.
         stopper = GATEarlyStopping(patience=patience)
         by_accuracy = BestValidationAccuracy()

@@ -83,6 +83,29 @@ def test_gat_validation_accuracy_in_fit_counts_the_validation_nodes(karate):
         assert logged == pytest.approx(by_hand, abs=1e-6)
 
 
+def test_gat_validation_cross_entropy_is_the_mean_over_validation_nodes(karate):
+    # The loss of the paper's early stopping: the validation nodes' mean
+    # cross-entropy, without the L2 penalty; Keras's `val_loss` divides by
+    # every node and adds the penalty.
+    keras.utils.set_random_seed(2)
+    model = GATNodeClassifier(
+        num_features=34, num_classes=2, hidden_units=4, num_heads=2,
+        weight_decay=0.05,
+    )
+    model.compile(jit_compile=False)
+    logs = model.evaluate(
+        karate.inputs, karate.labels, sample_weight=karate.val_weights,
+        return_dict=True, verbose=0,
+    )
+    logits = numpy(model(karate.inputs, training=False))[0].astype("float64")
+    log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    mask = karate.val_weights[0] > 0
+    picked = -log_p[np.arange(len(logits)), karate.labels[0]]
+    by_hand = float(picked[mask].mean())
+    assert logs["cross_entropy"] == pytest.approx(by_hand, rel=1e-5)
+    assert abs(logs["loss"] - by_hand) > 0.05  # the figure Keras logs
+
+
 def test_classifier_accuracy_honours_sample_weight():
     from keras_attention.applications import VisionTransformer
 

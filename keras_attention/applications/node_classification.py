@@ -333,12 +333,19 @@ class GATNodeClassifier(
         sample_weight=data.test_weights)` is the accuracy on the test nodes
         only, and `val_accuracy` in `fit` counts the validation nodes only.
         (Keras 3 updates `metrics=` without `sample_weight`, so an accuracy
-        there would count every node of the graph.)"""
+        there would count every node of the graph.) And the split's mean
+        cross-entropy, `cross_entropy`: Keras's `loss` divides the split's
+        summed cross-entropy by every node of the graph and adds the L2
+        penalty, so `val_cross_entropy` is the validation loss of the
+        paper's early stopping (`GATEarlyStopping`)."""
         return {
             "optimizer": keras.optimizers.Adam(learning_rate=0.005),
             "loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             "weighted_metrics": [
-                keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+                keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+                keras.metrics.SparseCategoricalCrossentropy(
+                    from_logits=True, name="cross_entropy"
+                ),
             ],
         }
 
@@ -384,7 +391,10 @@ class GATEarlyStopping(keras.callbacks.Callback):
     Patience restarts whenever the validation accuracy reaches its best or
     the validation loss its lowest; the weights of the last epoch that
     improved both at once are restored at the end (as in the paper's code,
-    which checkpoints on that condition).
+    which checkpoints on that condition). The loss is the paper's: the
+    mean cross-entropy of the validation nodes (`val_cross_entropy`, a
+    metric of `GATNodeClassifier.compile`), without the L2 penalty that
+    Keras's `val_loss` adds.
 
     Args:
         patience: epochs without improvement before stopping (100).
@@ -392,7 +402,10 @@ class GATEarlyStopping(keras.callbacks.Callback):
     """
 
     def __init__(
-        self, patience=100, monitor_loss="val_loss", monitor_accuracy="val_accuracy"
+        self,
+        patience=100,
+        monitor_loss="val_cross_entropy",
+        monitor_accuracy="val_accuracy",
     ):
         super().__init__()
         self.patience = base.check_positive_int("patience", patience)
@@ -412,9 +425,11 @@ class GATEarlyStopping(keras.callbacks.Callback):
         loss, accuracy = logs.get(self.monitor_loss), logs.get(self.monitor_accuracy)
         if loss is None or accuracy is None:
             raise ValueError(
-                "GATEarlyStopping needs validation data: expected the logs "
-                f"{self.monitor_loss!r} and {self.monitor_accuracy!r}. "
-                f"Received: {sorted(logs)}"
+                "GATEarlyStopping needs validation data and the metrics it "
+                f"monitors: expected the logs {self.monitor_loss!r} and "
+                f"{self.monitor_accuracy!r} (`GATNodeClassifier.compile`'s "
+                "default `weighted_metrics`, or pass `monitor_loss=` / "
+                f"`monitor_accuracy=`). Received: {sorted(logs)}"
             )
         if accuracy >= self.best_accuracy or loss <= self.best_loss:
             if accuracy >= self.best_accuracy and loss <= self.best_loss:
