@@ -3,8 +3,8 @@
 ```
 keras-attention list
 keras-attention run translation|classification|detection|node-classification|causal-lm|pretraining
-    [--model NAME] [--data PATH] [--epochs N] [--out DIR] [--seed S]
-keras-attention demo [--out DIR] [--seed S]
+    [--model NAME] [--data PATH] [--epochs N] [--out DIR] [--seed S] [--quick]
+keras-attention demo [--out DIR] [--seed S] [--quick]
 keras-attention explore MODEL.keras INPUT [--out PAGE.html] [--kind K]
     [--index I] [--layers L ...] [--tokens "a b c"] [--node-labels Y.npy]
 keras-attention convert SOURCE [--timm-model NAME [--timm-kwargs JSON]] [--num-classes N]

@@ -116,6 +116,8 @@ def linear_sum_assignment(cost, target_mask=None):
 
     Example:
 
+    >>> import keras
+    >>> import numpy as np
     >>> cost = np.array([[4.0, 1.0, 3.0], [2.0, 0.0, 5.0], [3.0, 2.0, 2.0]])
     >>> assignment = linear_sum_assignment(cost)
     >>> keras.ops.convert_to_numpy(assignment)
@@ -335,6 +337,8 @@ def matched_pairs(assignment, num_predictions, dtype="float32"):
 
     Example:
 
+    >>> import keras
+    >>> import numpy as np
     >>> pairs = matched_pairs(np.array([[2, 0]], "int32"), num_predictions=3)
     >>> keras.ops.convert_to_numpy(pairs)[0]
     array([[0., 1.],

@@ -1,5 +1,6 @@
 """The keras-attention command: help, errors, list, and a one-epoch run."""
 
+import argparse
 import importlib.util
 import os
 import subprocess
@@ -40,6 +41,23 @@ def test_help_and_bad_arguments(capsys):
             cli.main(["run", "classification", "--seed", seed, "--out", "/no/such/out"])
         assert info.value.code == cli.EXIT_USAGE
         assert "--seed" in capsys.readouterr().err
+
+
+def test_the_module_docstring_shows_every_command_and_option():
+    parser = cli.build_parser()
+    commands = next(
+        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    usage = cli.__doc__.split("```")[1]
+    sections = {
+        part.split()[0]: part for part in usage.split("keras-attention ")[1:]
+    }
+    assert set(sections) == set(commands.choices)
+    for name, command in commands.choices.items():
+        for action in command._actions:
+            option = max(action.option_strings, key=len, default=None)
+            if option and option != "--help":
+                assert option in sections[name], f"{name} {option}"
 
 
 def test_list_shows_layers_applications_and_presets(capsys):

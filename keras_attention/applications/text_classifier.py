@@ -53,8 +53,10 @@ class TextClassifierPreprocessor(WordPiecePreprocessor):
     Example:
 
     ```python
+    # A word becomes one piece once it is frequent enough in `texts`
+    # (from these two texts once each, every piece is a character).
     preprocessor = TextClassifierPreprocessor.from_texts(
-        ["a good film", "a bad film"], vocabulary_size=50, sequence_length=6
+        ["a good film", "a bad film"] * 10, vocabulary_size=50, sequence_length=6
     )
     preprocessor(["a good film"])  # [[id(a), id(good), id(film), 0, 0, 0]]
     ```

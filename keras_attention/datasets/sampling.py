@@ -150,6 +150,7 @@ class NeighborSampler:
 
     Example:
 
+    >>> from keras_attention.datasets import load_karate_club
     >>> graph = load_karate_club()
     >>> sampler = NeighborSampler(graph.edges, 34, fanouts=[3, 2])
     >>> sub = sampler.sample([0, 5], seed=0)

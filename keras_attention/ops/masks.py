@@ -51,7 +51,10 @@ def masked_softmax(scores, mask=None, axis=-1, float32=True, empty_rows=True):
 
     Example:
 
-    >>> w = masked_softmax(np.array([[1.0, 2.0, 3.0]]), np.array([[1, 1, 0]]))
+    >>> import keras
+    >>> import numpy as np
+    >>> scores = np.array([[1.0, 2.0, 3.0]], "float32")
+    >>> w = masked_softmax(scores, np.array([[1, 1, 0]]))
     >>> np.round(keras.ops.convert_to_numpy(w), 3)
     array([[0.269, 0.731, 0.   ]], dtype=float32)
     """
