@@ -6,7 +6,9 @@ nothing is changed once TensorFlow is loaded):
 
 - `TF_CPP_MIN_LOG_LEVEL=2`: TensorFlow's C++ start-up chatter (CUDA
   probing, CPU flags) otherwise hides the output of the command and of
-  scripts.
+  scripts. Not all of it: TensorFlow 2.21 writes its oneDNN notice and a
+  CUDA probe line through absl before any log level is read (a plain
+  `import tensorflow` prints them too), so those few lines remain.
 - Triton (PyTorch's CUDA builds bring it) crashes the process when it is
   first imported after TensorFlow, e.g. by `keras-attention convert`, whose
   entry point imports this package (so TensorFlow) first: import it now.
