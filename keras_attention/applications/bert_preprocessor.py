@@ -4,14 +4,17 @@
 of a BERT-layout `TextClassifierBackbone`:
 `[CLS] a [SEP] (b [SEP])` padded with `[PAD]` (id 0), and token types 0 for
 the first segment, 1 for the second, as Hugging Face's `BertTokenizer`
-gives them. The word pieces come from keras-hub's `WordPieceTokenizer`
-(lowercasing, accent stripping, punctuation and CJK splitting like BERT's
-basic tokenizer), the packing from keras-hub's `MultiSegmentPacker`.
+gives them. `normalize_text` cleans, lowercases and strips accents as
+Hugging Face's `BertNormalizer` does; the word pieces come from keras-hub's
+`WordPieceTokenizer` (punctuation and CJK splitting like BERT's basic
+tokenizer), the packing from keras-hub's `MultiSegmentPacker`.
 """
 
+import functools
 import os
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention import _validation as base
@@ -19,6 +22,33 @@ from keras_attention.applications import base as app_base
 from keras_attention.applications.word_pieces import WordPiecePreprocessor
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def normalize_text(text, lowercase, strip_accents):
+    """A text as Hugging Face's `BertNormalizer` leaves it for splitting.
+
+    Its own normaliser (the `tokenizers` library): control, format and
+    private-use characters are dropped, every other whitespace character
+    (no-break space, ideographic space, ...) becomes a space, accents are
+    stripped (NFD, marks removed) and each character is lowercased on its
+    own ("ß", "ﬁ" and full-width letters stay, unlike keras-hub's NFKC case
+    folding). Chinese characters are left to keras-hub's splitting.
+    """
+    return _bert_normalizer(bool(lowercase), bool(strip_accents)).normalize_str(
+        text
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _bert_normalizer(lowercase, strip_accents):
+    from tokenizers.normalizers import BertNormalizer
+
+    return BertNormalizer(
+        clean_text=True,
+        handle_chinese_chars=False,
+        strip_accents=strip_accents,
+        lowercase=lowercase,
+    )
 
 
 def read_vocabulary(path):
@@ -66,10 +96,12 @@ class BertPreprocessor(WordPiecePreprocessor):
         super().__init__(vocabulary, sequence_length, lowercase)
         vocabulary = self.vocabulary
         self.strip_accents = self.lowercase if strip_accents is None else bool(strip_accents)
+        # `normalize_text` lowercases and strips accents as Hugging Face
+        # does; keras-hub's own lowercasing is NFKC case folding.
         self.tokenizer = keras_hub.tokenizers.WordPieceTokenizer(
             vocabulary=vocabulary,
-            lowercase=self.lowercase,
-            strip_accents=self.strip_accents,
+            lowercase=False,
+            strip_accents=False,
             oov_token="[UNK]",
             dtype="int32",
         )
@@ -93,15 +125,27 @@ class BertPreprocessor(WordPiecePreprocessor):
                 vocabulary[:5],
             )
 
+    def tokenize(self, texts):
+        """The word-piece ids of each text, a ragged tensor."""
+        return self.tokenizer([
+            normalize_text(text, self.lowercase, self.strip_accents)
+            for text in base.check_texts(texts)
+        ])
+
     def __call__(self, texts, pairs=None):
-        segments = [self.tokenizer(base.check_texts(texts))]
+        texts = base.check_texts(texts)
         if pairs is not None:
             pairs = base.check_texts(pairs)
-            if len(pairs) != len(segments[0]):
+            if len(pairs) != len(texts):
                 raise base.invalid(
-                    "pairs", f"{len(segments[0])} texts, one per text", len(pairs)
+                    "pairs", f"{len(texts)} texts, one per text", len(pairs)
                 )
-            segments.append(self.tokenizer(pairs))
+        if not texts:  # keras-hub packs an empty list as one unbatched row
+            empty = np.zeros((0, self.sequence_length), "int32")
+            return {"token_ids": empty, "token_type_ids": empty.copy()}
+        segments = [self.tokenize(texts)]
+        if pairs is not None:
+            segments.append(self.tokenize(pairs))
         token_ids, token_type_ids = self.packer(tuple(segments))
         return {
             "token_ids": ops.convert_to_numpy(token_ids).astype("int32"),

@@ -108,7 +108,10 @@ class TextClassifierPreprocessor(WordPiecePreprocessor):
 
     def __call__(self, texts):
         if isinstance(texts, (list, tuple, np.ndarray, str)):
-            return ops.convert_to_numpy(self.tokenizer(_check_texts(texts)))
+            texts = _check_texts(texts)
+            if not texts:  # keras-hub gives shape (0,): no rows of length T
+                return np.zeros((0, self.sequence_length), "int32")
+            return ops.convert_to_numpy(self.tokenizer(texts))
         return self.tokenizer(texts)
 
     def tokens(self, texts):

@@ -36,7 +36,8 @@ def _read_texts(path):
         )
     texts = []
     for file in files:
-        with open(file, encoding="utf-8", errors="replace") as f:
+        # "utf-8-sig": a byte-order mark (Notepad's UTF-8) is not text.
+        with open(file, encoding="utf-8-sig", errors="replace") as f:
             texts.append(f.read())
     return "\n".join(texts)
 

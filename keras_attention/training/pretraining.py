@@ -14,6 +14,7 @@ import numpy as np
 
 from keras_attention import _validation as base
 from keras_attention._writing import write_atomically
+from keras_attention.datasets._files import DataFileNotFoundError
 
 MASK = "[MASK]"
 
@@ -29,7 +30,8 @@ def read_text_folder(path, suffixes=(".txt",)):
         A list of strings, one per line.
 
     Raises:
-        ValueError: no such path, or no line of text in it.
+        ValueError: no such path (a `FileNotFoundError` too), or no line
+            of text in it.
     """
     path = os.fspath(path)
     if os.path.isfile(path):
@@ -42,10 +44,16 @@ def read_text_folder(path, suffixes=(".txt",)):
             if name.endswith(tuple(suffixes))
         )
     else:
-        raise base.invalid("texts", "a list of strings, a folder or a file", path)
+        raise DataFileNotFoundError(
+            2,
+            "Received an invalid value for argument `texts`: no such file or "
+            "folder (texts themselves are passed as a list of strings)",
+            path,
+        )
     texts = []
     for name in files:
-        with open(name, encoding="utf-8") as f:
+        # "utf-8-sig": a byte-order mark (Notepad's UTF-8) is not text.
+        with open(name, encoding="utf-8-sig") as f:
             texts.extend(line.strip() for line in f if line.strip())
     if not texts:
         raise ValueError(
@@ -65,6 +73,18 @@ def _ids(preprocessor, texts):
     vocabulary = list(preprocessor.vocabulary)
     mask_id = vocabulary.index(MASK) if MASK in vocabulary else None
     return ids, None, (0,), mask_id
+
+
+def _check_maskable(argument, token_ids, unselectable):
+    """A `ValueError` naming `argument` when no word piece of its texts can
+    be masked (empty texts): there would be nothing to predict, and Keras
+    reports a loss of 0 for a batch without weights."""
+    if not np.isin(token_ids, unselectable, invert=True).any():
+        raise ValueError(
+            f"Received an invalid value for argument `{argument}`, expected "
+            "texts with word pieces to mask (every text is empty). Received: "
+            f"{len(token_ids)} texts"
+        )
 
 
 def pretrain_masked_lm(
@@ -130,6 +150,7 @@ def pretrain_masked_lm(
             texts, vocabulary_size, sequence_length, special_tokens=(MASK,)
         )
     token_ids, token_types, unselectable, mask_id = _ids(preprocessor, texts)
+    _check_maskable("texts", token_ids, unselectable)
     if mask_id is None:
         raise base.invalid(
             "preprocessor", f"a vocabulary with {MASK!r}",
@@ -155,6 +176,7 @@ def pretrain_masked_lm(
     validation = None
     if validation_texts is not None:
         ids, types, _, _ = _ids(preprocessor, base.check_texts(validation_texts))
+        _check_maskable("validation_texts", ids, unselectable)
         validation = dataset(ids, types, shuffle=False)
     model.compile(
         optimizer=keras.optimizers.AdamW(learning_rate, weight_decay=0.01),
