@@ -413,7 +413,9 @@ class DETR(
         # `call` needs static grid sizes (its sine positions are constants),
         # and Keras traces a second image size with unknown sizes: a new
         # size gets a new function.
-        shape = getattr(x, "shape", None)
+        spec = getattr(x, "element_spec", x)  # a tf.data.Dataset's
+        spec = spec[0] if isinstance(spec, (tuple, list)) else spec
+        shape = getattr(spec, "shape", None)
         if shape is None or len(shape) != 4:
             return
         key = f"_{function}_image_size"
@@ -453,6 +455,8 @@ class DETR(
     def fit(self, x=None, y=None, *args, **kwargs):
         """`keras.Model.fit` (`DETRTraining.fit`), the images checked."""
         self._check_images(x)
+        # (Its validation calls `evaluate`, which does the same.)
+        self._trace_for_image_size(x, "train_function")
         return super().fit(x, y, *args, **kwargs)
 
     def predict_boxes(

@@ -271,8 +271,16 @@ def set_prediction_loss(
 
 def _check_target_arrays(boxes, labels):
     """`boxes` `(B, M, 4)` and integer `labels` `(B, M)` as NumPy arrays."""
-    boxes = np.asarray(boxes)
-    labels = np.asarray(labels)
+    try:
+        boxes = np.asarray(boxes)
+        labels = np.asarray(labels)
+    except ValueError as error:  # e.g. per-image lists of unequal lengths
+        raise ValueError(
+            "Received an invalid value for argument `boxes` or `labels`, "
+            "expected arrays (B, M, 4) and (B, M): pad each image's objects "
+            f"to M with label {PAD_LABEL} (padding rows may hold any box). "
+            f"NumPy: {error}"
+        ) from None
     if boxes.ndim != 3 or boxes.shape[-1] != 4:
         raise ValueError(
             "Received an invalid value for argument `boxes`, expected an "

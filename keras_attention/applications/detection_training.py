@@ -36,6 +36,15 @@ class DETRTraining:
         """The loss summed over decoder layers, and the last layer's terms."""
         _check_target_dict(y)
         boxes, labels = y["boxes"], y["labels"]
+        if len(boxes.shape) == 3 and boxes.shape[1] is None:
+            # The matcher needs a static number of target columns.
+            raise ValueError(
+                "Received an invalid value for argument `y`, expected a "
+                "known number of target columns M in boxes (B, M, 4). "
+                f"Received: boxes.shape={tuple(boxes.shape)}; pad the "
+                "targets to a fixed M <= num_queries (e.g. `padded_batch("
+                "..., padded_shapes=...)` with label -1)"
+            )
         if boxes.shape[1] is not None and boxes.shape[1] > self.num_queries:
             raise ValueError(
                 "Received an invalid value for argument `y`, expected at "
@@ -128,9 +137,27 @@ class DETRTraining:
         if self.built and optimizer is not None and not optimizer.built:
             optimizer.build(self.trainable_variables)
 
+    def _trace_for_target_columns(self, x, y, function):
+        # The matcher needs a static number of target columns M, and Keras
+        # traces a second M as unknown: a new M gets a new function.
+        if y is None:  # a dataset of (images, targets)
+            spec = getattr(x, "element_spec", None)
+            y = spec[1] if isinstance(spec, tuple) and len(spec) > 1 else None
+        shape = getattr(y.get("boxes"), "shape", None) if isinstance(
+            y, dict
+        ) else None
+        if shape is None or len(shape) != 3:
+            return
+        key = f"_{function}_target_columns"
+        if getattr(self, key, shape[1]) != shape[1]:
+            setattr(self, function, None)
+        setattr(self, key, shape[1])
+
     def fit(self, x=None, y=None, *args, **kwargs):
         """`keras.Model.fit`; array targets checked by `validate_targets`."""
         y = self._checked(y)
+        # (Its validation calls `evaluate`, which does the same.)
+        self._trace_for_target_columns(x, y, "train_function")
         validation = kwargs.get("validation_data")
         if isinstance(validation, (tuple, list)) and len(validation) == 2:
             kwargs["validation_data"] = (
@@ -141,4 +168,6 @@ class DETRTraining:
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
         """`keras.Model.evaluate`, with array targets checked first."""
-        return super().evaluate(x, self._checked(y), *args, **kwargs)
+        y = self._checked(y)
+        self._trace_for_target_columns(x, y, "test_function")
+        return super().evaluate(x, y, *args, **kwargs)

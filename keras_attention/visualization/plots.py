@@ -202,7 +202,13 @@ def plot_detections(
         )
     picture, gray = _display_image(image)
     height, width = picture.shape[:2]
-    boxes = np.asarray(boxes, "float32").reshape(-1, 4)
+    boxes = np.asarray(boxes, "float32")
+    if boxes.size and (boxes.ndim not in (1, 2) or boxes.shape[-1] != 4):
+        raise ValueError(
+            "Received an invalid value for argument `boxes`, expected shape "
+            f"(K, 4) (or (4,) for one box). Received: boxes.shape={boxes.shape}"
+        )
+    boxes = boxes.reshape(-1, 4)
     count = len(boxes)
     names = _box_names(labels, scores, class_names, count)
     if box_format == "cxcywh":

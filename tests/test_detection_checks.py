@@ -1,0 +1,139 @@
+"""DETR checks: training on a second image size, the
+targets a user's own data brings (ragged lists, no objects at all, a
+`tf.data` pipeline with an unknown number of objects), and
+`plot_detections`' box checks."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from keras_attention.applications.detection import DETR  # noqa: E402
+from keras_attention.applications.detection_loss import validate_targets  # noqa: E402
+from tests.test_detection import TINY  # noqa: E402
+
+# The fewest layers, for the tests that trace a train step more than once.
+SMALLEST = dict(
+    TINY, num_queries=2, hidden_dim=8, num_decoder_layers=1,
+    feedforward_dim=8, backbone_filters=(4,),
+)
+
+
+def targets(num_images, image_size):
+    """One 4-pixel square (class 1) per image, padded to 2 columns."""
+    images = np.zeros((num_images, image_size, image_size, 1), "float32")
+    images[:, 2:6, 2:6] = 1.0
+    side = 4 / image_size
+    boxes = np.zeros((num_images, 2, 4), "float32")
+    boxes[:, 0] = [4 / image_size, 4 / image_size, side, side]
+    labels = np.array([[1, -1]] * num_images, "int32")
+    return images, {"boxes": boxes, "labels": labels}
+
+
+def test_a_second_image_size_or_target_width_is_traced_anew(monkeypatch):
+    # `call` needs static image sizes and the matcher a static number of
+    # target columns M; Keras traces a second shape with unknown sizes.
+    # `predict` and `evaluate` traced each image size anew, `fit` did not,
+    # nor any of them a second M: each failed inside the traced step (an
+    # opaque TypeError; "expected the last two dimensions `(N, M)` to be
+    # known statically"). Keras's `fit` and `evaluate` are replaced here by
+    # a record of the functions they would reuse.
+    import tensorflow as tf
+
+    seen = []
+    for method, function in [("fit", "train_function"),
+                             ("evaluate", "test_function")]:
+        monkeypatch.setattr(
+            keras.Model, method,
+            lambda self, *args, _f=function, **kwargs: seen.append(
+                getattr(self, _f)
+            ),
+        )
+    model = DETR(**SMALLEST)
+    model.compile(optimizer="adam")
+    images, y = targets(2, 16)
+    for call in (model.fit, model.evaluate):
+        call(images, y)
+    model.train_function = model.test_function = "traced"
+    for call in (model.fit, model.evaluate):
+        call(images, y)  # the same shapes: kept
+    assert seen[-2:] == ["traced", "traced"]
+    narrower = {key: value[:, :1] for key, value in y.items()}
+    for call in (model.fit, model.evaluate):
+        call(images, narrower)
+    assert seen[-2:] == [None, None]
+    model.train_function = model.test_function = "traced"
+    bigger, y_bigger = targets(2, 24)
+    data = tf.data.Dataset.from_tensor_slices((bigger, y_bigger)).batch(2)
+    for call in (model.fit, model.evaluate):
+        call(data)  # another image size and M
+    assert seen[-2:] == [None, None]
+    model.train_function = model.test_function = "traced"
+    for call in (model.fit, model.evaluate):
+        call(bigger, y_bigger)  # the dataset's shapes
+    assert seen[-2:] == ["traced", "traced"]
+
+
+@pytest.mark.large
+def test_fit_and_validate_on_a_second_image_size_and_target_width():
+    import tensorflow as tf
+
+    model = DETR(**SMALLEST)
+    model.compile(optimizer="adam")
+    images, y = targets(2, 16)
+    model.fit(images, y, epochs=1, verbose=0, validation_data=(images, y))
+    images, y = targets(2, 24)
+    data = tf.data.Dataset.from_tensor_slices((images, y)).batch(2)
+    model.fit(data, epochs=1, verbose=0, validation_data=(images, y))
+    y = {key: value[:, :1] for key, value in y.items()}
+    history = model.fit(
+        images, y, epochs=1, verbose=0, validation_data=(images, y)
+    )
+    assert np.isfinite(history.history["val_loss"][-1])
+
+
+def test_ragged_targets_are_refused_by_name():
+    boxes = [np.array([[0.5, 0.5, 0.2, 0.2]]), np.zeros((0, 4))]
+    labels = [np.array([1]), np.zeros((0,), int)]
+    with pytest.raises(ValueError, match="pad .*-1"):
+        validate_targets(boxes, labels, 3)
+
+
+@pytest.mark.large
+def test_fit_on_targets_without_any_object_after_others():
+    # (B, 0, 4) targets (background images only) after targets with
+    # objects: the matcher got an unknown M.
+    model = DETR(**SMALLEST)
+    model.compile(optimizer="adam", jit_compile=True)
+    images, y = targets(4, 16)
+    for columns in (1, 0):
+        history = model.fit(
+            images, {key: value[:, :columns] for key, value in y.items()},
+            epochs=1, batch_size=4, verbose=0,
+        )
+        assert np.isfinite(history.history["loss"][-1])
+
+
+def test_unknown_number_of_target_columns_is_refused_by_name():
+    model = DETR(**TINY)
+    images, y = targets(2, 16)
+    y_pred = model(images)
+    unknown = {
+        "boxes": keras.KerasTensor((None, None, 4)),
+        "labels": keras.KerasTensor((None, None), "int32"),
+    }
+    with pytest.raises(ValueError, match="padded_shapes"):
+        model._loss_terms(unknown, y_pred)
+
+
+def test_plot_detections_refuses_boxes_without_four_coordinates():
+    from keras_attention.visualization import plot_detections
+
+    image = np.zeros((16, 16))
+    with pytest.raises(ValueError, match="`boxes`"):
+        plot_detections(image, [[0.5, 0.5, 0.2]], [1])
+    with pytest.raises(ValueError, match="`boxes`"):
+        plot_detections(image, [0.5, 0.5, 0.2, 0.2, 0.1, 0.1, 0.2, 0.2], [1, 2])
