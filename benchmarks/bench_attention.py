@@ -202,6 +202,10 @@ def tf_core_step(core, q, k, v, backward, jit):
 def torch_layer_step(dim, heads, x_np, backward, dtype, compiled=False):
     dev = torch_device()
     layer = torch.nn.MultiheadAttention(dim, heads, batch_first=True).to(dev)
+    # Inference mode (dropout is 0, so the same function): in training mode
+    # torch skips its fused self-attention fast path
+    # (`_native_multi_head_attention`), its best forward under `no_grad`.
+    layer.eval()
     x = torch.tensor(x_np, device=dev)
     call = torch.compile(layer) if compiled else layer
 

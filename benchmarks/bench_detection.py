@@ -34,9 +34,13 @@ process got about half a core; TF 2.21, Keras 3.15, XLA on CPU):
 import argparse
 import json
 import os
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# This checkout's package, whichever one is installed (an installed copy
+# elsewhere would be measured otherwise).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -46,7 +50,6 @@ from keras_attention.applications import evaluate_detections  # noqa: E402
 from keras_attention.datasets import make_detection_set  # noqa: E402
 from keras_attention.training import TimeBudget  # noqa: E402
 from keras_attention.training import detr_optimizer  # noqa: E402
-import sys  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import describe  # noqa: E402

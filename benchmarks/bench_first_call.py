@@ -59,7 +59,12 @@ print(json.dumps({{"seconds": seconds, "choices": choices}}))
 
 
 def first_call(length, environment):
+    """`environment`'s `None` values remove a variable: each row sets both
+    autotune variables itself, whatever the calling shell exported."""
     env = dict(os.environ, **environment)
+    for name, value in environment.items():
+        if value is None:
+            del env[name]
     done = subprocess.run(
         [sys.executable, "-c", _CHILD.format(root=ROOT, length=length)],
         env=env, capture_output=True, text=True, check=True,
@@ -80,11 +85,14 @@ def main(argv=None):
         for length in args.lengths:
             cache = os.path.join(folder, f"choices-{length}.json")
             rows = (
-                ("off", {"KERAS_ATTENTION_AUTOTUNE": "0"}),
+                ("off", {"KERAS_ATTENTION_AUTOTUNE": "0",
+                         "KERAS_ATTENTION_AUTOTUNE_CACHE": None}),
                 ("measuring (cache file new)",
-                 {"KERAS_ATTENTION_AUTOTUNE_CACHE": cache}),
+                 {"KERAS_ATTENTION_AUTOTUNE": "1",
+                  "KERAS_ATTENTION_AUTOTUNE_CACHE": cache}),
                 ("cache file of the row above",
-                 {"KERAS_ATTENTION_AUTOTUNE_CACHE": cache}),
+                 {"KERAS_ATTENTION_AUTOTUNE": "1",
+                  "KERAS_ATTENTION_AUTOTUNE_CACHE": cache}),
             )
             for label, environment in rows:
                 result = first_call(length, environment)

@@ -35,6 +35,9 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# This checkout's package, whichever one is installed (an installed copy
+# elsewhere would be measured otherwise).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 if "--pyg" in sys.argv:
     # torch.compile loads Triton, whose CUDA build crashes the process when
@@ -222,6 +225,9 @@ def compare_with_pyg(graph, inputs, labels, weights, rounds, per_round):
     """
     import torch
 
+    # As many threads as TensorFlow's default (every core): torch's own
+    # default is the physical cores, fewer where cores are hyper-threads.
+    torch.set_num_threads(os.cpu_count())
     runners = {}
     for mode, jit_compile in modes():
         keras.utils.set_random_seed(0)

@@ -54,6 +54,9 @@ def pyg_epoch(graph, sampler, seeds, args):
     from torch_geometric.nn import GATConv
 
     torch.manual_seed(0)
+    # As many threads as TensorFlow's default (every core): torch's own
+    # default is the physical cores, fewer where cores are hyper-threads.
+    torch.set_num_threads(os.cpu_count())
 
     class GAT(torch.nn.Module):
         def __init__(self, features, classes):

@@ -90,8 +90,10 @@ def torch_layer_step(torch, x_np, heads, head_dim, dev, compiled, causal=False):
         loss.backward()
         return float(loss)
 
-    if compiled:
-        step()  # compile before the timed first call
+    # No call before the timed first one: the first call includes
+    # `torch.compile`'s compilation, as ours includes tracing and XLA's (the
+    # docstring's "first call"); above `--repeat-max` the first calls are
+    # the times compared.
     return step
 
 

@@ -15,16 +15,19 @@ float32 costs, rtol 1e-6).
 
 import argparse
 import os
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# This checkout's package, whichever one is installed (an installed copy
+# elsewhere would be measured otherwise).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy import optimize  # noqa: E402
 
 from keras_attention.matching import linear_sum_assignment  # noqa: E402
-import sys  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import describe  # noqa: E402

@@ -20,9 +20,14 @@ import argparse
 import gc
 import importlib.util
 import os
+import sys
 import tempfile
 import time
 import warnings
+
+# This checkout's package, whichever one is installed (an installed copy
+# elsewhere would be measured otherwise).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 if importlib.util.find_spec("torch") is not None:  # as the tests import it
     import torch  # noqa: F401

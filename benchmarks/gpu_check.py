@@ -4,7 +4,7 @@ Runs on Keras's JAX backend (XLA is JAX's only compiler, so every step here
 is XLA-compiled), for GPU machines that have JAX with CUDA but no
 TensorFlow. Prints, and writes to `$OUT/gpu_check.json` when `OUT` is set:
 
-1. the devices;
+1. the machine line (`benchmarks/machine.py`) and the devices;
 2. our `MultiHeadAttention` against `keras.layers.MultiHeadAttention` with
    the same weights on the GPU (largest difference);
 3. `VisionTransformer` on scikit-learn digits (16x16): a few epochs of
@@ -31,7 +31,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from machine import describe  # noqa: E402
 from keras_attention import datasets  # noqa: E402
 from keras_attention.layers import MultiHeadAttention  # noqa: E402
 
@@ -122,6 +124,14 @@ def torch_step(batch, length, dtype):
         return None
     if not torch.cuda.is_available():
         return None
+    # JAX computes float32 products in TF32 on such a GPU by default
+    # (`jax_default_matmul_precision` unset); torch's default is full
+    # float32 ("highest"): give torch the same TF32 products.
+    torch.set_float32_matmul_precision("high")
+    report("float32_matmul_precision", {
+        "jax": jax.config.jax_default_matmul_precision or "default (TF32 on GPU)",
+        "torch": torch.get_float32_matmul_precision(),
+    })
     tdtype = torch.float32 if dtype == "float32" else torch.bfloat16
     q, k, v = (
         torch.randn(batch, 8, length, 64, device="cuda", dtype=tdtype,
@@ -172,6 +182,7 @@ def attention_table():
 
 
 def main():
+    report("machine", describe())
     report("devices", [str(d) for d in jax.devices()])
     report("versions", {"jax": jax.__version__, "keras": keras.__version__})
     for check in (peer_equality, train_vit, train_detr, attention_table):

@@ -31,15 +31,18 @@ import argparse
 import datetime
 import json
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# This checkout's package, whichever one is installed (an installed copy
+# elsewhere would be measured otherwise).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import keras  # noqa: E402
 
 import keras_attention  # noqa: E402
 from keras_attention import training  # noqa: E402
 from keras_attention.applications import presets  # noqa: E402
-import sys  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import describe  # noqa: E402

@@ -111,7 +111,7 @@ def test_every_benchmark_prints_its_machine():
     benchmarks = ROOT.parent / "benchmarks"
     scripts = [
         p for p in sorted(benchmarks.glob("*.py"))
-        if p.name.startswith(("bench_", "profile_", "train_"))
+        if p.name.startswith(("bench_", "profile_", "train_", "gpu_"))
     ]
     assert scripts, "no benchmark scripts found"
     silent = [
@@ -145,3 +145,45 @@ def test_no_benchmark_shadows_the_machine_line():
         if imported and defined:
             shadowed.append(path.name)
     assert shadowed == [], f"rename the local describe() in: {shadowed}"
+
+
+CHECKOUT_ROOT_MARKERS = (
+    "os.path.dirname(os.path.dirname(os.path.abspath(__file__)))",
+    "os.path.dirname(HERE)",
+)
+
+
+def test_every_benchmark_measures_this_checkout():
+    """A benchmark run as `python benchmarks/x.py` has `benchmarks/` on its
+    path, not the checkout: without the checkout's root put first it imports
+    whichever `keras_attention` is installed (an editable install of another
+    checkout here), so its figures would belong to other code. The root must
+    go on the path before the first module-level `keras_attention` import
+    (or, where the imports are all inside functions, somewhere in the
+    script)."""
+    benchmarks = ROOT.parent / "benchmarks"
+    wrong = []
+    for path in sorted(benchmarks.glob("*.py")):
+        if not path.name.startswith(("bench_", "profile_", "train_", "gpu_")):
+            continue
+        text = path.read_text(encoding="utf-8")
+        if "keras_attention" not in text:
+            continue
+        lines = text.splitlines()
+        marked = [
+            i for i, line in enumerate(lines, 1)
+            if any(m in line for m in CHECKOUT_ROOT_MARKERS)
+        ]
+        first_import = min(
+            (
+                node.lineno for node in ast.parse(text).body
+                if isinstance(node, ast.Import)
+                and any(a.name.split(".")[0] == "keras_attention" for a in node.names)
+                or isinstance(node, ast.ImportFrom)
+                and (node.module or "").split(".")[0] == "keras_attention"
+            ),
+            default=None,
+        )
+        if not marked or (first_import is not None and marked[0] > first_import):
+            wrong.append(path.name)
+    assert wrong == [], f"put the checkout first on sys.path in: {wrong}"
