@@ -5,7 +5,8 @@ For each size, in a fresh process (so that its peak memory is its own):
 8 classes), then the GAT paper's model (`GATNodeClassifier`: 8 heads x 8,
 one output head) trained for one epoch over the training nodes with
 neighbour sampling (fan-outs 10, 10; batches of 1,024 seeds; every batch
-padded to one shape, so XLA compiles one step), then layer-wise inference
+padded to one shape, so `fit` traces one step; the compile default,
+`jit_compile="auto"`, is graph mode without XLA on a CPU), then layer-wise inference
 over every node. Reported: graph generation time, sampler throughput alone
 (seeds/s over one epoch of batches, NumPy), the epoch's wall time
 (sampling included, first-step compilation excluded and reported
@@ -151,7 +152,8 @@ def one_size(num_nodes, args):
     train = sampled_node_dataset(
         graph, seeds, fanouts, batch_size=args.batch_size, seed=0, sampler=sampler
     )
-    # The first step compiles (XLA): timed on its own.
+    # The first step traces (and compiles, where "auto" means XLA): timed
+    # on its own.
     first = train.take(1)
     start = time.perf_counter()
     model.fit(first, epochs=1, verbose=0)
