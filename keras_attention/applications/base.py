@@ -419,6 +419,28 @@ class Classifier(
     def check_inputs(self, inputs):
         self.backbone.check_inputs(inputs)
 
+    def _check_labels(self, y):
+        """Class ids `y` outside `[0, num_classes)` are a `ValueError` when
+        the loss is the sparse cross-entropy (the default): TensorFlow
+        raises only outside XLA, under XLA (a GPU's default) the loss is
+        silently NaN and `fit` ruins the weights."""
+        loss = getattr(self, "loss", None)
+        if isinstance(loss, keras.losses.SparseCategoricalCrossentropy) or (
+            loss in ("sparse_categorical_crossentropy",)
+        ):
+            _validation.check_known_ids(
+                "y", y, self.num_classes, "class ids",
+                f"num_classes={self.num_classes}",
+            )
+
+    def fit(self, x=None, y=None, *args, **kwargs):
+        self._check_labels(y)
+        return super().fit(x, y, *args, **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        self._check_labels(y)
+        return super().evaluate(x, y, *args, **kwargs)
+
     def attention_scores(self, inputs):
         """The attention scores of every block; see the backbone's method."""
         return self.backbone.attention_scores(inputs)
@@ -482,4 +504,5 @@ class Classifier(
             num_classes,
             activation=config.get("activation"),
             head_dropout=config.get("head_dropout", 0.0),
+            name=config.get("name"),
         )

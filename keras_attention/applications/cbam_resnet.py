@@ -157,7 +157,10 @@ class CBAMResNet(app_base.Classifier):
             ...; see it), ignored when `backbone` is given.
 
     Call arguments:
-        images: `(B, H, W, num_channels)`.
+        images: `(B, H, W, num_channels)`, floats as the model was trained
+            on: the digit presets take pixel values in `[0, 1]`
+            (`datasets.load_digits_images`); the model does not
+            rescale them (divide `uint8` images by 255).
 
     Returns:
         Logits `(B, num_classes)`.

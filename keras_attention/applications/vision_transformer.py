@@ -280,7 +280,10 @@ class VisionTransformer(app_base.Classifier):
             it), ignored when `backbone` is given.
 
     Call arguments:
-        images: `(B, H, W, num_channels)`.
+        images: `(B, H, W, num_channels)`, floats as the model was trained
+            on: the digit presets take pixel values in `[0, 1]`
+            (`datasets.load_digits_images`); the model does not
+            rescale them (divide `uint8` images by 255).
 
     Returns:
         Logits (or `activation` outputs) `(B, num_classes)`.
@@ -323,6 +326,37 @@ class VisionTransformer(app_base.Classifier):
             patch_size=patch_size,
             **kwargs,
         )
+
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """Builds the preset `preset` and loads its shipped weights.
+
+        As `PresetMixin.from_preset`, and another `image_size` (a multiple
+        of the preset's `patch_size`) keeps the shipped weights: the
+        learned position embedding is resampled to the new patch grid as
+        timm does when it loads a checkpoint at another `img_size`
+        (bicubic, antialiased; the class token's row kept), for
+        fine-tuning at another resolution.
+
+        Example:
+
+        ```python
+        model = VisionTransformer.from_preset("vit_digits", image_size=32)
+        model.input_shape  # (None, 32, 32, 1)
+        ```
+        """
+        spec = presets.get_preset(preset, cls.__name__)
+        size = kwargs.get("image_size")
+        same = size is None or base.check_pair("image_size", size) == (
+            base.check_pair("image_size", spec.config["image_size"])
+        )
+        if same or not load_weights or spec.weights is None:
+            return super().from_preset(preset, load_weights=load_weights, **kwargs)
+        rest = {k: v for k, v in kwargs.items() if k != "image_size"}
+        model = super().from_preset(preset, load_weights=False, **kwargs)
+        source = super().from_preset(preset, **rest)
+        _copy_resampled(source, model)
+        return model
 
     @classmethod
     def from_timm(
@@ -450,6 +484,28 @@ class VisionTransformer(app_base.Classifier):
         return vit.from_transformers(
             cls, source, num_classes=num_classes, **kwargs
         )
+
+
+def _copy_resampled(source, target):
+    """`source`'s weights into `target`, a model of the same configuration
+    but its image size: the position embedding resampled to its grid."""
+    from keras_attention.applications.converters import common
+
+    source_patch = source.backbone.get_layer("patch_embedding")
+    target_patch = target.backbone.get_layer("patch_embedding")
+    resampled = None
+    if target_patch.use_position_embedding:
+        old_grid, new_grid = source_patch.grid_shape, target_patch.grid_shape
+        embedding = keras.ops.convert_to_numpy(source_patch.position_embedding)
+        prefix = embedding.shape[1] - old_grid[0] * old_grid[1]
+        resampled = common.resample_position_embedding(
+            embedding, old_grid, new_grid, prefix
+        )
+    for old, new in zip(source.weights, target.weights, strict=True):
+        if resampled is not None and new is target_patch.position_embedding:
+            new.assign(resampled)
+        else:
+            new.assign(old)
 
 
 # The ViT of the digit presets (4x4 patches, 4 blocks of width 64), for
