@@ -80,3 +80,31 @@ def test_vit_preset_at_another_image_size_resamples_the_position_embedding():
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     with pytest.raises(ValueError, match="a divisor of image_size"):
         VisionTransformer.from_preset("vit_digits", image_size=30)
+
+
+def test_one_hot_labels_with_a_categorical_loss_keep_the_default_accuracy():
+    # `compile(loss=CategoricalCrossentropy(...))` with one-hot labels: the
+    # default accuracy follows the labels (a sparse accuracy crashed).
+    keras.utils.set_random_seed(0)
+    model = VisionTransformer(
+        image_size=8, patch_size=4, num_classes=3, hidden_dim=8, depth=1,
+        num_heads=2, mlp_dim=8, num_channels=1,
+    )
+    model.compile(
+        loss=keras.losses.CategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
+    x = np.random.default_rng(0).random((6, 8, 8, 1)).astype("float32")
+    labels = np.array([0, 1, 2, 0, 1, 2])
+    one_hot = np.eye(3, dtype="float32")[labels]
+    logs = model.evaluate(x, one_hot, return_dict=True, verbose=0)
+    predicted = keras.ops.convert_to_numpy(model(x)).argmax(-1)
+    assert logs["accuracy"] == pytest.approx(float(np.mean(predicted == labels)))
+    sparse = VisionTransformer(
+        image_size=8, patch_size=4, num_classes=3, hidden_dim=8, depth=1,
+        num_heads=2, mlp_dim=8, num_channels=1,
+    )
+    sparse.set_weights(model.get_weights())
+    sparse.compile(jit_compile=False)
+    logs = sparse.evaluate(x, labels, return_dict=True, verbose=0)
+    assert logs["accuracy"] == pytest.approx(float(np.mean(predicted == labels)))

@@ -467,15 +467,15 @@ class Classifier(
     def compile_defaults(self):
         """Adam, the sparse categorical cross-entropy (from logits when the
         head has no activation) and the accuracy, weighted by
-        `sample_weight` when one is given."""
+        `sample_weight` when one is given. The accuracy is Keras's
+        `"accuracy"`, which reads the labels it gets: class ids (sparse) or
+        one-hot rows, for a `loss=` of either kind."""
         return {
             "optimizer": "adam",
             "loss": keras.losses.SparseCategoricalCrossentropy(
                 from_logits=self.activation is keras.activations.linear
             ),
-            "weighted_metrics": [
-                keras.metrics.SparseCategoricalAccuracy(name="accuracy")
-            ],
+            "weighted_metrics": ["accuracy"],
         }
 
     def task_arguments(self):
