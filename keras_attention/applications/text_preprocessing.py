@@ -275,7 +275,10 @@ class TranslationPreprocessor(ArgumentConfig):
 
     def _tokenize(self, sentences, source):
         tokenizer = self._source_tokenizer if source else self._target_tokenizer
-        ids = tokenizer(sentences)
+        # Surrounding whitespace means nothing (word pieces ignore it), but
+        # the character tokenizer made tokens of it: a trailing space or a
+        # line's "\r\n" (then unknown tokens) changed the translation.
+        ids = tokenizer([sentence.strip() for sentence in sentences])
         ids = [list(np.asarray(t, dtype="int64").reshape(-1)) for t in ids]
         if self.tokenizer == "character":
             unknown = self.unknown_id

@@ -250,6 +250,23 @@ class Translator(
             "jit_compile": True,
         }
 
+    def compute_loss(
+        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+    ):
+        """Keras's loss; a per-sentence `sample_weight` `(B,)` weighs every
+        token of its sentence (Keras multiplied it with the `(B, T)`
+        padding mask of `ignore_class`: a shape error in `fit`/`evaluate`)."""
+        if sample_weight is not None and not isinstance(
+            sample_weight, (dict, list, tuple)
+        ):
+            # `(B,)` -> `(B, 1)`, `(B, T)` unchanged (also where a graph
+            # trace leaves the weight's rank unknown).
+            sample_weight = ops.reshape(sample_weight, (ops.shape(y)[0], -1))
+        return super().compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+            training=training,
+        )
+
     def prepare(self, sources, targets):
         """`(x, labels)` for `fit`/`evaluate` from sentence pairs."""
         return self.preprocessor.encode_pairs(sources, targets)
@@ -323,7 +340,9 @@ class Translator(
         `jit_compile=True` (TensorFlow) the whole loop is one XLA program,
         compiled once per setting and input shape.
         """
-        beam_width, max_length = self._check_decoding(beam_width, max_length)
+        beam_width, max_length = self._check_decoding(
+            beam_width, max_length, length_penalty
+        )
         if search is None:
             search = "greedy" if beam_width == 1 else "beam"
         if search not in ("greedy", "beam"):
@@ -371,7 +390,9 @@ class Translator(
                 "the TensorFlow backend. Received: backend="
                 f"{keras.backend.backend()!r}"
             )
-        beam_width, max_length = self._check_decoding(beam_width, max_length)
+        beam_width, max_length = self._check_decoding(
+            beam_width, max_length, length_penalty
+        )
         search = "greedy" if beam_width == 1 else "beam"
         generate = self._generate_function(
             search, beam_width, max_length, length_penalty, True, False
@@ -389,8 +410,14 @@ class Translator(
         )
         archive.write_out(path, verbose=verbose)
 
-    def _check_decoding(self, beam_width, max_length):
+    def _check_decoding(self, beam_width, max_length, length_penalty=0.6):
         beam_width = check_positive_int("beam_width", beam_width)
+        # A NaN or infinite exponent made every normalised score NaN, and the
+        # search returned an arbitrary beam without an error.
+        if isinstance(length_penalty, (bool, np.bool_)) or not isinstance(
+            length_penalty, (int, float, np.integer, np.floating)
+        ) or not np.isfinite(length_penalty):
+            raise invalid("length_penalty", "a finite number", length_penalty)
         limit = self.max_decode_length
         if max_length is None:
             max_length = self.preprocessor.target_length
@@ -445,7 +472,7 @@ class Translator(
         if single:
             sentences = [sentences]
         batch_size = check_positive_int("batch_size", batch_size)
-        self._check_decoding(beam_width, max_length)
+        self._check_decoding(beam_width, max_length, length_penalty)
         source_ids = self.preprocessor.encode_sources(sentences)
         count = len(source_ids)
         chunk = min(batch_size, _next_power_of_two(max(count, 1)))

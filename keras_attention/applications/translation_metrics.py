@@ -73,8 +73,10 @@ def _token_weights(y_true, padding_id, sample_weight):
     weight = ops.cast(ops.not_equal(y_true, padding_id), "float32")
     if sample_weight is not None:
         sample_weight = ops.cast(sample_weight, "float32")
-        if len(sample_weight.shape) == 1:
-            sample_weight = sample_weight[:, None]
+        # `(B,)` -> `(B, 1)`, `(B, T)` unchanged; a graph trace (`fit` with
+        # `jit_compile=False`) can leave the rank unknown, where
+        # `len(shape)` raised.
+        sample_weight = ops.reshape(sample_weight, (ops.shape(y_true)[0], -1))
         weight = weight * sample_weight
     return weight
 

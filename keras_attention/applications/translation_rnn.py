@@ -162,8 +162,14 @@ class Seq2SeqTranslator(Translator):
         )
         cell_class = keras.layers.GRUCell if cell == "gru" else keras.layers.LSTMCell
         self.decoder_cell = cell_class(self.hidden_dim, name="decoder_cell")
-        self.embedding_dropout = keras.layers.Dropout(self.dropout)
-        self.output_dropout = keras.layers.Dropout(self.dropout)
+        # Named: `frozen_layers` (LoRA's frozen layers in a `.keras` file)
+        # finds layers by name, and Keras numbers unnamed ones per process.
+        self.embedding_dropout = keras.layers.Dropout(
+            self.dropout, name="embedding_dropout"
+        )
+        self.output_dropout = keras.layers.Dropout(
+            self.dropout, name="output_dropout"
+        )
         self.output_projection = keras.layers.Dense(
             p.target_vocabulary_size, name="output_projection"
         )

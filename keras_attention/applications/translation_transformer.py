@@ -155,7 +155,10 @@ class TransformerTranslator(Translator):
         self.decoder_norm = keras.layers.LayerNormalization(
             epsilon=1e-5, name="decoder_norm"
         )
-        self.embedding_dropout = HashDropout(self.dropout)
+        # Named: `frozen_layers` of a `.keras` file finds layers by name.
+        self.embedding_dropout = HashDropout(
+            self.dropout, name="embedding_dropout"
+        )
         self.output_projection = keras.layers.Dense(
             p.target_vocabulary_size, name="output_projection"
         )

@@ -359,7 +359,9 @@ def _expand_two_digit_year(value, start_year):
 def _parse_spans(source, start_year):
     """Returns `((year, month, day), (year_span, month_span, day_span))`."""
     text = source.strip()
-    lowered = text.lower()
+    # Spans index `source`: the words and numbers are found in it, not in
+    # the stripped text (leading spaces shifted every span before).
+    lowered = source.lower()
     words = [
         m for m in re.finditer(r"[a-z]+", lowered) if m.group() not in
         _FILLER_WORDS and m.group() not in _WEEKDAY_WORDS

@@ -29,6 +29,10 @@ def _read_lines(path, max_lines=None):
                     f"Line {line_number} of {path} is not valid UTF-8: {error}"
                 ) from None
             line = line.rstrip("\r\n")
+            if line_number == 1 and line.startswith("\ufeff"):
+                # A byte-order mark (files saved by some Windows editors)
+                # is no character of the first sentence.
+                line = line[1:]
             if not line.strip():
                 raise ValueError(f"Line {line_number} of {path} is empty.")
             lines.append(line)
