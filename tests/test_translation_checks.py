@@ -80,16 +80,15 @@ def test_length_penalty_is_checked_by_name(value):
     model.generate_ids(ids, beam_width=2, length_penalty=-0.5, jit_compile=False)
 
 
-@pytest.mark.parametrize(
-    "make, jit_compile", [(tiny_rnn, False), (tiny_transformer, True)]
-)
-def test_per_sentence_sample_weight_weighs_its_tokens(make, jit_compile):
+@pytest.mark.parametrize("make", [tiny_rnn, tiny_transformer])
+def test_per_sentence_sample_weight_weighs_its_tokens(make):
     # A `(B,)` sample_weight raised a shape error in the loss (Keras
     # multiplied it with the `(B, T)` mask of `ignore_class`), and in graph
-    # mode the token metrics took `len()` of a shape of unknown rank.
+    # mode the token metrics took `len()` of a shape of unknown rank (graph
+    # mode, as XLA: both failed there).
     keras.utils.set_random_seed(0)
     model = make()
-    model.compile(jit_compile=jit_compile)
+    model.compile(jit_compile=False)
     x, y = model.prepare(WORDS, WORDS[::-1])
     weights = np.array([0.5, 2.0, 0.0, 1.0], "float32")
     per_token = np.repeat(weights[:, None], y.shape[1], axis=1)
