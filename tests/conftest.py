@@ -32,6 +32,18 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _freeze_what_earlier_modules_left():
+    """The same again as each test module starts: what the modules before
+    it left in a long-lived worker (models, traced functions) is frozen
+    too. Keras's full collections otherwise walked all of it each time:
+    saving and loading a quantized translator took 47.7 s late in a full
+    run and 2.5 s alone (`--durations`, 2026-12-04)."""
+    gc.collect()
+    gc.freeze()
+    yield
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--run-large"):
         return
