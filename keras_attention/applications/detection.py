@@ -418,11 +418,7 @@ class DETR(
         shape = getattr(spec, "shape", None)
         if shape is None or len(shape) != 4:
             return
-        key = f"_{function}_image_size"
-        size = tuple(shape[1:3])
-        if getattr(self, key, size) != size:
-            setattr(self, function, None)
-        setattr(self, key, size)
+        self._retrace_when_changed(function, "image_size", tuple(shape[1:3]))
 
     def _check_images(self, x):
         # Before Keras traces them: on JAX an error inside the traced step

@@ -148,10 +148,16 @@ class DETRTraining:
         ) else None
         if shape is None or len(shape) != 3:
             return
-        key = f"_{function}_target_columns"
-        if getattr(self, key, shape[1]) != shape[1]:
+        self._retrace_when_changed(function, "target_columns", shape[1])
+
+    def _retrace_when_changed(self, function, what, value):
+        """Drops Keras's traced `function` (`"train_function"`, ...) when the
+        static `what` of its data differs from the last call's: Keras would
+        trace it again with that size unknown, which the step cannot take."""
+        key = f"_{function}_{what}"
+        if getattr(self, key, value) != value:
             setattr(self, function, None)
-        setattr(self, key, shape[1])
+        setattr(self, key, value)
 
     def fit(self, x=None, y=None, *args, **kwargs):
         """`keras.Model.fit`; array targets checked by `validate_targets`."""
