@@ -108,3 +108,21 @@ def test_bert_preprocessor_matches_the_hugging_face_tokenizer(tmp_path):
         expected = reference(texts, max_length=12, padding="max_length",
                              truncation=True)["input_ids"]
         np.testing.assert_array_equal(ours, np.asarray(expected))
+
+
+def test_text_classifier_splits_words_on_every_unicode_space():
+    # keras-hub's tokenizer splits on ASCII whitespace only: "good\u00a0film"
+    # (a no-break space, common in web text) was one unknown piece.
+    import tensorflow as tf
+
+    preprocessor = TextClassifierPreprocessor.from_texts(
+        ["a good film", "a\u00a0bad\u3000film"] * 10, vocabulary_size=50,
+        sequence_length=6,
+    )
+    assert "\u00a0" not in "".join(preprocessor.vocabulary)
+    spaces = [chr(c) for c in range(0x110000) if chr(c).isspace()]
+    texts = [f"a{space}good film" for space in spaces]
+    expected = preprocessor(["a good film"])
+    np.testing.assert_array_equal(preprocessor(texts), np.repeat(expected, len(texts), 0))
+    as_tensor = preprocessor(tf.constant(texts))  # a tf.data pipeline's path
+    np.testing.assert_array_equal(as_tensor, np.repeat(expected, len(texts), 0))

@@ -29,6 +29,18 @@ from keras_attention.applications.word_pieces import WordPiecePreprocessor
 
 PAD, UNK = "[PAD]", "[UNK]"
 POOLINGS = ("attention", "cls")
+# keras-hub's WordPiece tokenizer splits on RE2's `\s`, ASCII whitespace
+# only: a no-break space (U+00A0, common in web text) or an ideographic space
+# would glue two words into one unknown piece. Every Unicode space (what
+# Python's `str.split()` splits on) becomes a plain space first.
+_UNICODE_SPACES = r"[\s\p{Z}\x{85}\x{1c}-\x{1f}]"
+
+
+def _plain_spaces(texts):
+    """String tensor `texts` with every Unicode space made an ASCII space."""
+    import tensorflow as tf
+
+    return tf.strings.regex_replace(texts, _UNICODE_SPACES, " ")
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
@@ -89,7 +101,7 @@ class TextClassifierPreprocessor(WordPiecePreprocessor):
 
         texts = _check_texts(texts)
         base.check_positive_int("vocabulary_size", vocabulary_size)
-        data = tf.data.Dataset.from_tensor_slices(texts).batch(1024)
+        data = tf.data.Dataset.from_tensor_slices(texts).batch(1024).map(_plain_spaces)
         vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
             data,
             vocabulary_size,
@@ -111,8 +123,8 @@ class TextClassifierPreprocessor(WordPiecePreprocessor):
             texts = _check_texts(texts)
             if not texts:  # keras-hub gives shape (0,): no rows of length T
                 return np.zeros((0, self.sequence_length), "int32")
-            return ops.convert_to_numpy(self.tokenizer(texts))
-        return self.tokenizer(texts)
+            return ops.convert_to_numpy(self.tokenizer(_plain_spaces(texts)))
+        return self.tokenizer(_plain_spaces(texts))
 
     def tokens(self, texts):
         """The word pieces of each text (without padding), lists of strings."""
