@@ -73,6 +73,25 @@ def _scale_digit(digit, size, ink_threshold):
     return np.where(patch >= ink_threshold, np.clip(patch, 0, 1), 0.0)
 
 
+def _draw_digit(digits, labels, size, ink_threshold, rng):
+    """`(patch, label)` of a random digit scaled to `size` pixels.
+
+    A digit whose scaled patch keeps no ink (a tiny `size`: a "0" shrunk
+    to one pixel is its empty centre) would have no box; another digit is
+    drawn instead.
+    """
+    for _ in range(100):
+        choice = int(rng.integers(len(digits)))
+        patch = _scale_digit(digits[choice], size, ink_threshold)
+        if (patch > 0).any():
+            return patch, labels[choice]
+    raise ValueError(
+        f"No digit keeps any ink when scaled to {size}x{size} pixels with "
+        f"ink_threshold={ink_threshold}; raise the smallest `object_scale` "
+        "or lower `ink_threshold`."
+    )
+
+
 def _draw_shape(shape, size, intensity):
     centres = np.arange(size) + 0.5
     y, x = np.meshgrid(centres, centres, indexing="ij")
@@ -103,7 +122,7 @@ def _tight_box(ink, image_size):
 
 def _check_arguments(
     num_images, image_size, max_objects, min_objects, object_scale, kind,
-    channels,
+    channels, ink_threshold,
 ):
     """`make_detection_set`'s checks; returns the object scale `(low, high)`."""
     _positive_int("num_images", num_images, minimum=0)
@@ -133,6 +152,11 @@ def _check_arguments(
         raise ValueError(
             "Received an invalid value for argument `kind`, expected "
             f"'digits' or 'shapes'. Received: kind={kind}"
+        )
+    if not 0.0 <= ink_threshold < 1.0:
+        raise ValueError(
+            "Received an invalid value for argument `ink_threshold`, expected "
+            f"a float in [0, 1). Received: ink_threshold={ink_threshold}"
         )
     if channels not in (1, 3):
         raise ValueError(
@@ -190,7 +214,7 @@ def make_detection_set(
     """
     low, high = _check_arguments(
         num_images, image_size, max_objects, min_objects, object_scale, kind,
-        channels,
+        channels, ink_threshold,
     )
     if kind == "digits":
         digits, digit_labels = _load_digits(digit_split)
@@ -230,9 +254,9 @@ def make_detection_set(
         colours = []
         for slot, (top, left, size) in enumerate(placed):
             if kind == "digits":
-                choice = int(rng.integers(len(digits)))
-                patch = _scale_digit(digits[choice], size, ink_threshold)
-                label = digit_labels[choice]
+                patch, label = _draw_digit(
+                    digits, digit_labels, size, ink_threshold, rng
+                )
             else:
                 label = int(rng.integers(len(SHAPE_NAMES)))
                 patch = _draw_shape(label, size, rng.uniform(0.5, 1.0))

@@ -18,6 +18,7 @@ This is the layout of an unpacked `ogbn-arxiv` / `ogbn-products` folder
 
 import glob
 import os
+import warnings
 
 import numpy as np
 
@@ -60,12 +61,24 @@ def _find(folder, what):
 
 
 def _read(path, dtype, ndmin=1):
-    """`ndmin=2` reads a CSV file's rows as rows (one column, one row)."""
+    """`ndmin=2` reads a CSV file's rows as rows (one column, one row).
+
+    An empty CSV file (a split without nodes, a graph without edges) is
+    an empty array, without NumPy's warning; "utf-8-sig" drops the
+    byte-order mark that spreadsheet programs write first.
+    """
     try:
         if path.endswith(".npy"):
             array = np.load(path, allow_pickle=False)
         else:
-            array = np.loadtxt(path, delimiter=",", dtype=dtype, ndmin=ndmin)
+            with warnings.catch_warnings():
+                warnings.filterwarnings(
+                    "ignore", "loadtxt: input contained no data"
+                )
+                array = np.loadtxt(
+                    path, delimiter=",", dtype=dtype, ndmin=ndmin,
+                    encoding="utf-8-sig",
+                )
     except (ValueError, OSError, EOFError) as e:
         raise ValueError(f"Cannot read {path}: {e}") from e
     return array
@@ -141,8 +154,8 @@ def load_graph_files(path, undirected=True, normalize_features=False):
         FileNotFoundError (also a ValueError): a file is missing; the
             message names the files tried.
         ValueError: a file is malformed, or its edges or ids point outside
-            the node range, or two splits share nodes; the message names
-            the file(s).
+            the node range, or two splits share nodes, or a split lists a
+            node without a label; the message names the file(s).
     """
     folder = os.fspath(path)
     if not os.path.isdir(folder):
@@ -157,6 +170,11 @@ def load_graph_files(path, undirected=True, normalize_features=False):
         )
     features = np.asarray(features, np.float32)
     num_nodes = len(features)
+    if not num_nodes:
+        raise ValueError(
+            f"{found['features']} should hold a (N, F) matrix with a row per "
+            "node. Received: no rows"
+        )
 
     labels = _read(found["labels"], np.int64)
     labels = np.asarray(labels)
@@ -173,7 +191,9 @@ def load_graph_files(path, undirected=True, normalize_features=False):
 
     edges = _read(found["edges"], np.int64, ndmin=2)
     edges = np.asarray(edges)
-    if edges.ndim == 2 and edges.shape[0] == 2 and found["edges"].endswith(".npy"):
+    if not edges.size:  # a graph without edges: every node isolated
+        edges = np.zeros((2, 0), np.int64)
+    elif edges.ndim == 2 and edges.shape[0] == 2 and found["edges"].endswith(".npy"):
         pass  # (2, E)
     elif edges.ndim == 2 and edges.shape[1] == 2:
         edges = edges.T
@@ -192,6 +212,15 @@ def load_graph_files(path, undirected=True, normalize_features=False):
     splits = ("train", "val", "test")
     masks = [_ids_or_mask(found[what], num_nodes) for what in splits]
     _check_disjoint(found, dict(zip(splits, masks)))
+    for what, mask in zip(splits, masks):
+        unlabelled = np.flatnonzero(mask & (labels < 0))
+        if unlabelled.size:
+            raise ValueError(
+                f"The {what} split of {found[what]} lists {unlabelled.size} "
+                f"node(s) without a label (-1 in {found['labels']}; first "
+                f"node ids: {unlabelled[:5].tolist()}); expected labelled "
+                "nodes only"
+            )
     if normalize_features:
         from keras_attention.datasets.graphs import normalize_rows
 

@@ -109,6 +109,12 @@ def stratified_split(labels, test_fraction=0.2, seed=0):
             f"a float in [0, 1). Received: test_fraction={test_fraction}"
         )
     labels = np.asarray(labels)
+    if not labels.size:
+        raise ValueError(
+            "Received an invalid value for argument `labels`, expected a "
+            "non-empty array of class labels. Received: "
+            f"labels.shape={labels.shape}"
+        )
     rng = np.random.default_rng(seed)
     train, test = [], []
     for label in np.unique(labels):

@@ -79,5 +79,10 @@ def load_text_corpus(path=None, num_train=20000, num_val=500, num_test=500,
     if isinstance(val_fraction, bool) or not 0.0 < val_fraction < 1.0:
         raise invalid("val_fraction", "a float in (0, 1)", val_fraction)
     text = _read_texts(path)
+    if not text.strip():
+        raise ValueError(
+            "Received an invalid value for argument `path`, expected text "
+            f"to train on; its .txt files hold none. Received: path={path!r}"
+        )
     cut = int(len(text) * (1.0 - val_fraction))
     return {"train": text[:cut], "val": text[cut:]}

@@ -9,6 +9,7 @@ date-normalisation task, in the same structure: a dict from split name to
 
 import os
 
+from keras_attention._validation import check_positive_int
 from keras_attention.datasets._files import missing_file_error
 from keras_attention.datasets.dates import split_date_task
 
@@ -36,6 +37,8 @@ def _read_lines(path, max_lines=None):
             if not line.strip():
                 raise ValueError(f"Line {line_number} of {path} is empty.")
             lines.append(line)
+    if not lines:
+        raise ValueError(f"The corpus file {path} holds no lines.")
     return lines
 
 
@@ -62,8 +65,8 @@ def load_parallel_corpus(path, src="en", tgt="de", splits=None, max_lines=None):
         FileNotFoundError (also a ValueError): a file is missing; the
             message names it.
         ValueError: the two files of a split have different line counts,
-            or a line is empty or not UTF-8; the message names the file
-            and the line number.
+            a file holds no line, or a line is empty or not UTF-8; the
+            message names the file and the line number.
 
     Example:
 
@@ -79,6 +82,8 @@ def load_parallel_corpus(path, src="en", tgt="de", splits=None, max_lines=None):
         )
     if not os.path.isdir(folder):
         raise missing_file_error(folder, "corpus folder")
+    if max_lines is not None:
+        check_positive_int("max_lines", max_lines)
     if src == tgt:
         raise ValueError(
             "Received an invalid value for argument `tgt`, expected a "

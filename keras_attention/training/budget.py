@@ -1,8 +1,22 @@
 """Time budgets: the CPU time of this process and a callback that stops `fit`."""
 
+import numbers
 import time
 
 import keras
+
+from keras_attention._validation import invalid
+
+
+def _check_budget(argument, value):
+    """`None` or a non-negative number of seconds (0: no budget)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or (
+        not value >= 0
+    ):
+        raise invalid(argument, "None or a non-negative number of seconds", value)
+    return value
 
 
 def cpu_seconds():
@@ -19,7 +33,7 @@ class TimeBudget(keras.callbacks.Callback):
 
     Args:
         seconds: wall-clock budget in seconds, counted from `start`; `None`
-            for none.
+            or 0 for none.
         cpu_seconds: CPU-time budget (`cpu_seconds()`, all threads) counted
             from `cpu_start`; `None` or 0 for none.
         start: `time.time()` the budget counts from (e.g. before the data
@@ -32,8 +46,8 @@ class TimeBudget(keras.callbacks.Callback):
 
     def __init__(self, seconds=None, cpu_seconds=None, start=None, cpu_start=None):
         super().__init__()
-        self.seconds = seconds
-        self.cpu_seconds = cpu_seconds
+        self.seconds = _check_budget("seconds", seconds)
+        self.cpu_seconds = _check_budget("cpu_seconds", cpu_seconds)
         self.start = start
         self.cpu_start = cpu_start
         self.steps = 0

@@ -53,8 +53,14 @@ def read_text_folder(path, suffixes=(".txt",)):
     texts = []
     for name in files:
         # "utf-8-sig": a byte-order mark (Notepad's UTF-8) is not text.
-        with open(name, encoding="utf-8-sig") as f:
-            texts.extend(line.strip() for line in f if line.strip())
+        try:
+            with open(name, encoding="utf-8-sig") as f:
+                texts.extend(line.strip() for line in f if line.strip())
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"Received an invalid value for argument `texts`, expected "
+                f"UTF-8 text files. The file {name} is not UTF-8: {error}"
+            ) from None
     if not texts:
         raise ValueError(
             f"Received an invalid value for argument `texts`, expected text "

@@ -1,9 +1,20 @@
 """Learning-rate schedules and weight keeping of the translation recipes."""
 
+import numbers
 import warnings
 
 import keras
 import numpy as np
+
+from keras_attention._validation import invalid
+
+
+def _check_positive_number(argument, value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, numbers.Real
+    ) or not value > 0:
+        raise invalid(argument, "a positive number", value)
+    return value
 
 
 class BudgetLinearDecay(keras.callbacks.Callback):
@@ -29,8 +40,14 @@ class BudgetLinearDecay(keras.callbacks.Callback):
 
     def __init__(self, budget, peak, warmup, decay_fraction=0.3, verbose=True):
         super().__init__()
-        self.budget, self.peak, self.warmup = budget, peak, warmup
-        self.decay_fraction = decay_fraction
+        self.budget = budget
+        self.peak = _check_positive_number("peak", peak)
+        self.warmup = _check_positive_number("warmup", warmup)
+        if isinstance(decay_fraction, (bool, np.bool_)) or not isinstance(
+            decay_fraction, numbers.Real
+        ) or not 0.0 < decay_fraction <= 1.0:
+            raise invalid("decay_fraction", "a float in (0, 1]", decay_fraction)
+        self.decay_fraction = float(decay_fraction)
         self.verbose = verbose
 
     @property
@@ -57,11 +74,21 @@ class BudgetLinearDecay(keras.callbacks.Callback):
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class InverseSqrt(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up, then `peak * sqrt(warmup / step)` (Vaswani et al.)."""
+    """Linear warm-up, then `peak * sqrt(warmup / step)` (Vaswani et al.).
+
+    `lr(step) = peak * min(step / warmup, sqrt(warmup / step))` with `step`
+    counted from 1 for the first update (`optimizer.iterations + 1`): the
+    rate reaches `peak` at step `warmup`. Vaswani et al.'s schedule is
+    `peak = d_model ** -0.5 * warmup ** -0.5`.
+
+    Args:
+        peak: the learning rate at the end of the warm-up (positive).
+        warmup: warm-up steps (positive).
+    """
 
     def __init__(self, peak, warmup):
-        self.peak = peak
-        self.warmup = warmup
+        self.peak = _check_positive_number("peak", peak)
+        self.warmup = _check_positive_number("warmup", warmup)
 
     def __call__(self, step):
         step = keras.ops.cast(step, "float32") + 1.0
@@ -73,6 +100,13 @@ class InverseSqrt(keras.optimizers.schedules.LearningRateSchedule):
         return {"peak": self.peak, "warmup": self.warmup}
 
 
+# Figures where lower is better, as `mode="auto"` reads a monitor's name.
+_LOWER_IS_BETTER = (
+    "loss", "error", "mae", "mse", "mape", "msle", "crossentropy",
+    "perplexity", "hinge",
+)
+
+
 class KeepBest(keras.callbacks.Callback):
     """Restores the weights of the epoch with the best validation figure.
 
@@ -81,9 +115,12 @@ class KeepBest(keras.callbacks.Callback):
     `EarlyStopping` does, and nothing is restored.
 
     Args:
-        monitor: the logged figure, `"val_loss"` (the lowest is kept) or
-            another (`"val_accuracy"`: the highest; the first epoch wins a
-            tie).
+        monitor: the logged figure, e.g. `"val_loss"` or `"val_accuracy"`.
+        mode: `"min"` (the lowest is kept), `"max"` (the highest), or
+            `"auto"`: `"min"` for a loss or an error (a name holding
+            "loss", "error", "mae", "mse", "mape", "msle",
+            "crossentropy", "perplexity" or "hinge"), else `"max"`. The
+            first epoch wins a tie.
 
     Example:
 
@@ -93,10 +130,16 @@ class KeepBest(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, monitor="val_loss"):
+    def __init__(self, monitor="val_loss", mode="auto"):
         super().__init__()
-        self.monitor = monitor
-        self.sign = 1.0 if monitor.endswith("loss") else -1.0
+        if mode not in ("auto", "min", "max"):
+            raise invalid("mode", "one of 'auto', 'min', 'max'", mode)
+        if mode == "auto":
+            name = monitor.lower()
+            lower = any(word in name for word in _LOWER_IS_BETTER)
+            mode = "min" if lower else "max"
+        self.monitor, self.mode = monitor, mode
+        self.sign = 1.0 if mode == "min" else -1.0
         self.best, self.weights = np.inf, None
 
     def on_train_begin(self, logs=None):

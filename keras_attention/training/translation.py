@@ -20,6 +20,27 @@ from keras_attention.training.schedules import BudgetLinearDecay
 from keras_attention.training.schedules import KeepBest
 
 
+def _check_buckets(buckets, members, batch_size, source_lengths, target_lengths):
+    """A ValueError naming the argument when a pair would be dropped (it
+    fits no bucket) or when no bucket fills a batch (an empty dataset)."""
+    left_out = len(source_lengths) - sum(len(m) for m in members)
+    if left_out:
+        raise ValueError(
+            "Received an invalid value for argument `buckets`, expected "
+            "(source_length, target_length) pairs that hold every pair, the "
+            f"longest being ({int(source_lengths.max())}, "
+            f"{int(target_lengths.max())}): {left_out} pair(s) fit no "
+            f"bucket. Received: buckets={buckets}"
+        )
+    if not any(len(m) >= batch_size for m in members):
+        raise ValueError(
+            "Received an invalid value for argument `batch_size`, expected at "
+            "most the size of the largest bucket "
+            f"({max(len(m) for m in members)} pairs): no bucket fills a batch. "
+            f"Received: batch_size={batch_size}"
+        )
+
+
 def bucketed_batches(x, y, batch_size, buckets, seed=0):
     """A `tf.data.Dataset` of batches padded to the smallest bucket that fits.
 
@@ -29,10 +50,20 @@ def bucketed_batches(x, y, batch_size, buckets, seed=0):
     target_length)` bucket it fits in; the batches of a bucket are full
     (a bucket's remainder is left out of that epoch, a different one each
     epoch) so XLA compiles one program per bucket; the order of the batches
-    is shuffled every epoch.
+    is shuffled every epoch. A pair that fits no bucket is an error, not
+    dropped: the last bucket should hold the longest pair.
     """
     import tensorflow as tf
 
+    from keras_attention._validation import check_positive_int
+
+    batch_size = check_positive_int("batch_size", batch_size)
+    if not buckets:
+        raise ValueError(
+            "Received an invalid value for argument `buckets`, expected a "
+            "non-empty list of (source_length, target_length) pairs. "
+            f"Received: buckets={buckets!r}"
+        )
     source, target = x["source_ids"], x["target_ids"]
     source_lengths = (source != 0).sum(axis=1)
     target_lengths = np.maximum((target != 0).sum(axis=1), (y != 0).sum(axis=1))
@@ -43,6 +74,7 @@ def bucketed_batches(x, y, batch_size, buckets, seed=0):
                 members[b].append(index)
                 break
     members = [np.asarray(m, dtype="int64") for m in members]
+    _check_buckets(buckets, members, batch_size, source_lengths, target_lengths)
     print("buckets", buckets, "sizes", [len(m) for m in members], flush=True)
     rng = np.random.default_rng(seed)
 
@@ -80,8 +112,9 @@ def fit_translator(model, data, minutes, batch_size, epochs=1000, validation=Non
     `bucketed_batches`; `keep_best`: restore the weights of the epoch with
     the lowest validation loss.
 
-    `budget_schedule`: `(peak, warmup_steps)` of a `BudgetLinearDecay`
-    learning rate, or None to keep the optimizer's own.
+    `budget_schedule`: `(peak, warmup_steps)` or `(peak, warmup_steps,
+    decay_fraction)` of a `BudgetLinearDecay` learning rate, or None to
+    keep the optimizer's own.
     """
     x, y = model.prepare(*data)
     if buckets:
