@@ -98,6 +98,9 @@ def test_read_text_folder_names_the_file_that_is_not_utf8(tmp_path):
     (tmp_path / "b.txt").write_bytes("caf\xe9\n".encode("latin-1"))
     with pytest.raises(ValueError, match="b.txt is not UTF-8"):
         training.read_text_folder(tmp_path)
+    # The language model's corpus replaced the bytes with U+FFFD in silence.
+    with pytest.raises(ValueError, match="`path`.*b.txt is not UTF-8"):
+        datasets.load_text_corpus(tmp_path)
 
 
 def test_parallel_corpus_rejects_empty_files_and_max_lines_zero(tmp_path):

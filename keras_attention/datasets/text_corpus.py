@@ -37,8 +37,15 @@ def _read_texts(path):
     texts = []
     for file in files:
         # "utf-8-sig": a byte-order mark (Notepad's UTF-8) is not text.
-        with open(file, encoding="utf-8-sig", errors="replace") as f:
-            texts.append(f.read())
+        try:
+            with open(file, encoding="utf-8-sig") as f:
+                texts.append(f.read())
+        except UnicodeDecodeError as error:
+            # Replacing the bytes would train on U+FFFD in silence.
+            raise ValueError(
+                "Received an invalid value for argument `path`, expected "
+                f"UTF-8 text files. The file {file} is not UTF-8: {error}"
+            ) from None
     return "\n".join(texts)
 
 
