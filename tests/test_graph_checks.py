@@ -87,3 +87,48 @@ def test_layerwise_predict_names_features_of_another_width(karate):
 def test_karate_club_rejects_non_numbers(kwargs, argument):
     with pytest.raises(ValueError, match=f"argument `{argument}`"):
         load_karate_club(**kwargs)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("dense", [False, True])
+def test_feature_dropout_drops_each_nodes_message_once(version, dense):
+    # The GAT paper's code drops `seq_fts` (each node's projected features)
+    # after the scores: one mask per source node, shared by every edge it
+    # sends, scaled by 1 / (1 - rate); the coefficients do not change.
+    from keras_attention.layers import GraphAttention
+
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(4, 3)).astype("float32")
+    edges = np.array([[0, 0, 3], [1, 2, 0]], "int32")  # 0 -> 1, 0 -> 2, 3 -> 0
+    graph = edges
+    if dense:
+        graph = np.zeros((4, 4), bool)
+        graph[edges[1], edges[0]] = True
+    layer = GraphAttention(
+        16, num_heads=2, add_self_loops=False, version=version,
+        use_bias=False, feature_dropout=0.5, seed=3,
+    )
+    plain, alpha = layer([features, graph], return_attention_scores=True)
+    dropped, alpha_training = layer(
+        [features, graph], return_attention_scores=True, training=True
+    )
+    np.testing.assert_allclose(alpha_training, alpha, rtol=1e-6)
+    plain, dropped = np.asarray(plain), np.asarray(dropped)
+    # Nodes 1 and 2 hear only node 0 (coefficient 1): the same dropped message.
+    np.testing.assert_array_equal(dropped[1], dropped[2])
+    kept = dropped[1] != 0
+    assert 0 < kept.sum() < kept.size
+    np.testing.assert_allclose(dropped[1][kept], 2 * plain[1][kept], rtol=1e-5)
+    assert GraphAttention.from_config(layer.get_config()).feature_dropout == 0.5
+
+
+def test_node_classifier_drops_projected_features_at_the_input_rate():
+    model = GATNodeClassifier(num_features=34, num_classes=2, dropout=0.4)
+    rates = [layer.feature_dropout for layer in model.layers if hasattr(layer, "version")]
+    assert rates == [0.4, 0.4]
+    assert model.get_config()["feature_dropout"] == 0.4
+    model = GATNodeClassifier(num_features=34, num_classes=2, feature_dropout=0.0)
+    rates = [layer.feature_dropout for layer in model.layers if hasattr(layer, "version")]
+    assert rates == [0.0, 0.0]
+    with pytest.raises(ValueError, match="`feature_dropout`"):
+        GATNodeClassifier(num_features=34, num_classes=2, feature_dropout=1.5)

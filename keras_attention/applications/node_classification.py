@@ -4,7 +4,9 @@ The GAT paper's transductive model: dropout on the node features, a
 `GraphAttention` layer of 8 heads x 8 units with ELU (heads concatenated),
 dropout, and an output `GraphAttention` layer with one head (8 averaged heads
 on PubMed) giving the class logits of every node; dropout 0.6 on the inputs
-of both layers and on the attention coefficients, L2 regularization 5e-4.
+of both layers, on the attention coefficients and on each node's projected
+features before they are summed (the paper's reference code), L2
+regularization 5e-4.
 
 A graph is one sample: the model takes a batch of **one** graph,
 `[features (1, N, F), edges (1, 2, E)]`, and returns `(1, N, num_classes)`
@@ -155,8 +157,12 @@ class GATNodeClassifier(
     Dropout -> GraphAttention(num_classes, output_heads, mean)`, the
     attention layers being the registry's `attention` (`"graph"`: GAT, or
     GATv2 with `version="v2"`). Dropout (`HashDropout`, fast under XLA) with
-    rate `dropout` acts on both layers' inputs and, with rate
-    `attention_dropout`, on the coefficients. `weight_decay` is the paper's
+    rate `dropout` acts on both layers' inputs, with rate
+    `attention_dropout` on the coefficients, and with rate
+    `feature_dropout` on each node's projected features `W h_j` before
+    they are summed (the reference code's dropout of `seq_fts`, at the
+    input rate; given to attention layers that take it). `weight_decay`
+    is the paper's
     L2 coefficient: `weight_decay / 2 * ||W||^2` is added to the loss for
     every kernel and attention vector (`tf.nn.l2_loss` in the paper's code,
     `weight_decay` in PyTorch's Adam).
@@ -170,6 +176,9 @@ class GATNodeClassifier(
         dropout: dropout rate of the layers' inputs (0.6).
         attention_dropout: dropout rate of the coefficients; defaults to
             `dropout`.
+        feature_dropout: dropout rate of the projected features before
+            the sum; defaults to `dropout` (0 leaves them undropped, as
+            PyTorch Geometric's `GATConv` does).
         weight_decay: L2 coefficient (5e-4; 1e-3 for PubMed).
         activation: activation of the first layer (`"elu"`).
         version: `"v1"` (GAT) or `"v2"` (GATv2), for layers that take it.
@@ -222,6 +231,7 @@ class GATNodeClassifier(
         version="v1",
         attention="graph",
         attention_kwargs=None,
+        feature_dropout=None,
         **kwargs,
     ):
         base.check_positive_int("num_features", num_features)
@@ -232,6 +242,8 @@ class GATNodeClassifier(
         base.check_rate("dropout", dropout)
         attention_dropout = dropout if attention_dropout is None else attention_dropout
         base.check_rate("attention_dropout", attention_dropout)
+        feature_dropout = dropout if feature_dropout is None else feature_dropout
+        base.check_rate("feature_dropout", feature_dropout)
         if isinstance(weight_decay, bool) or not (
             isinstance(weight_decay, (int, float)) and weight_decay >= 0
         ):
@@ -247,6 +259,7 @@ class GATNodeClassifier(
                     "num_heads": heads,
                     "concat_heads": concat,
                     "dropout": attention_dropout,
+                    "feature_dropout": feature_dropout,
                     "activation": layer_activation,
                     "version": version,
                     "kernel_regularizer": regularizer,

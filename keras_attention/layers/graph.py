@@ -55,7 +55,8 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
       messages `W_s h_j`.
 
     `alpha_ij = softmax_j(e_ij)` over the neighbours of `i`, dropout on
-    `alpha`, `h'_i = sum_j alpha_ij m_j`; the heads are concatenated
+    `alpha` (and, with `feature_dropout`, on each node's message `m_j`
+    before the sum), `h'_i = sum_j alpha_ij m_j`; the heads are concatenated
     (`(N, H * units)`) or averaged (`(N, units)`), then the bias and the
     activation are applied. With edge features `f_ji` (of the edge
     `j -> i`), `W_e f_ji` is added inside the score as in PyTorch
@@ -124,6 +125,11 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
             `keras.layers.Dense`; the kernel ones apply to every projection
             and attention vector.
         seed: seed of the dropout.
+        feature_dropout: dropout rate on the messages `m_j` (one mask per
+            node, shared by its outgoing edges), after the scores are
+            computed. The GAT paper's reference code drops them with the
+            input rate (`seq_fts`), which `GATNodeClassifier` follows;
+            PyTorch Geometric's `GATConv` does not (0, the default).
 
     Call arguments:
         inputs: a list `[node_features, edges]` or
@@ -176,6 +182,7 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         kernel_constraint=None,
         bias_constraint=None,
         seed=None,
+        feature_dropout=0.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -194,6 +201,7 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
             )
         self.negative_slope = float(negative_slope)
         self.dropout = check_rate("dropout", dropout)
+        self.feature_dropout = check_rate("feature_dropout", feature_dropout)
         if not isinstance(add_self_loops, bool):
             raise invalid("add_self_loops", "a boolean", add_self_loops)
         self.add_self_loops = add_self_loops
@@ -201,6 +209,8 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
             raise invalid("version", "one of 'v1', 'v2'", version)
         self.version = version
         base.keep_weight_arguments(self, locals())
+        if self.seed_generator is None and self.feature_dropout > 0:
+            self.seed_generator = keras.random.SeedGenerator(seed)
 
     @property
     def output_dim(self):
@@ -338,6 +348,11 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
             return hash_dropout(alpha, self.dropout, self.seed_generator)
         return alpha
 
+    def _message_dropout(self, messages, training):
+        if training and self.feature_dropout > 0.0:
+            return hash_dropout(messages, self.feature_dropout, self.seed_generator)
+        return messages
+
     def _finish(self, heads):
         """`(..., H, units)` -> the output features, bias and activation."""
         if self.concat_heads:
@@ -395,11 +410,11 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
             if edge_term is not None:
                 scores = scores + ops.sum(edge_term * self.attention_edge, axis=-1)
             scores = ops.leaky_relu(scores, self.negative_slope)
-            messages = ops.take(h, source, axis=0)  # (E', H, C)
+            values, messages = h, None
         else:
-            h_source = self._heads(features, self.source)
+            values = self._heads(features, self.source)  # (N, H, C)
             h_target = self._heads(features, self.target)
-            messages = ops.take(h_source, source, axis=0)  # (E', H, C)
+            messages = ops.take(values, source, axis=0)  # (E', H, C)
             z = messages + ops.take(h_target, target, axis=0)
             if edge_term is not None:
                 z = z + edge_term
@@ -409,6 +424,9 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
             scores, target, num_segments=num_nodes, mask=mask
         )
         weights = self._coefficient_dropout(alpha, training)
+        dropped = self._message_dropout(values, training)
+        if messages is None or dropped is not values:
+            messages = ops.take(dropped, source, axis=0)  # (E', H, C)
         weighted = messages * ops.cast(weights, messages.dtype)[..., None]
         heads = ops.segment_sum(weighted, target, num_segments=num_nodes)
         return self._finish(heads), alpha  # (N, out), (E', H)
@@ -468,6 +486,7 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
             scores = ops.transpose(
                 ops.sum(z * self.attention_kernel, axis=-1), (0, 3, 1, 2)
             )
+        values = self._message_dropout(values, training)
         # softmax, dropout and the weighted sum on the shared core: the
         # scores enter as its bias (the dot-product term is zero, heads of
         # size one); the coefficients come back before dropout.
