@@ -6,6 +6,9 @@ weights that `generate_ids` gave on main at commit 68509c2 (the decoder
 blocks' private `(B, L, K, D)` caches) for two tiny seeded models (plain
 multi-head and grouped-query attention), greedy and beam search, eager and
 under XLA. The model is rebuilt here from the same seed; nothing is trained.
+The grouped-query entries were recorded again once decoding stopped choosing
+padding and `[START]` (their old ids held both before `[END]`; the
+multi-head entries never did and are unchanged).
 """
 
 import os
@@ -44,6 +47,10 @@ def test_decoding_equals_the_recorded_private_cache_outputs(tag):
                 source_ids, beam_width=beam_width, jit_compile=jit_compile
             )
             np.testing.assert_array_equal(ids, recorded[f"{key}_ids"])
+            p = model.preprocessor
+            for row in ids:  # no padding or [START] before [END]
+                end = list(row).index(p.end_id) if p.end_id in row else len(row)
+                assert not np.isin(row[:end], (p.pad_id, p.start_id)).any()
             np.testing.assert_allclose(
                 weights, recorded[f"{key}_weights"], atol=1e-5
             )

@@ -18,6 +18,8 @@ whole sequence every step instead (the reference the tests and
 `benchmarks/bench_generation.py` compare with).
 """
 
+import numbers
+import random
 import types
 
 import keras
@@ -37,6 +39,10 @@ from keras_attention.ops.masks import check_sliding_window
 
 SAMPLERS = ("greedy", "top_k", "top_p", "random")
 POSITION_ENCODINGS = ("rope", "alibi")
+# Generated rows are padded with 0 after a stop token, as prompts are: 0 is
+# never generated (`CausalLMPreprocessor` never writes it in a text).
+PAD_ID = 0
+_NEG_INF = -1e9
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
@@ -335,15 +341,57 @@ class CausalLM(
         import keras_hub
 
         if isinstance(sampler, keras_hub.samplers.Sampler):
-            return sampler
+            return self._check_sampler(sampler)
         if sampler not in SAMPLERS:
             raise base.invalid(
                 "sampler", f"one of {SAMPLERS} or a keras_hub.samplers.Sampler",
                 sampler,
             )
         if sampler not in self._generation.samplers:
+            python_state = random.getstate()  # its seed is drawn per call
             self._generation.samplers[sampler] = keras_hub.samplers.get(sampler)
-        return self._generation.samplers[sampler]
+            random.setstate(python_state)
+        sampler = self._generation.samplers[sampler]
+        # Seeded at each call as a new sampler would be (from Python's
+        # `random`, which `keras.utils.set_random_seed` seeds), keeping the
+        # compiled loop that reads the seed variable.
+        for state in sampler.variables:
+            seed = random.randint(1, int(1e9))
+            state.assign(np.array([seed, 0], keras.backend.standardize_dtype(
+                state.dtype)))
+        return sampler
+
+    def _check_sampler(self, sampler):
+        """Settings keras-hub would only fail on deep in the loop."""
+        import keras_hub
+
+        name = type(sampler).__name__
+        if isinstance(sampler, keras_hub.samplers.ContrastiveSampler):
+            raise base.invalid(
+                "sampler", "a sampler that needs no hidden states (not "
+                "ContrastiveSampler)", name,
+            )
+        if getattr(sampler, "return_all_beams", False):
+            raise base.invalid(
+                "sampler", "a BeamSampler with return_all_beams=False "
+                "(generate returns ids only)", name,
+            )
+        temperature = sampler.temperature
+        if isinstance(temperature, (bool, np.bool_)) or not isinstance(
+            temperature, numbers.Real
+        ) or not 0 < temperature < np.inf:
+            raise base.invalid(
+                "sampler", "a positive finite temperature (\"greedy\" for "
+                "the most likely ids)", f"{name}(temperature={temperature!r})",
+            )
+        vocabulary = self.backbone.vocabulary_size
+        k = getattr(sampler, "k", None)
+        if k is not None and not 0 < k <= vocabulary:
+            raise base.invalid(
+                "sampler", f"k in [1, vocabulary_size={vocabulary}]",
+                f"{name}(k={k!r})",
+            )
+        return sampler
 
     def _check_prompts(self, prompt_ids, max_length):
         """`(B, max_length)` int32 ids, the prompt mask, the rows' lengths
@@ -374,9 +422,17 @@ class CausalLM(
                     f"[0, vocabulary_size={vocabulary})",
                     prompt_ids,
                 )
+        # Zeros around a row are padding (a left- or right-padded batch).
+        rows = [np.trim_zeros(r) for r in rows]
+        if not all(r.size for r in rows):
+            raise base.invalid(
+                "prompt_ids", "rows with an id other than the padding 0",
+                prompt_ids,
+            )
         lengths = [len(r) for r in rows]
-        if (
-            isinstance(max_length, bool) or not isinstance(max_length, int)
+        if (  # NumPy's integers too; a bool is not
+            isinstance(max_length, (bool, np.bool_))
+            or not isinstance(max_length, numbers.Integral)
             or max_length <= max(lengths)
         ):
             raise base.invalid(
@@ -385,6 +441,7 @@ class CausalLM(
                 f"{max(lengths)} (the total length, prompt included)",
                 max_length,
             )
+        max_length = int(max_length)
         ids = np.zeros((len(rows), max_length), "int32")
         mask = np.zeros((len(rows), max_length), bool)
         for i, r in enumerate(rows):
@@ -393,16 +450,22 @@ class CausalLM(
 
     def _generate_function(self, key, sampler):
         batch, max_length, start, use_cache, stop, jit_compile = key
+        vocabulary = self.backbone.vocabulary_size
+        padding = ops.equal(ops.arange(vocabulary), PAD_ID)[None, :]
+
+        def no_padding(logits):
+            return ops.where(padding, _NEG_INF, ops.cast(logits, "float32"))
 
         def next_cached(prompt, cache, index):
-            token = ops.slice(prompt, [0, index - 1], [batch, 1])
+            # The sampler's rows: B, or B * num_beams for a BeamSampler.
+            token = ops.slice(prompt, [0, index - 1], [ops.shape(prompt)[0], 1])
             logits, cache = self.call_with_cache(token, cache, index - 1)
-            return logits[:, 0], None, cache
+            return no_padding(logits[:, 0]), None, cache
 
         def next_recomputed(prompt, cache, index):
             # The whole sequence again; causal, so later slots don't matter.
             logits = self(prompt, training=False)
-            return ops.take(logits, index - 1, axis=1), None, cache
+            return no_padding(ops.take(logits, index - 1, axis=1)), None, cache
 
         def generate(prompt, mask):
             cache = None
@@ -435,13 +498,17 @@ class CausalLM(
 
         Args:
             prompt_ids: ids `(P,)`, `(B, P)` (NumPy or a backend tensor),
-                or a list of rows of different lengths.
+                or a list of rows of different lengths. Zeros before or
+                after a row's ids are padding (left or right) and dropped:
+                each output row is its prompt, then its continuation.
             max_length: the total length of each row, prompt included.
             sampler: `"greedy"`, `"top_k"`, `"top_p"`, `"random"` or a
                 `keras_hub.samplers.Sampler` (its settings: temperature,
-                `k`, `p`, seed).
+                `k`, `p`, seed; `BeamSampler` too, not `ContrastiveSampler`).
+                A named sampler draws its seed at each call from Python's
+                `random`: `keras.utils.set_random_seed` repeats its ids.
             stop_token_ids: ids that end a row; the ids after the first
-                generated one are 0.
+                generated one are 0 (the padding id, never generated).
             use_cache: decode through the attention layers' key/value cache
                 (one token per step); `False` re-runs the whole sequence
                 every step (same tokens, much slower).
@@ -458,7 +525,7 @@ class CausalLM(
             int(i) for i in np.ravel(stop_token_ids)
         )
         key = (
-            len(ids), max_length, min(lengths), bool(use_cache), stop,
+            len(ids), ids.shape[1], min(lengths), bool(use_cache), stop,
             bool(jit_compile),
         )
         function = self._generate_function(key, sampler)

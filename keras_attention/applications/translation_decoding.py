@@ -1,6 +1,7 @@
 """The translators' search: greedy and beam search on `keras.ops` with a
 fixed maximum length (one XLA program under TensorFlow), with the cross-
-attention weights of every generated token. `Translator` takes it as a
+attention weights of every generated token. Neither search chooses padding
+or `[START]`; after `[END]` a row holds padding. `Translator` takes it as a
 mixin; it calls the subclass hooks `encode`, `prepare_decoding`,
 `initial_cache`, `decode_step` and `decode_sequence`."""
 
@@ -30,6 +31,19 @@ class SearchDecoding:
         """Whether `decode_step` can run; else decoding re-runs the prefix."""
         return True
 
+    def _never_generated(self):
+        """`(1, V)` bool: the ids a search never chooses before `[END]`.
+
+        Padding and `[START]` are not tokens of a translation (an untrained
+        model would otherwise write them mid-sentence, and a generated pad
+        would be hidden from the uncached decoder but not the cached one).
+        """
+        p = self.preprocessor
+        ids = ops.arange(p.target_vocabulary_size)
+        return ops.logical_or(
+            ops.equal(ids, p.pad_id), ops.equal(ids, p.start_id)
+        )[None, :]
+
     def _step_function(self, encoded, batch, max_length, use_cache):
         if use_cache and self.supports_cache:
             return self.decode_step, self.initial_cache(encoded, max_length)
@@ -42,6 +56,7 @@ class SearchDecoding:
         s_len = source_ids.shape[1]
         step, cache = self._step_function(encoded, batch, max_length, use_cache)
         positions = ops.arange(max_length)[None, :]
+        banned = self._never_generated()
 
         def cond(i, previous, tokens, weights, finished, cache):
             return ops.logical_and(
@@ -50,6 +65,7 @@ class SearchDecoding:
 
         def body(i, previous, tokens, weights, finished, cache):
             logits, cache, step_weights = step(previous, i, cache, encoded)
+            logits = ops.where(banned, _NEG_INF, ops.cast(logits, "float32"))
             chosen = ops.cast(ops.argmax(logits, axis=-1), "int32")
             chosen = ops.where(finished, p.pad_id, chosen)
             # Finished rows write padding, and no attention.
@@ -95,6 +111,7 @@ class SearchDecoding:
         pad_only = ops.where(
             ops.equal(ops.arange(vocabulary), p.pad_id), 0.0, _NEG_INF
         )[None, :]
+        banned = self._never_generated()
         offsets = ops.repeat(ops.arange(batch) * k, k)  # (B*k,)
 
         def cond(i, previous, scores, tokens, weights, finished, cache):
@@ -105,6 +122,9 @@ class SearchDecoding:
         def body(i, previous, scores, tokens, weights, finished, cache):
             logits, cache, step_weights = step(previous, i, cache, encoded)
             log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+            # Scores stay the model's log-probabilities (no renormalisation
+            # over the allowed ids), as in Hugging Face's bad-word masks.
+            log_probs = ops.where(banned, _NEG_INF, log_probs)
             log_probs = ops.where(finished[:, None], pad_only, log_probs)
             step_weights = ops.where(
                 finished[:, None], 0.0, ops.cast(step_weights, "float32")

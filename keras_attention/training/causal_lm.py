@@ -12,6 +12,8 @@ import time
 import keras
 import numpy as np
 
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import invalid
 from keras_attention.training.budget import TimeBudget
 from keras_attention.training.budget import cpu_seconds
 
@@ -41,6 +43,17 @@ def fit_causal_lm(
     a warm-up and cosine decay over the epochs, XLA. Returns the figures
     `{"wall", "cpu", "load", "history"}` (seconds of `fit`, load average).
     """
+    if getattr(model, "preprocessor", None) is None:
+        raise ValueError(
+            "fit_causal_lm cuts `text` with the model's preprocessor: expected "
+            "a CausalLM with a `preprocessor`. Received: preprocessor=None"
+        )
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("epochs", epochs)
+    if isinstance(learning_rate, (bool, np.bool_)) or not isinstance(
+        learning_rate, (int, float, np.integer, np.floating)
+    ) or not 0 < learning_rate < np.inf:
+        raise invalid("learning_rate", "a positive finite number", learning_rate)
     x, y = model.preprocessor.sequences(
         text, sequence_length, stride=sequence_length // 2 or 1
     )
@@ -73,6 +86,8 @@ def fit_causal_lm(
 def date_completion_accuracy(model, text, max_examples=200, batch_size=50):
     """Share of date lines `"<date> = <ISO>"` of `text` whose prompt
     `"<date> = "` the model completes with exactly `<ISO>` (greedy)."""
+    check_positive_int("max_examples", max_examples)
+    check_positive_int("batch_size", batch_size)
     lines = [line for line in text.split("\n") if " = " in line][:max_examples]
     if not lines:  # an accuracy of 0 would read as a result
         raise ValueError(
