@@ -144,3 +144,20 @@ def test_corpus_files_with_a_byte_order_mark(tmp_path):
     assert corpus == {
         "train": (["Hello world", "Good day"], ["Hallo Welt", "Guten Tag"])
     }
+
+
+@pytest.mark.parametrize(
+    "source_ids, match",
+    [
+        (np.array([4, 5, 6]), r"\(B, length\)"),  # one row without its batch axis
+        (np.array([[4, 5, 10_000]]), r"in \[0, \d+\)"),  # outside the vocabulary
+        (np.array([[4.7, 5.2, 6.0]]), "integer token ids"),  # truncated before
+    ],
+)
+def test_generate_ids_names_source_ids_that_are_not_token_ids(source_ids, match):
+    # An IndexError, a raw TensorFlow gather error, and float ids truncated.
+    model = tiny_transformer()
+    with pytest.raises(ValueError, match=f"`source_ids`.*{match}"):
+        model.generate_ids(source_ids, max_length=4, jit_compile=False)
+    ids, _ = model.generate_ids([[4, 5, 6]], max_length=4, jit_compile=False)
+    assert ids.shape == (1, 4)  # a list of rows is ids too

@@ -113,6 +113,26 @@ def _next_power_of_two(n):
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+def _check_token_ids(argument, ids, size):
+    """Integer ids `(B, length)` in `[0, size)`, where their values are
+    known (a float id would be truncated, an id outside the embedding a
+    gather error on TensorFlow and a silent clamp elsewhere)."""
+    shape = getattr(ids, "shape", None)
+    if shape is not None and len(shape) != 2:
+        raise ValueError(
+            f"Received an invalid value for argument `{argument}`, "
+            f"expected token ids (B, length). Received: "
+            f"{argument}.shape={tuple(shape)}"
+        )
+    dtype = getattr(ids, "dtype", None)
+    if dtype is not None and "int" not in keras.backend.standardize_dtype(dtype):
+        raise invalid(argument, "integer token ids", f"dtype {dtype}")
+    check_known_ids(
+        argument, ids, size, "token ids",
+        f"the preprocessor's vocabulary of {size}",
+    )
+
+
 class Translator(
     ArgumentConfig, PresetMixin, CompileDefaults, InputChecks, SearchDecoding,
     QuickQuantize, keras.Model,
@@ -200,17 +220,7 @@ class Translator(
         for argument, ids, size in zip(
             ("source_ids", "target_ids"), (source_ids, target_ids), sizes
         ):
-            shape = getattr(ids, "shape", None)
-            if shape is not None and len(shape) != 2:
-                raise ValueError(
-                    f"Received an invalid value for argument `{argument}`, "
-                    f"expected token ids (B, length). Received: "
-                    f"{argument}.shape={tuple(shape)}"
-                )
-            check_known_ids(
-                argument, ids, size, "token ids",
-                f"the preprocessor's vocabulary of {size}",
-            )
+            _check_token_ids(argument, ids, size)
 
     def call(self, inputs, training=None):
         self.check_inputs(inputs)
@@ -351,6 +361,11 @@ class Translator(
             raise invalid("beam_width", "1 for greedy search", beam_width)
         function = self._generate_function(
             search, beam_width, max_length, length_penalty, use_cache, jit_compile
+        )
+        if isinstance(source_ids, (list, tuple)):
+            source_ids = np.asarray(source_ids)
+        _check_token_ids(
+            "source_ids", source_ids, self.preprocessor.source_vocabulary_size
         )
         tokens, weights = function(ops.convert_to_tensor(source_ids, "int32"))
         return ops.convert_to_numpy(tokens), ops.convert_to_numpy(weights)
