@@ -547,6 +547,16 @@ def main(argv=None):
     except (ValueError, FileNotFoundError) as error:
         print(f"keras-attention: error: {error}", file=sys.stderr)
         return EXIT_FAILED
+    except OSError as error:  # a file that cannot be written or read
+        # `os.replace(temporary, target)` names the target second.
+        where = error.filename2 or error.filename
+        reason = error.strerror or str(error)
+        print(
+            f"keras-attention: error: {reason}"
+            + (f": {os.path.abspath(os.fsdecode(where))}" if where else ""),
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("keras-attention: interrupted", file=sys.stderr)
         return 130

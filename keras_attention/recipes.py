@@ -176,7 +176,7 @@ def run_translation(model_name, data, epochs, out, seed, quick=False):
             attention["weights"],
             attention["source_tokens"],
             attention["target_tokens"],
-            title=f"{sources[i]!r} -> {text!r}",
+            title=f"{test_split} sentence {i}: {sources[i]!r} -> {text!r}",
             path=path,
         )
         _close(fig)
@@ -253,7 +253,7 @@ def run_classification(model_name, data, epochs, out, seed, quick=False):
         if rollout is not None:
             maps["attention rollout"] = rollout[i]
         path = os.path.join(out, f"classification_gradcam_{i}.png")
-        title = f"label {labels[i]}, predicted {predicted[i]}"
+        title = f"test image {i}: label {labels[i]}, predicted {predicted[i]}"
         _close(visualization.plot_image_overlay(images[i], maps, title=title, path=path))
         files.append(path)
     files.append(_explore(model, images[:1], out, "classification"))
@@ -320,7 +320,7 @@ def run_detection(model_name, data, epochs, out, seed, quick=False):
         fig = visualization.plot_detections(
             test.images[i], item["boxes"], item["labels"], item["scores"],
             attention_maps=item["attention"], box_format="xyxy", normalized=False,
-            path=path,
+            title=f"test canvas {i}", path=path,
         )
         _close(fig)
         files.append(path)
@@ -408,6 +408,7 @@ def run_node_classification(model_name, data, epochs, out, seed, quick=False):
         fig = visualization.plot_graph_attention(
             edges, keras.ops.convert_to_numpy(first_layer).mean(-1),
             labels=np.asarray(graph.labels), num_nodes=prepared.inputs[0].shape[1],
+            title="first layer (mean of heads), every node (train, val, test)",
             path=path,
         )
         _close(fig)
@@ -418,10 +419,13 @@ def run_node_classification(model_name, data, epochs, out, seed, quick=False):
             node_labels=np.asarray(graph.labels),
         )
     )
+    test_nodes = int(np.count_nonzero(prepared.test_weights))
     return Result(
         "node-classification", model_name,
         {"test_accuracy": round(float(accuracy), 4)},
         files, time.time() - start, data_name,
+        [f"test_accuracy on the test split ({test_nodes} nodes, never "
+         "trained on)"],
     )
 
 
@@ -508,7 +512,8 @@ def run_causal_lm(model_name, data, epochs, out, seed, quick=False):
     for i, (name, weights) in enumerate(maps.items()):
         path = os.path.join(out, f"causal_lm_attention_{i}.png")
         _close(visualization.plot_attention_heatmap(
-            weights[0], tokens, tokens, title=f"{name} (mean of heads)",
+            weights[0], tokens, tokens,
+            title=f"{name} (mean of heads), generated text",
             path=path, xlabel="key (earlier characters)", ylabel="query",
         ))
         files.append(path)

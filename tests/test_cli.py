@@ -171,3 +171,18 @@ def test_quick_takes_a_slice_of_a_users_corpus(monkeypatch, tmp_path):
         with pytest.raises(Stop):
             recipes.run_translation("rnn", "corpus", None, str(tmp_path), 0, quick=quick)
         assert seen[-1] == size
+
+
+def test_a_file_that_cannot_be_written_fails_with_a_message(
+    tmp_path, capsys, monkeypatch
+):
+    import keras
+
+    # A folder where the run's model file goes: found only when it saves.
+    (tmp_path / "node_classification_gat.keras").mkdir()
+    monkeypatch.setattr(keras.Model, "fit", lambda self, *a, **k: None)
+    argv = ["run", "node-classification", "--epochs", "1", "--out", str(tmp_path)]
+    assert cli.main(argv) == cli.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "keras-attention: error: Is a directory" in err
+    assert str(tmp_path / "node_classification_gat.keras") in err

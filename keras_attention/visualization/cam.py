@@ -5,14 +5,15 @@ Built on tf-keras-vis (`Gradcam`, `GradcamPlusPlus`, `Scorecam` with a
 whose feature layer is one of its own top-level layers with a 4-D output.
 tf-keras-vis builds `keras.Model(model.inputs, model.outputs +
 [layer.output])`, which needs exactly that. For everything else (subclassed
-models, a layer inside a nested model, the tokens of a Vision Transformer)
-the same formulas run here on a `tf.GradientTape`: the feature layer's
-`call` is patched for one eager pass so that its output (or, for tokens,
-the input of the last attention layer) is watched and recorded; tokens are
-laid out on the patch grid (the class token dropped) before the map is
-computed. Both paths share the score, the upsampling (`scipy` zoom of
-order 1) and the normalisation of tf-keras-vis, and agree to float
-precision on a model that both can handle (tested).
+models, a layer inside a nested model, the tokens of a Vision Transformer, a
+half-precision feature map) the same formulas run here on a
+`tf.GradientTape`: the feature layer's `call` is patched for one eager
+pass so that its output (or, for tokens, the input of the last attention
+layer) is watched and recorded; tokens are laid out on the patch grid
+(the class token dropped) before the map is computed. Both paths share
+the score, the upsampling (`scipy` zoom of order 1) and the normalisation
+of tf-keras-vis, and agree to float precision on a model that both can
+handle (tested).
 
 Two workarounds for tf-keras-vis 0.8 under Keras 3: its `ReplaceToLinear`
 reads `model.output_names`, which a Keras 3 `Sequential` lacks, and it
@@ -29,9 +30,11 @@ import warnings
 import keras
 import numpy as np
 
+from keras_attention.visualization import _cam_inputs as inputs_lib
 from keras_attention.visualization import _grid
 from keras_attention.visualization import _hooks
 from keras_attention.visualization import maps as maps_lib
+from keras_attention.visualization._cam_inputs import class_indices
 
 METHODS = ("gradcam", "gradcam++", "scorecam")
 
@@ -90,7 +93,7 @@ def find_cam_target(model, images, layer=None):
     Returns:
         A `CamTarget`.
     """
-    _hooks.ensure_built(model, _as_tensor(images), training=False)
+    _hooks.ensure_built(model, inputs_lib.as_tensor(images), training=False)
     walked = _hooks.walk(model)
     if layer is not None:
         for path, candidate in walked:
@@ -124,7 +127,7 @@ def find_cam_target(model, images, layer=None):
     with _hooks.patched_calls(
         [(candidate, make(path, candidate)) for path, candidate in walked]
     ):
-        model(_as_tensor(images), training=False)
+        model(inputs_lib.as_tensor(images), training=False)
     last_map = last_tokens = None
     for order, (path, candidate, rank, input_rank) in enumerate(finished):
         if rank == 4:
@@ -217,7 +220,8 @@ def grad_cam(
             "Received an invalid value for argument `method`, expected one "
             f"of {METHODS}. Received: method={method!r}"
         )
-    images = _check_images(images)
+    inputs_lib.check_score_cam_options(max_channels, batch_size)
+    images = inputs_lib.check_images(images)
     target = find_cam_target(model, images, layer)
     indices = class_indices(model, images, class_index)
     options = CamOptions(
@@ -230,44 +234,6 @@ def grad_cam(
     )
     engine = tf_keras_vis_cam if _tf_keras_vis_applies(model, target) else tape_cam
     return engine(model, images, indices, target, method, options)
-
-
-def class_indices(model, images, class_index=None):
-    """One class per image: the given one(s), or the predicted class."""
-    count = len(images)
-    if class_index is None:
-        outputs = model(_as_tensor(images), training=False)
-        _check_outputs(outputs)
-        return [int(i) for i in np.argmax(keras.ops.convert_to_numpy(outputs), -1)]
-    values = np.atleast_1d(np.asarray(class_index))
-    if values.dtype.kind not in "iu" or values.ndim != 1 or (
-        len(values) not in (1, count)
-    ) or (values < 0).any():
-        raise ValueError(
-            "Received an invalid value for argument `class_index`, expected "
-            f"None, a non-negative int or {count} of them (one per image). "
-            f"Received: class_index={class_index!r}"
-        )
-    classes = _num_classes(model, images)
-    if classes is not None and (values >= classes).any():
-        raise ValueError(
-            "Received an invalid value for argument `class_index`, expected "
-            f"a class of the model's {classes} (0 to {classes - 1}). "
-            f"Received: class_index={class_index!r}"
-        )
-    if len(values) == 1:
-        values = np.repeat(values, count)
-    return [int(i) for i in values]
-
-
-def _num_classes(model, images):
-    """The size of the model's class axis (its outputs' last), or `None`."""
-    try:
-        classes = model.outputs[0].shape[-1]
-    except (AttributeError, IndexError, TypeError, ValueError):
-        outputs = model(_as_tensor(images[:1]), training=False)
-        classes = getattr(outputs, "shape", (None,))[-1]
-    return None if classes is None else int(classes)
 
 
 def tf_keras_vis_cam(model, images, indices, target, method, options=CamOptions()):
@@ -328,24 +294,23 @@ def tape_cam(model, images, indices, target, method, options=CamOptions()):
     from scipy.ndimage import zoom
     from tf_keras_vis.utils import normalize as tkv_normalize
 
-    images = _check_images(images)
+    images = inputs_lib.check_images(images)
     indices = np.asarray(indices)
     if method == "scorecam":
         features = _capture(model, images, target)
         features = _on_grid(features, images, options)
-        with linear_outputs(model):
+        with linear_outputs(model, images):
             cam = _score_cam(
                 model, images, indices, features, options.max_channels,
                 options.batch_size,
             )
     else:
         tape = tf.GradientTape(watch_accessed_variables=False)
-        with tape:
-            with linear_outputs(model):
-                features, outputs = _capture(
-                    model, images, target, tape=tape, return_outputs=True
-                )
-            _check_outputs(outputs)
+        with linear_outputs(model, images), tape:
+            features, outputs = _capture(
+                model, images, target, tape=tape, return_outputs=True
+            )
+            inputs_lib.check_outputs(outputs)
             scores = tf.gather(
                 tf.cast(outputs, "float32"), indices, axis=-1, batch_dims=1
             )
@@ -395,12 +360,6 @@ def _score_cam(model, images, indices, features, max_channels, batch_size):
 
     channels = features.shape[-1]
     if max_channels is not None and max_channels < channels:
-        if max_channels <= 0:
-            raise ValueError(
-                "Received an invalid value for argument `max_channels`, "
-                f"expected a positive integer. Received: "
-                f"max_channels={max_channels}"
-            )
         spread = features.std(axis=(1, 2))  # (B, C)
         top = np.argsort(-spread, axis=-1, kind="stable")[:, :max_channels]
         # tf-keras-vis keeps the union over the batch, in first-seen order.
@@ -419,7 +378,9 @@ def _score_cam(model, images, indices, features, max_channels, batch_size):
     masked = masked.reshape((-1,) + images.shape[1:])
     outputs = []
     for start in range(0, len(masked), batch_size):
-        batch = model(_as_tensor(masked[start : start + batch_size]), training=False)
+        batch = model(
+            inputs_lib.as_tensor(masked[start : start + batch_size]), training=False
+        )
         outputs.append(keras.ops.convert_to_numpy(batch))
     outputs = np.concatenate(outputs).reshape(channels, count, -1)
     probabilities = keras.ops.convert_to_numpy(
@@ -457,9 +418,10 @@ def _capture(model, images, target, tape=None, return_outputs=False):
         return call
 
     with _hooks.patched_calls([(target.layer, factory)]):
-        outputs = model(_as_tensor(images), training=False)
+        outputs = model(inputs_lib.as_tensor(images), training=False)
     if not captured:
         raise ValueError(f"The layer {target.path!r} did not run in the model.")
+    inputs_lib.check_features(captured[0], target)
     if return_outputs:
         return captured[0], outputs
     return captured[0]
@@ -499,7 +461,9 @@ def _on_grid(x, images, options):
 
 
 def _tf_keras_vis_applies(model, target):
-    """Whether tf-keras-vis can extract the target from the model's graph."""
+    """Whether tf-keras-vis can extract the target from the model's graph
+    (in float32: its Grad-CAM++ and Score-CAM mix a half-precision feature
+    map with float32 weights, which TensorFlow refuses)."""
     inputs = getattr(model, "inputs", None)
     outputs = getattr(model, "outputs", None)
     if target.use_input or not inputs or not outputs:
@@ -509,32 +473,54 @@ def _tf_keras_vis_applies(model, target):
     if not any(layer is target.layer for layer in model.layers):
         return False
     try:
-        return len(target.layer.output.shape) == 4
+        output = target.layer.output
+        return len(output.shape) == 4 and output.dtype == "float32"
     except (AttributeError, ValueError):  # a layer called more than once
         return False
 
 
-def output_layers(model):
-    """The layers that produce a graph model's outputs (empty if unknown)."""
+def output_layers(model, images=None):
+    """The layers that produce the model's outputs: read from a graph
+    model's outputs or, for a subclassed model, the layers whose output the
+    model returns in one eager pass on `images` (empty if unknown)."""
     outputs = getattr(model, "outputs", None) or []
     layers = []
     for tensor in outputs:
         history = getattr(tensor, "_keras_history", None)
         if history is not None:
             layers.append(history.operation)
-    return layers
+    if layers or images is None:
+        return layers
+    returned = []  # (layer, its output) of every call
+
+    def make(layer):
+        def factory(original):
+            def call(*args, **kwargs):
+                outputs = original(*args, **kwargs)
+                returned.append((layer, outputs))
+                return outputs
+
+            return call
+
+        return factory
+
+    walked = _hooks.walk(model)
+    with _hooks.patched_calls([(layer, make(layer)) for _, layer in walked]):
+        result = model(inputs_lib.as_tensor(images), training=False)
+    return [layer for layer, outputs in returned if outputs is result]
 
 
 @contextlib.contextmanager
-def linear_outputs(model):
+def linear_outputs(model, images=None):
     """The output layers' activations linear inside the block, then restored.
 
     As tf-keras-vis's `ReplaceToLinear`, which needs `model.output_names`
-    (absent from a Keras 3 `Sequential`) and does not restore them.
+    (absent from a Keras 3 `Sequential`) and does not restore them. A
+    subclassed model's output layers are found by calling it on `images`.
     """
     saved = [
         (layer, layer.activation)
-        for layer in output_layers(model)
+        for layer in output_layers(model, images)
         if getattr(layer, "activation", None) is not None
     ]
     try:
@@ -560,25 +546,6 @@ def _quiet_predict():
     finally:
         if enabled:
             keras.config.enable_interactive_logging()
-
-
-def _check_images(images):
-    images = np.asarray(keras.ops.convert_to_numpy(images), "float32")
-    _grid.check_image_batch(images)
-    return images
-
-
-def _check_outputs(outputs):
-    if not keras.ops.is_tensor(outputs) or len(outputs.shape) != 2:
-        raise ValueError(
-            "Class activation maps need a classifier with one output "
-            "(B, num_classes). Received: "
-            f"{getattr(outputs, 'shape', type(outputs))}"
-        )
-
-
-def _as_tensor(images):
-    return keras.ops.convert_to_tensor(images)
 
 
 def _rank(x):

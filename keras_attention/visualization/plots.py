@@ -1,8 +1,8 @@
 """Pictures of attention: heatmaps, image overlays, detections, graphs.
 
 Every function builds a `matplotlib.figure.Figure` on the Agg canvas (no
-`pyplot`, no window, no global backend change), returns it, and saves it as
-a PNG when `path` is given.
+`pyplot`, no window, no global backend change), returns it, and saves it
+when `path` is given, in the format its extension names (PNG without one).
 """
 
 import os
@@ -441,9 +441,21 @@ def _finish(fig, path):
                 f"file name ending in one of {', '.join('.' + f for f in sorted(formats))} "
                 f"(or none, for PNG). Received: path={os.fspath(path)!r}"
             )
+        if os.path.isdir(path):
+            raise ValueError(
+                "Received an invalid value for argument `path`, expected a "
+                f"file name, not a folder. Received: path={os.fspath(path)!r}"
+            )
         folder = os.path.dirname(os.fspath(path))
-        if folder:
-            os.makedirs(folder, exist_ok=True)
+        try:
+            if folder:
+                os.makedirs(folder, exist_ok=True)
+        except OSError as error:  # a file in the way of the folder
+            raise ValueError(
+                "Received an invalid value for argument `path`, expected a "
+                f"file in a folder that can be made ({error.strerror}: "
+                f"{folder}). Received: path={os.fspath(path)!r}"
+            ) from None
         write_atomically(
             path,
             lambda temporary: fig.savefig(

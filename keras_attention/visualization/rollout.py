@@ -26,6 +26,21 @@ def _check_options(head_fusion, discard_ratio):
         )
 
 
+def _check_self_attention(path, weights):
+    """Raise, naming the layer, unless `weights` are one self-attention
+    over all tokens: `(B, H, N, N)` or `(B, N, N)`."""
+    shape = np.shape(weights) if not isinstance(weights, tuple) else None
+    if shape is None or len(shape) not in (3, 4) or shape[-1] != shape[-2]:
+        raise ValueError(
+            "Received an invalid value for argument `layers`, expected "
+            "self-attention layers over all the tokens, with weights "
+            f"(B, H, N, N) or (B, N, N); the layer {path!r} gives "
+            f"{shape if shape is not None else 'several maps'} (a windowed or "
+            "grid attention has no rollout; `grad_cam` works on any model). "
+            f"Received: layers including {path!r}"
+        )
+
+
 def rollout_matrices(attentions, head_fusion="mean", discard_ratio=0.0):
     """The rolled-out attention `(B, N, N)` of a list of layers' weights.
 
@@ -147,6 +162,12 @@ def attention_rollout(
     _check_options(head_fusion, discard_ratio)
     images = np.asarray(images)
     _grid.check_image_batch(images)
+    if layers is not None and not len(layers):
+        raise ValueError(
+            "Received an invalid value for argument `layers`, expected `None` "
+            "(every `MultiHeadAttention` layer) or at least one path or name. "
+            f"Received: layers={layers!r}"
+        )
     if layers is None:
         layers = [
             path
@@ -156,12 +177,15 @@ def attention_rollout(
         if not layers:
             raise ValueError(
                 "Attention rollout needs `MultiHeadAttention` layers; the "
-                f"model {model.name!r} has none (pass `layers=`)."
+                f"model {model.name!r} has none (pass `layers=`, or use "
+                "`grad_cam` for a model of windowed or grid attention)."
             )
     weights = maps_lib.attention_maps(model, images, layers=layers)
     attentions = []
-    for value in weights.values():
-        attentions.extend(value if isinstance(value, list) else [value])
+    for path, value in weights.items():
+        for call in value if isinstance(value, list) else [value]:
+            _check_self_attention(path, call)
+            attentions.append(call)
     rollout = rollout_matrices(attentions, head_fusion, discard_ratio)
     num_tokens = rollout.shape[-1]
     (h, w), has_class_token = _grid.token_grid(

@@ -1,0 +1,170 @@
+"""What a user of the pictures meets: clear errors for wrong arguments of
+`grad_cam`, `attention_rollout` and the plots; Grad-CAM of mixed-precision
+and subclassed softmax classifiers equal to their float32 / logit twins;
+pictures of the recipes that say which split they show."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_attention
+from keras_attention import recipes
+from keras_attention.applications import VisionTransformer
+from keras_attention.visualization import attention_rollout
+from keras_attention.visualization import grad_cam
+from keras_attention.visualization import plot_image_overlay
+
+
+def small_cnn(output_dtype=None):
+    inputs = keras.Input((6, 10, 1))
+    x = keras.layers.Conv2D(3, 3, padding="same", name="conv")(inputs)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    scores = keras.layers.Dense(4, name="scores", dtype=output_dtype)
+    return keras.Model(inputs, scores(x))
+
+
+class Subclassed(keras.Model):
+    def __init__(self, activation=None):
+        super().__init__()
+        self.conv = keras.layers.Conv2D(3, 3, padding="same")
+        self.pool = keras.layers.GlobalAveragePooling2D()
+        self.scores = keras.layers.Dense(4, activation=activation)
+
+    def call(self, x):
+        return self.scores(self.pool(self.conv(x)))
+
+
+IMAGES = np.random.default_rng(0).random((2, 6, 10, 1), "float32")
+
+
+@pytest.mark.parametrize("make", [small_cnn, Subclassed])
+@pytest.mark.parametrize("argument", ["batch_size", "max_channels"])
+@pytest.mark.parametrize("value", [0, -2, 1.5])
+def test_grad_cam_checks_score_cam_options_on_both_engines(make, argument, value):
+    with pytest.raises(ValueError, match=f"argument `{argument}`.*positive integer"):
+        grad_cam(make(), IMAGES, method="scorecam", **{argument: value})
+
+
+def test_grad_cam_of_a_layer_without_a_feature_map_names_the_layer():
+    with pytest.raises(ValueError, match="argument `layer`.*Received: layer='pool'"):
+        grad_cam(small_cnn(), IMAGES, layer="pool")
+
+
+def test_grad_cam_of_an_empty_batch_names_the_images():
+    with pytest.raises(ValueError, match="argument `images`, expected at least one"):
+        grad_cam(small_cnn(), IMAGES[:0])
+
+
+def test_rollout_with_no_layers_names_the_argument():
+    vit = VisionTransformer(
+        image_size=4, patch_size=2, num_classes=3, hidden_dim=8, depth=1,
+        num_heads=2, mlp_dim=8, num_channels=1,
+    )
+    with pytest.raises(ValueError, match="argument `layers`"):
+        attention_rollout(vit, np.zeros((1, 4, 4, 1)), layers=[])
+
+
+def test_a_picture_path_that_is_a_folder_or_under_a_file_is_named(tmp_path):
+    (tmp_path / "taken.png").mkdir()
+    (tmp_path / "file").write_text("")
+    for path in (tmp_path / "taken.png", tmp_path / "file" / "cam.png"):
+        with pytest.raises(ValueError, match="argument `path`"):
+            plot_image_overlay(np.zeros((4, 4)), np.ones((2, 2)), path=path)
+    assert (tmp_path / "taken.png").is_dir()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def _titles(fig):
+    texts = [ax.get_title() for ax in fig.axes]
+    if fig._suptitle is not None:  # `get_suptitle` is matplotlib 3.8's
+        texts.append(fig._suptitle.get_text())
+    return " ".join(texts)
+
+
+def _keep_figures_only(monkeypatch, figures):
+    """The recipe saves no model nor page; its figures go to `figures`."""
+    monkeypatch.setattr(recipes, "_save", lambda model, out, name: name)
+    monkeypatch.setattr(recipes, "_explore", lambda *a, **k: "page.html")
+    monkeypatch.setattr(recipes, "_close", figures.append)
+
+
+def test_classification_pictures_say_they_show_test_images(monkeypatch, tmp_path):
+    # The recipe without its training: the pictures are what is checked.
+    figures = []
+    monkeypatch.setattr(keras.Model, "fit", lambda self, *a, **k: None)
+    monkeypatch.setattr(keras.Model, "evaluate", lambda self, *a, **k: [1.0, 0.5])
+    _keep_figures_only(monkeypatch, figures)
+    recipes.run_classification("cbam_resnet", None, 1, str(tmp_path), 0, quick=True)
+    assert len(figures) == 4
+    for i, fig in enumerate(figures):
+        assert f"test image {i}" in _titles(fig)
+
+
+def test_graph_picture_and_notes_say_which_nodes(monkeypatch, tmp_path):
+    figures = []
+    monkeypatch.setattr(keras.Model, "fit", lambda self, *a, **k: None)
+    monkeypatch.setattr(
+        keras.Model, "evaluate", lambda self, *a, **k: {"accuracy": 0.5}
+    )
+    _keep_figures_only(monkeypatch, figures)
+    result = recipes.run_node_classification("gat", None, 1, str(tmp_path), 0)
+    assert "every node" in _titles(figures[0])
+    assert any("test split" in note for note in result.notes)
+
+
+@pytest.mark.parametrize("method", ["gradcam", "gradcam++", "scorecam"])
+def test_grad_cam_of_a_mixed_precision_model(method):
+    # tf-keras-vis mixes the bfloat16 feature map with float32 weights
+    # (the scores in float32, as keras's mixed-precision guide advises).
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        half = small_cnn(output_dtype="float32")
+    finally:
+        keras.config.set_dtype_policy(previous)
+    full = small_cnn()
+    full.set_weights([np.asarray(w, "float32") for w in half.get_weights()])
+    cam = grad_cam(half, IMAGES, class_index=1, method=method)
+    expected = grad_cam(full, IMAGES, class_index=1, method=method)
+    assert cam.shape == IMAGES.shape[:3] and cam.dtype == "float32"
+    np.testing.assert_allclose(cam, expected, atol=0.05)
+
+
+def test_rollout_of_a_windowed_attention_names_the_layer():
+    model = keras.Sequential([
+        keras.Input((4, 4, 8)),
+        keras_attention.layers.LocalWindowAttention(
+            num_heads=2, window_size=2, name="windows"
+        ),
+    ])
+    with pytest.raises(ValueError, match="argument `layers`.*'windows'"):
+        attention_rollout(model, np.ones((1, 4, 4, 8)), layers=["windows"])
+
+
+def test_detection_pictures_say_they_show_test_canvases(monkeypatch, tmp_path):
+    from keras_attention import applications
+
+    figures = []
+    monkeypatch.setattr(keras.Model, "fit", lambda self, *a, **k: None)
+    monkeypatch.setattr(
+        applications, "evaluate_detections", lambda *a, **k: {"map50": 0.5}
+    )
+    _keep_figures_only(monkeypatch, figures)
+    recipes.run_detection("detr", None, 1, str(tmp_path), 0, quick=True)
+    assert len(figures) == 3
+    for i, fig in enumerate(figures):
+        assert f"test canvas {i}" in _titles(fig)
+
+
+@pytest.mark.parametrize("method", ["gradcam", "gradcam++", "scorecam"])
+def test_grad_cam_of_a_subclassed_model_reads_the_logits(method):
+    # As for a functional model: the softmax of the output layer is made
+    # linear while the map is computed, then restored.
+    probabilities, logits = Subclassed("softmax"), Subclassed()
+    probabilities(IMAGES)
+    logits(IMAGES)
+    logits.set_weights(probabilities.get_weights())
+    cam = grad_cam(probabilities, IMAGES, class_index=1, method=method)
+    expected = grad_cam(logits, IMAGES, class_index=1, method=method)
+    np.testing.assert_allclose(cam, expected, atol=1e-5)
+    assert probabilities.scores.activation is keras.activations.softmax
