@@ -420,3 +420,44 @@ def test_a_file_saved_on_torch_loads_with_this_backends_optimizer(kind, tmp_path
     assert type(loaded.optimizer) is type(model.optimizer)
     loss = loaded.fit(x, y, epochs=1, verbose=0).history["loss"]
     assert np.all(np.isfinite(loss)), loss
+
+
+@pytest.mark.large  # 14 s: TensorFlow's SavedModel writer and loader
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="jax2tf: JAX's export")
+def test_a_masked_layer_exports_as_a_saved_model_on_jax(tmp_path):
+    # The dense core's own gradient closed over the mask: jax2tf converts
+    # that backward pass apart, where the mask was an unbound tracer.
+    import tensorflow as tf
+
+    import keras_attention
+
+    ids = keras.Input((4,), dtype="int32")
+    embedded = keras.layers.Embedding(9, 4, mask_zero=True)(ids)
+    attended = keras_attention.get("scaled_dot_product", use_causal_mask=True)(
+        embedded, embedded)
+    model = keras.Model(ids, attended)
+    model.export(tmp_path / "saved", format="tf_saved_model", verbose=False)
+    batch = np.array([[1, 2, 0, 0], [3, 4, 5, 6]], "int32")
+    loaded = tf.saved_model.load(str(tmp_path / "saved"))
+    got = loaded.serve(tf.constant(batch))
+    np.testing.assert_allclose(np.asarray(got), keras.ops.convert_to_numpy(model(batch)),
+                               atol=1e-6)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch's ONNX export")
+def test_a_sequence_layer_exports_to_onnx_on_torch(tmp_path):
+    # The exporter traces sizes as tensors, a new object each: the batch
+    # check counted three batch sizes in `{1, 1, 1}`.
+    pytest.importorskip("onnxruntime")
+    import onnxruntime
+
+    import keras_attention
+
+    x = RNG.normal(size=(1, 3, 4)).astype("float32")
+    inputs = keras.Input((3, 4))
+    model = keras.Model(inputs, keras_attention.get("scaled_dot_product")(inputs, inputs))
+    want = keras.ops.convert_to_numpy(model(x))
+    model.export(str(tmp_path / "model.onnx"), format="onnx", verbose=False)
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    (got,) = session.run(None, {session.get_inputs()[0].name: x})
+    np.testing.assert_allclose(got, want, atol=1e-5)

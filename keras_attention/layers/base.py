@@ -3,6 +3,8 @@ a layer's dropout, and (from `_projections`, named here for every layer)
 their keras projection sublayers' weight arguments, configs, LoRA
 (`ProjectionMixin`, `enable_lora`) and quantization."""
 
+import numbers
+
 import keras
 from keras import ops
 
@@ -53,14 +55,30 @@ def check_rank(argument, shape, rank=3):
 
 
 def check_batch(query_shape, value_shape, key_shape):
-    """Raise unless `query`, `value` and `key` can have one batch size."""
-    sizes = {s[0] for s in (query_shape, value_shape, key_shape)} - {None}
+    """Raise unless `query`, `value` and `key` can have one batch size.
+
+    Only static sizes count: torch's ONNX export traces sizes as tensors,
+    each a different object."""
+    sizes = {
+        s[0] for s in (query_shape, value_shape, key_shape) if isinstance(s[0], numbers.Integral)
+    }
     if len(sizes) > 1:
         raise ValueError(
             "Expected `query`, `value` and `key` to have the same batch "
             f"size. Received: query.shape={tuple(query_shape)}, "
             f"value.shape={tuple(value_shape)}, key.shape={tuple(key_shape)}"
         )
+
+
+def _is_mask_list(mask):
+    """Whether `mask` is a list of masks `[query_mask, value_mask(,
+    key_mask)]` (each `None` or a tensor `(B, ...)`) rather than one mask
+    written as nested lists."""
+    return (
+        isinstance(mask, (list, tuple))
+        and 2 <= len(mask) <= 3
+        and all(m is None or len(getattr(m, "shape", ())) >= 2 for m in mask)
+    )
 
 
 def as_mask(mask):
@@ -258,8 +276,11 @@ class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
 
         Accepts a list `[query, value(, key)]` as the first argument, with its
         Keras masks in `mask` (or, as Keras fills them in when `mask` is
-        passed too, as a list in `query_mask`).
+        passed too, as a list in `query_mask`). With separate arguments,
+        `mask` is the query's, or a list `[query_mask, value_mask(,
+        key_mask)]` of `None`s and masks `(B, ...)` as in the list form.
         """
+        candidates = ()  # lists of masks `[query_mask, value_mask(, key_mask)]`
         if isinstance(query, (list, tuple)):
             if value is not None or key is not None:
                 raise ValueError(
@@ -273,19 +294,22 @@ class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
                     f"[query, value, key]. Received {len(tensors)} tensors."
                 )
             query, value, key = (tensors + [None, None])[:3]
-            structured = [None, None, None]
-            for candidate in (query_mask, mask):
-                if isinstance(candidate, (list, tuple)):
-                    for i, m in enumerate(list(candidate)[:3]):
-                        if m is not None:
-                            structured[i] = m
+            candidates = (query_mask, mask)
             if isinstance(query_mask, (list, tuple)):
                 query_mask = None
-            query_mask = query_mask if query_mask is not None else structured[0]
-            value_mask = value_mask if value_mask is not None else structured[1]
-            key_mask = key_mask if key_mask is not None else structured[2]
+        elif _is_mask_list(mask):
+            candidates = (mask,)
         elif mask is not None and query_mask is None:
             query_mask = mask
+        structured = [None, None, None]
+        for candidate in candidates:
+            if isinstance(candidate, (list, tuple)):
+                for i, m in enumerate(list(candidate)[:3]):
+                    if m is not None:
+                        structured[i] = m
+        query_mask = query_mask if query_mask is not None else structured[0]
+        value_mask = value_mask if value_mask is not None else structured[1]
+        key_mask = key_mask if key_mask is not None else structured[2]
         query_mask, value_mask, key_mask = (
             as_mask(m) for m in (query_mask, value_mask, key_mask)
         )

@@ -27,6 +27,7 @@ from keras_attention.ops import autotune
 from keras_attention.ops import xla_cpu
 from keras_attention.ops.blocked import block_mask
 from keras_attention.ops.blocked import pad_queries
+from keras_attention.ops.masks import mask_arguments
 from keras_attention.ops.masks import masked_softmax
 from keras_attention.ops.masks import scalar_as
 from keras_attention.ops.masks import wide_dtype
@@ -114,7 +115,7 @@ def dense_core(q, k, v, mask, pairs=None):
     head)` pairs side by side (`pairs` of them a group; `None`: as
     `autotune.pair_group` measured, `0`: all at once).
     """
-    if xla_cpu.takes_unnormalised(q):
+    if xla_cpu.takes_unnormalised(q, k, v):
         return xla_cpu.unnormalised_attention(q, k, v, mask)
     if pairs is None:
         pairs = autotune.pair_group(
@@ -125,17 +126,18 @@ def dense_core(q, k, v, mask, pairs=None):
         return _pair_groups(q, k, v, mask, pairs)
 
     @ops.custom_gradient
-    def attend(q, k, v):
-        weights = _weights(q, k, mask, None, v.dtype)
+    def attend(q, k, v, *masks):
+        weights = _weights(q, k, masks[0] if masks else None, None, v.dtype)
         out = ops.matmul(weights, v)  # (B, H, T, Dv)
 
         def grad(*args, upstream=None):
             d_out = upstream if upstream is not None else args[0]
-            return _backward(q, k, v, weights, d_out, _delta(d_out, out))
+            grads = _backward(q, k, v, weights, d_out, _delta(d_out, out))
+            return tuple(grads) + (None,) * len(masks)
 
         return out, grad
 
-    return attend(q, k, v)
+    return attend(q, k, v, *mask_arguments(mask))
 
 
 def _pair_groups(q, k, v, mask, pairs):

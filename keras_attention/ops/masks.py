@@ -173,3 +173,13 @@ def expand_mask(mask):
         "boolean tensor of rank 2 (B, S), 3 (B, T, S) or 4 (B, H, T, S). "
         f"Received: attention_mask.shape={tuple(mask.shape)}"
     )
+
+
+def mask_arguments(mask):
+    """`(mask,)` as a tensor, or `()`: a custom gradient's extra arguments.
+
+    The mask goes into the custom gradient as an argument, never in its
+    closure: JAX's SavedModel export (`model.export` through jax2tf)
+    converts the backward pass on its own, where a tracer closed over from
+    the forward pass is unbound."""
+    return () if mask is None else (ops.convert_to_tensor(mask),)

@@ -14,6 +14,7 @@ from keras import ops
 
 from keras_attention.ops import autotune
 from keras_attention.ops.masks import MASK_VALUE
+from keras_attention.ops.masks import mask_arguments
 
 # `keys_product` loops from this many scores per (batch, head) pair
 # (`benchmarks/bench_xla_products.py`, idle AVX-512 CPU): the loop is 2.2x
@@ -257,13 +258,13 @@ def scores_product(a, b):
     return ops.einsum("bhtd,bhsd->bhts", a, b)
 
 
-def takes_unnormalised(q):
+def takes_unnormalised(q, k, v):
     """Whether the dense core takes `unnormalised_attention`: float32 heads
-    inside code XLA compiles for a CPU."""
-    return (
-        keras.backend.standardize_dtype(q.dtype) == "float32"
-        and autotune.xla_on_cpu()
-    )
+    (all three: its gradients take their dtype) inside code XLA compiles
+    for a CPU."""
+    return all(
+        keras.backend.standardize_dtype(x.dtype) == "float32" for x in (q, k, v)
+    ) and autotune.xla_on_cpu()
 
 
 def unnormalised_attention(q, k, v, mask):
@@ -294,7 +295,8 @@ def unnormalised_attention(q, k, v, mask):
     )
 
     @ops.custom_gradient
-    def attend(q, k, v):
+    def attend(q, k, v, *masks):
+        mask = masks[0] if masks else None
         if _forward_in_pairs_taken(q, k):
             out, e, inverse = _forward_in_pairs(q, k, v, mask)
         else:
@@ -306,7 +308,8 @@ def unnormalised_attention(q, k, v, mask):
             d_out = ops.cast(d_out, v.dtype)
             delta = ops.sum(d_out * out, axis=-1, keepdims=True)
             if _backward_in_pairs_taken(e):
-                return _backward_in_pairs(q, k, v, e, inverse, d_out, delta)
+                grads = _backward_in_pairs(q, k, v, e, inverse, d_out, delta)
+                return tuple(grads) + (None,) * len(masks)
             d_v = keys_product(e, d_out * inverse)
             d_p = scores_product(d_out, v)
             # Unscaled by `inverse`, so that XLA computes it once for both
@@ -314,11 +317,11 @@ def unnormalised_attention(q, k, v, mask):
             d_s = e * (d_p - delta)
             d_q = ops.matmul(d_s, k) * inverse
             d_k = keys_product(d_s, q * inverse)
-            return d_q, d_k, d_v
+            return (d_q, d_k, d_v) + (None,) * len(masks)
 
         return out, grad
 
-    return attend(q, k, v)
+    return attend(q, k, v, *mask_arguments(mask))
 
 
 def _unnormalised_weights(scores, mask):
