@@ -32,6 +32,7 @@ from keras_attention.layers import base as layer_base
 from keras_attention.applications import presets as preset_registry
 from keras_attention.applications.compiling import CompileDefaults
 from keras_attention._config import DTypeArgument
+from keras_attention._config import FROZEN_LAYERS
 from keras_attention._config import FunctionalConfig
 from keras_attention._config import dtype_config
 from keras_attention._config import build_with_graph_state
@@ -128,24 +129,50 @@ class InputChecks:
     def check_inputs(self, inputs):
         pass
 
+    def _single_input(self, inputs):
+        """`inputs` as `check_inputs` reads them, or `None` to leave them
+        to keras.
+
+        A model that takes a dict (BERT's token ids and types) checks it as
+        it is. A model of one input given a dict (a `tf.data` pipeline of
+        `{"images": ...}`) takes the entry named as its input, or the only
+        entry, as keras matches it; other dicts are keras's to match.
+        """
+        if not isinstance(inputs, dict):
+            return inputs
+        struct = getattr(self, "_inputs_struct", None)
+        if getattr(self, "takes_dict_inputs", False) or isinstance(struct, dict):
+            return inputs
+        name = getattr(struct, "name", None)
+        if name in inputs:
+            return inputs[name]
+        if len(inputs) == 1 and not isinstance(struct, (list, tuple)):
+            return next(iter(inputs.values()))
+        return None
+
     def _check_data(self, x):
         spec = getattr(x, "element_spec", None)  # a tf.data.Dataset
         if spec is not None:
             x = spec[0] if isinstance(spec, tuple) else spec
-        if isinstance(x, dict):
-            # Checked where the model takes a dict (BERT's token ids and
-            # types); keras matches a dict to other models' input names.
-            takes_dict = getattr(self, "takes_dict_inputs", False) or isinstance(
-                getattr(self, "_inputs_struct", None), dict
-            )
-            if takes_dict and all(
-                hasattr(v, "shape") for v in x.values()
-            ):
-                self.check_inputs(x)
+        x = self._single_input(x)
+        if x is None:
             return
-        items = x if isinstance(x, (list, tuple)) else [x]
-        if items and all(hasattr(item, "shape") for item in items):
-            self.check_inputs(x)
+        items = list(x.values()) if isinstance(x, dict) else (
+            x if isinstance(x, (list, tuple)) else [x]
+        )
+        if not items or not all(hasattr(item, "shape") for item in items):
+            return
+        if any(getattr(item.shape, "rank", 0) is None for item in items):
+            # tf.numpy_function / py_function in a tf.data map (keras's
+            # own error: "as_list() is not defined on an unknown TensorShape").
+            raise ValueError(
+                "Received an invalid value for argument `x`, expected a "
+                "dataset whose inputs have a known rank (after "
+                "`tf.numpy_function` or `tf.py_function`, set it with "
+                "`tf.ensure_shape`). Received: an input of shape "
+                f"{next(i.shape for i in items if i.shape.rank is None)}"
+            )
+        self.check_inputs(x)
 
     def fit(self, x=None, y=None, *args, **kwargs):
         self._check_data(x)
@@ -160,7 +187,12 @@ class InputChecks:
         return super().predict(x, *args, **kwargs)
 
     def call(self, inputs, training=None, mask=None):
-        self.check_inputs(inputs)
+        single = self._single_input(inputs)
+        if single is not None:
+            self.check_inputs(single)
+            if isinstance(inputs, dict) and not isinstance(single, dict):
+                inputs = single
+                mask = self._single_input(mask) if isinstance(mask, dict) else mask
         return super().call(inputs, training=training, mask=mask)
 
 
@@ -291,10 +323,14 @@ class Backbone(FunctionalConfig, InputChecks, QuickQuantize, keras.Model):
         The named projections of every attention layer (by default each
         layer's own `lora_targets`: query and value, or a Swin window
         attention's fused `qkv`) get trainable
-        low-rank updates and every other weight of the backbone is frozen
-        (a classifier's head stays trainable). See
-        `keras_attention.layers.enable_lora` for the arguments; a bad
-        argument raises a `ValueError` and changes nothing.
+        low-rank updates (their biases train too, as in keras-hub) and
+        every other weight of the backbone is frozen (a classifier's head
+        stays trainable). See `keras_attention.layers.enable_lora` for the
+        arguments; a bad argument raises a `ValueError` and changes nothing.
+
+        A `.keras` file holds the updates merged into the kernels: the
+        loaded model has no LoRA and freezes only what was frozen before
+        `enable_lora` (call it again to go on with LoRA).
 
         Example:
 
@@ -304,9 +340,28 @@ class Backbone(FunctionalConfig, InputChecks, QuickQuantize, keras.Model):
         model.compile(optimizer="adam")
         ```
         """
-        return layer_base.enable_lora(
+        trainable = {layer.name for layer in self.layers if layer.trainable}
+        targets = layer_base.enable_lora(
             self, rank, lora_alpha=lora_alpha, target_names=target_names
         )
+        self._frozen_by_lora = getattr(self, "_frozen_by_lora", set()) | {
+            layer.name for layer in self.layers
+            if layer.name in trainable and not layer.trainable
+        }
+        return targets
+
+    def base_config(self):
+        # The layers that `enable_lora` froze are not frozen again on
+        # loading: the file holds the updates merged, without LoRA.
+        config = super().base_config()
+        lora_frozen = getattr(self, "_frozen_by_lora", set())
+        frozen = [
+            name for name in config.pop(FROZEN_LAYERS, ())
+            if name not in lora_frozen
+        ]
+        if frozen:
+            config[FROZEN_LAYERS] = frozen
+        return config
 
     @classmethod
     def presets(cls):
@@ -314,10 +369,24 @@ class Backbone(FunctionalConfig, InputChecks, QuickQuantize, keras.Model):
         return cls.classifier_class.presets()
 
     @classmethod
-    def from_preset(cls, preset, load_weights=True):
-        """The backbone of the classifier preset `preset`, with its weights."""
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """The backbone of the classifier preset `preset`, with its weights.
+
+        `**kwargs` override the preset's backbone arguments as in the
+        classifier's `from_preset` (e.g. `image_size=32` for a ViT,
+        `dtype=`).
+
+        Example:
+
+        ```python
+        backbone = VisionTransformerBackbone.from_preset(
+            "vit_digits", image_size=32
+        )
+        backbone.input_shape  # (None, 32, 32, 1)
+        ```
+        """
         return cls.classifier_class.from_preset(
-            preset, load_weights=load_weights
+            preset, load_weights=load_weights, **kwargs
         ).backbone
 
 
