@@ -299,7 +299,12 @@ def under_dtype_policy(init):
             dtype = getattr(kwargs.get("backbone"), "_given_dtype_policy", None)
         depth = getattr(_DTYPE_SCOPE, "depth", 0)
         if dtype is None and not depth:
-            return init(self, *args, **kwargs)
+            # Built under the global policy: the model keeps it and writes
+            # it, as keras's layers write theirs (a `mixed_bfloat16` model
+            # loaded as float32 in another process gave other logits).
+            init(self, *args, **kwargs)
+            self._given_dtype_policy = keras.config.dtype_policy()
+            return None
         # Inside another's scope (a task's backbone), the scope's policy:
         # the nested model writes it too, as it is loaded on its own.
         policy = keras.config.dtype_policy() if dtype is None else (
@@ -348,8 +353,9 @@ def backend_neutral_compile_config(config):
 
 
 def dtype_config(model):
-    """`{"dtype": policy}` of a model built with `dtype=`, else `{}` (the
-    global policy at load time, as before)."""
+    """`{"dtype": policy}`: the policy the model was built under (its
+    `dtype=`, else the global one then); `{}` for a model that does not
+    keep one."""
     policy = getattr(model, "_given_dtype_policy", None)
     if policy is None:
         return {}

@@ -84,3 +84,24 @@ def test_a_loaded_lora_file_freezes_only_what_the_user_froze(tmp_path):
     assert frozen == ["block_0"]
     np.testing.assert_allclose(loaded(x), model(x), atol=1e-5)
     loaded.backbone.enable_lora(rank=2)  # LoRA again, on the merged kernels
+
+
+def test_a_model_built_under_a_global_policy_loads_with_it(tmp_path):
+    # Built under a global `mixed_bfloat16` without `dtype=`, it loaded as
+    # float32 in a process without that policy (other logits), where
+    # keras's own layers keep the policy they were built under.
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = VisionTransformer.from_preset("vit_digits")
+    finally:
+        keras.config.set_dtype_policy(previous)
+    images = np.random.default_rng(0).random((2, 16, 16, 1)).astype("float32")
+    path = tmp_path / "vit.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert loaded.dtype_policy.name == "mixed_bfloat16"
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(loaded(images)),
+        keras.ops.convert_to_numpy(model(images)),
+    )
