@@ -114,9 +114,10 @@ def _next_power_of_two(n):
 
 
 def _check_token_ids(argument, ids, size):
-    """Integer ids `(B, length)` in `[0, size)`, where their values are
-    known (a float id would be truncated, an id outside the embedding a
-    gather error on TensorFlow and a silent clamp elsewhere)."""
+    """Ids `(B, length)` in `[0, size)`, where their values are known (an
+    id outside the embedding is a gather error on TensorFlow and a silent
+    clamp elsewhere). Float ids pass: keras itself hands the model float32
+    ids under a `tf.distribute` strategy."""
     shape = getattr(ids, "shape", None)
     if shape is not None and len(shape) != 2:
         raise ValueError(
@@ -124,9 +125,6 @@ def _check_token_ids(argument, ids, size):
             f"expected token ids (B, length). Received: "
             f"{argument}.shape={tuple(shape)}"
         )
-    dtype = getattr(ids, "dtype", None)
-    if dtype is not None and "int" not in keras.backend.standardize_dtype(dtype):
-        raise invalid(argument, "integer token ids", f"dtype {dtype}")
     check_known_ids(
         argument, ids, size, "token ids",
         f"the preprocessor's vocabulary of {size}",
@@ -364,6 +362,10 @@ class Translator(
         )
         if isinstance(source_ids, (list, tuple)):
             source_ids = np.asarray(source_ids)
+        dtype = getattr(source_ids, "dtype", None)
+        if dtype is not None and "int" not in keras.backend.standardize_dtype(dtype):
+            # Cast to int32 below: 4.7 would have been the id 4.
+            raise invalid("source_ids", "integer token ids", f"dtype {dtype}")
         _check_token_ids(
             "source_ids", source_ids, self.preprocessor.source_vocabulary_size
         )
