@@ -28,7 +28,8 @@ One module per topic:
 - `choice_file`: measured choices kept in a JSON file for later processes
   on the same machine (opt-in: `set_autotune(cache_file=...)`).
 - `timing`: how `autotune` times a candidate path (the best of a few
-  calls, a losing path timed once) and its whole measurement on JAX.
+  calls, a losing path timed once), its whole measurement on JAX, and one
+  measurement at a time in a process, its state each thread's own.
 - `blocked`: `blocked_attention`, key blocks with an online softmax and
   recomputation in the backward pass; never holds the `T x S` scores. With
   `sliding_window` each query block visits only the key blocks its band

@@ -44,11 +44,15 @@ that later processes on the same machine read instead
 
 import collections
 import logging
+import math
+import numbers
 import os
 
 import keras
 import numpy as np
 
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import invalid
 from keras_attention.ops import choice_file
 from keras_attention.ops import timing
 
@@ -62,8 +66,25 @@ MEASURED_ROWS = 2048
 MIN_CHUNK_ROWS = 16
 
 _CHOICES = {}
+
+
+def _enabled_by_environment():
+    """`KERAS_ATTENTION_AUTOTUNE`: unset or 1 measures, 0 keeps the rule."""
+    value = os.environ.get("KERAS_ATTENTION_AUTOTUNE", "")
+    word = value.strip().lower()
+    if word in ("", "1", "true", "on", "yes"):
+        return True
+    if word in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(
+        "Received an invalid value for the environment variable "
+        "`KERAS_ATTENTION_AUTOTUNE`, expected 1 (measure at first use) or 0 "
+        f"(keep the fixed rule). Received: KERAS_ATTENTION_AUTOTUNE={value!r}"
+    )
+
+
 _OPTIONS = {
-    "enabled": os.environ.get("KERAS_ATTENTION_AUTOTUNE", "1") != "0",
+    "enabled": _enabled_by_environment(),
     "memory_budget": None,
     "repeats": 2,
     "cache_file": os.environ.get("KERAS_ATTENTION_AUTOTUNE_CACHE") or None,
@@ -75,7 +96,9 @@ def set_autotune(enabled=None, memory_budget=None, repeats=None, cache_file=None
 
     Args:
         enabled: measure at first use (`True`, the default unless
-            `KERAS_ATTENTION_AUTOTUNE=0`) or keep the fixed rule (`False`).
+            `KERAS_ATTENTION_AUTOTUNE=0`, or `false`, `off`, `no`; another
+            value than these and `1`, `true`, `on`, `yes` raises) or keep
+            the fixed rule (`False`).
         memory_budget: bytes the dense path's score tensors may take
             (forward scores, weights and their gradient); default a quarter
             of the machine's physical memory.
@@ -88,16 +111,15 @@ def set_autotune(enabled=None, memory_budget=None, repeats=None, cache_file=None
     Choices already made stay; `clear_dispatch_choices()` forgets them.
     Every argument is checked before any option changes.
     """
-    if memory_budget is not None and memory_budget <= 0:
-        raise ValueError(
-            "`memory_budget` must be a positive number of bytes. "
-            f"Received: memory_budget={memory_budget!r}"
-        )
-    if repeats is not None and (int(repeats) != repeats or repeats < 1):
-        raise ValueError(
-            "`repeats` must be a positive integer. "
-            f"Received: repeats={repeats!r}"
-        )
+    if enabled is not None and not isinstance(enabled, (bool, np.bool_)):
+        raise invalid("enabled", "True or False", enabled)
+    if memory_budget is not None and (
+        isinstance(memory_budget, (bool, np.bool_))
+        or not isinstance(memory_budget, numbers.Real)
+        or not math.isfinite(memory_budget) or memory_budget < 1
+    ):
+        raise invalid("memory_budget", "a positive number of bytes", memory_budget)
+    check_positive_int("repeats", repeats, allow_none=True)
     if cache_file is not None and cache_file is not False:
         cache_file = choice_file.check_path(cache_file)
     if enabled is not None:
@@ -114,8 +136,8 @@ def dispatch_choices():
     """The choices `implementation="auto"` made so far, oldest first.
 
     Each is a `Choice(key, implementation, reason, timings_ms)`: `key` the
-    (backend, mode, B, T, S, H, K, D, Dv, dtype, causal, window, masked)
-    it holds for, `timings_ms` the measured time of each path (empty when
+    (backend, mode, "train" or "infer", B, T, S, H, K, D, Dv, dtype,
+    causal, window, mask shape, ALiBi) it holds for, `timings_ms` the measured time of each path (empty when
     the choice came from a rule). The fast forms that XLA on a CPU takes
     (`ops/xla_cpu.py`: the looped `dV`/`dK` products, the unnormalised
     weights, the backward pair by pair, the flat projections) are listed
@@ -197,7 +219,7 @@ def memory_budget():
 # While `_measure` times a call: the call's own rows, whether it trains,
 # and the pair-group choices its candidate's trace made or found
 # (`pair_group` adds them; `None` outside a trace).
-_MEASURED_CALL = {"rows": None, "training": False, "cores": None}
+_MEASURED_CALL = timing.PerThread({"rows": None, "training": False, "cores": None})
 # The dense path takes its core's measured time (`_measure`) unless another
 # path comes within this ratio of it: then it is timed itself.
 CLOSE_RATIO = 1.1
@@ -260,12 +282,15 @@ def gradient_recorded(backend=None):
         return False
 
 
-def choose(run, query, key, value, mask, is_causal, sliding_window, training):
+def choose(run, query, key, value, mask, is_causal, sliding_window, training,
+           alibi=False):
     """`"dense"`, `"blocked"` or `"chunked"` for one long call; see the
     module docstring.
 
     `run(implementation, q, k, v, mask, causal)` computes the attention on
-    the given path; it is called on random inputs of the call's shapes. A
+    the given path; it is called on random inputs of the call's shapes.
+    `alibi`: whether the call adds ALiBi's bias (the dense path then takes
+    autodiff's backward pass, so it is a shape of its own). A
     causal call without a window, when only its first queries are timed,
     is timed without its causal mask: the dense and blocked paths do the
     same work either way, the chunked path less (it skips the keys after
@@ -285,56 +310,59 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training):
     key_ = (
         backend, mode, "train" if training else "infer", b, t, s, h, kh, d, dv,
         keras.backend.standardize_dtype(query.dtype), bool(is_causal),
-        sliding_window, mask_shape,
+        sliding_window, mask_shape, bool(alibi),
     )
     if key_ in _CHOICES:
         return _CHOICES[key_].implementation
-    candidates, over = ["blocked"], ""
-    if static:
-        dense_bytes = 3 * 4 * b * h * t * s
-        if dense_bytes <= memory_budget():
-            candidates.insert(0, "dense")
-        else:
-            over = (
-                f"the dense scores would take {dense_bytes / 2**30:.1f} GiB, "
-                f"over the budget of {memory_budget() / 2**30:.1f} GiB"
-            )
-        # The chunked path: outside XLA (see the module), without a window
-        # (the blocked path skips the keys outside it), while a chunk of
-        # its fewest rows fits the budget.
-        if (
-            backend == "tensorflow" and mode != "xla" and sliding_window is None
-            and 3 * 4 * b * h * MIN_CHUNK_ROWS * s <= memory_budget()
-        ):
-            candidates.append("chunked")
-    if backend not in ("tensorflow", "jax"):
-        choice = Choice(key_, "blocked", "rule: measured on TensorFlow and JAX", {})
-    elif not static:
-        choice = Choice(key_, "blocked", "rule: shapes not static", {})
-    elif len(candidates) == 1:
-        choice = Choice(key_, "blocked", f"rule: {over}", {})
-    elif not _OPTIONS["enabled"]:
-        choice = Choice(key_, "blocked", "rule: autotune is off", {})
-    else:
-        rows = min(t, MEASURED_ROWS)
-        # Causal as called when the queries are all timed or a window
-        # decides the blocked path's work; unmasked on a slice of them.
-        causal = bool(is_causal) and (rows == t or sliding_window is not None)
-
-        def measure():
-            notes = [f"on {rows:,} of {t:,} queries"] if rows < t else []
-            if backend == "tensorflow":
-                timings = _measure(run, shapes, query.dtype, value.dtype,
-                                   mask_shape, mode, training, candidates, rows,
-                                   causal, notes=notes)
+    with timing.MEASURING:
+        if key_ in _CHOICES:  # another thread measured it meanwhile
+            return _CHOICES[key_].implementation
+        candidates, over = ["blocked"], ""
+        if static:
+            dense_bytes = 3 * 4 * b * h * t * s
+            if dense_bytes <= memory_budget():
+                candidates.insert(0, "dense")
             else:
-                timings = timing.measure_jax(
-                    run, shapes, query.dtype, value.dtype, mask_shape, training,
-                    candidates, rows, causal, _OPTIONS["repeats"])
-            return _fastest(key_, timings, notes + ([over] if over else []))
+                over = (
+                    f"the dense scores would take {dense_bytes / 2**30:.1f} GiB, "
+                    f"over the budget of {memory_budget() / 2**30:.1f} GiB"
+                )
+            # The chunked path: outside XLA (see the module), without a window
+            # (the blocked path skips the keys outside it), while a chunk of
+            # its fewest rows fits the budget.
+            if (
+                backend == "tensorflow" and mode != "xla" and sliding_window is None
+                and 3 * 4 * b * h * MIN_CHUNK_ROWS * s <= memory_budget()
+            ):
+                candidates.append("chunked")
+        if backend not in ("tensorflow", "jax"):
+            choice = Choice(key_, "blocked", "rule: measured on TensorFlow and JAX", {})
+        elif not static:
+            choice = Choice(key_, "blocked", "rule: shapes not static", {})
+        elif len(candidates) == 1:
+            choice = Choice(key_, "blocked", f"rule: {over}", {})
+        elif not _OPTIONS["enabled"]:
+            choice = Choice(key_, "blocked", "rule: autotune is off", {})
+        else:
+            rows = min(t, MEASURED_ROWS)
+            # Causal as called when the queries are all timed or a window
+            # decides the blocked path's work; unmasked on a slice of them.
+            causal = bool(is_causal) and (rows == t or sliding_window is not None)
 
-        choice = _measured_or_kept(key_, measure)
-    _CHOICES[key_] = choice
+            def measure():
+                notes = [f"on {rows:,} of {t:,} queries"] if rows < t else []
+                if backend == "tensorflow":
+                    timings = _measure(run, shapes, query.dtype, value.dtype,
+                                       mask_shape, mode, training, candidates, rows,
+                                       causal, notes=notes)
+                else:
+                    timings = timing.measure_jax(
+                        run, shapes, query.dtype, value.dtype, mask_shape, training,
+                        candidates, rows, causal, _OPTIONS["repeats"])
+                return _fastest(key_, timings, notes + ([over] if over else []))
+
+            choice = _measured_or_kept(key_, candidates, measure)
+        _CHOICES[key_] = choice
     logger.info("keras_attention: %s attention for %s (%s)",
                 choice.implementation, key_, choice.reason)
     return choice.implementation
@@ -410,18 +438,19 @@ def pair_group(q, k, v, mask, run):
     key_ = ("pair groups", "tensorflow", "graph", "train" if training else "infer",
             *shapes, keras.backend.standardize_dtype(q.dtype), mask_shape)
     label = f"{group} pair{'s' if group > 1 else ''} a group"
-    if key_ not in _CHOICES:
-        if not _OPTIONS["enabled"]:
-            choice = Choice(key_, "all pairs", "rule: autotune is off", {})
-        else:
+    with timing.MEASURING:
+        if key_ not in _CHOICES:
             sizes = {"all pairs": 0, label: group}
-            choice = _measured_or_kept(key_, lambda: _fastest(key_, _measure(
-                lambda name, *args: run(sizes[name], *args), shapes, q.dtype,
-                v.dtype, mask_shape, "graph", training, list(sizes),
-            )))
-        _CHOICES[key_] = choice
-        logger.info("keras_attention: dense core, %s, for %s (%s)",
-                    choice.implementation, key_, choice.reason)
+            if not _OPTIONS["enabled"]:
+                choice = Choice(key_, "all pairs", "rule: autotune is off", {})
+            else:
+                choice = _measured_or_kept(key_, list(sizes), lambda: _fastest(
+                    key_, _measure(lambda name, *args: run(sizes[name], *args),
+                                   shapes, q.dtype, v.dtype, mask_shape, "graph",
+                                   training, list(sizes))))
+            _CHOICES[key_] = choice
+            logger.info("keras_attention: dense core, %s, for %s (%s)",
+                        choice.implementation, key_, choice.reason)
     if _MEASURED_CALL["cores"] is not None:
         # `_measure` is tracing the dense path to take this measurement's
         # time, and traces it again if it has to run it: all pairs at once
@@ -438,10 +467,11 @@ def _fastest(key_, timings, notes=()):
     return Choice(key_, min(timings, key=timings.get), f"measured: {text}", timings)
 
 
-def _measured_or_kept(key_, measure):
+def _measured_or_kept(key_, candidates, measure):
     """`measure()`'s `Choice` for `key_`, or the one kept in the cache file
-    (`set_autotune(cache_file=...)`) for this machine and memory budget;
-    a new measurement is added to the file."""
+    (`set_autotune(cache_file=...)`) for this machine and memory budget,
+    if it is one of `candidates` (a file edited by hand, or by another
+    version, may name another); a new measurement is added to the file."""
     path = _OPTIONS["cache_file"]
     if path is None:
         return measure()
@@ -456,7 +486,7 @@ def _measured_or_kept(key_, measure):
         )
     machine = machine(onednn_status())
     kept = lookup(path, machine, key_, memory_budget())
-    if kept is not None:
+    if kept is not None and kept[0] in candidates:
         implementation, reason, timings = kept
         return Choice(key_, implementation, f"{reason} (kept in {path})", timings)
     choice = measure()

@@ -15,7 +15,9 @@ instruction sets that choose kernels, the cores, the accelerators, the
 versions of the library and of its backend, whether TensorFlow's oneDNN
 kernels run) and one memory budget; on another machine, a new version or
 another budget the shape is measured again and its entry added. Only
-measured choices are kept (rules cost nothing to apply again). A file
+measured choices are kept (rules cost nothing to apply again). An empty
+file takes them; a read-only one is read, never written; a file written
+again keeps its permissions. A file
 that is not one of these is never written over (a warning says why), and
 a file that cannot be read or written only costs the measurement.
 Processes that store at once take turns through an empty `<file>.lock`
@@ -132,11 +134,15 @@ def _warn(path, why):
 
 
 def _entries(path):
-    """The file's entries, `[]` when it does not exist yet, `None` (with a
+    """The file's entries, `[]` when it does not exist yet or is empty (a
+    file made for the choices, `touch choices.json`), `None` (with a
     warning) when it is not a choice file or cannot be read."""
     try:
         with open(path, encoding="utf-8") as handle:
-            content = json.load(handle)
+            text = handle.read()
+        if not text.strip():
+            return []
+        content = json.loads(text)
     except FileNotFoundError:
         return []
     except (OSError, ValueError) as error:
@@ -204,9 +210,26 @@ def store(path, machine_, key, budget, implementation, reason, timings_ms):
         _store(path, machine_, key, budget, implementation, reason, timings_ms)
 
 
+def _mode(path):
+    """The permissions the file keeps when it is written again (a new
+    file's: what `open` would give it); `None` for a file without write
+    permission, which is left as it is."""
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+    return mode if mode & 0o222 else None
+
+
 def _store(path, machine_, key, budget, implementation, reason, timings_ms):
     entries = _entries(path)
     if entries is None:
+        return
+    mode = _mode(path)
+    if mode is None:
+        _warn(path, "is read-only, so it is left as it is")
         return
     wanted = _identity(machine_, key, budget)
     entries = [e for e in entries if not _matches(e, wanted)]
@@ -219,6 +242,9 @@ def _store(path, machine_, key, budget, implementation, reason, timings_ms):
         try:
             with os.fdopen(handle, "w", encoding="utf-8") as out:
                 json.dump(content, out, indent=1)
+            # `mkstemp` makes the file private; the choices keep the file's
+            # own permissions (a file shared by the users of a machine).
+            os.chmod(temporary, mode)
             os.replace(temporary, path)
         except BaseException:
             os.unlink(temporary)

@@ -246,7 +246,8 @@ def _measured_path(
     query, key, value, mask, is_causal, scale, block_size, sliding_window,
     alibi_slopes, training,
 ):
-    """`"dense"` or `"blocked"`, the faster for this call (`autotune`)."""
+    """`"dense"`, `"blocked"` or `"chunked"`, the fastest for this call
+    (`autotune`)."""
 
     def run(path, q, k, v, m, causal=is_causal):
         return dot_product_attention(
@@ -256,7 +257,8 @@ def _measured_path(
         )
 
     return autotune.choose(
-        run, query, key, value, mask, is_causal, sliding_window, training
+        run, query, key, value, mask, is_causal, sliding_window, training,
+        alibi=alibi_slopes is not None,
     )
 
 

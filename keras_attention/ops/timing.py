@@ -6,8 +6,13 @@ a few calls after an untimed first one, a losing path timed once
 while the caller's function is traced. TensorFlow's measurement,
 `autotune._measure`, stays beside the state it shares with the nested
 pair-group measurement (`autotune.pair_group`), and uses the first two.
+A process measures one thing at a time (`MEASURING`): two measurements
+at once would each time the other's load, and a thread's measurement
+state is its own (`PerThread`).
 """
 
+import collections.abc
+import threading
 import time
 
 import numpy as np
@@ -15,6 +20,40 @@ import numpy as np
 # A candidate whose timed call takes this many times the fastest one so
 # far is not timed again (it cannot win by its next call's noise).
 LOSING_RATIO = 1.5
+
+# Held while a choice is measured and recorded; reentrant, since a path
+# traced for a measurement may measure its own choice (`pair_group`).
+MEASURING = threading.RLock()
+
+
+class PerThread(collections.abc.MutableMapping):
+    """A dict whose items each thread sees and sets for itself, starting
+    from `defaults`: one thread's measurement state never reaches a call
+    another thread makes meanwhile."""
+
+    def __init__(self, defaults):
+        self._defaults = dict(defaults)
+        self._local = threading.local()
+
+    def _items(self):
+        if not hasattr(self._local, "items"):
+            self._local.items = dict(self._defaults)
+        return self._local.items
+
+    def __getitem__(self, name):
+        return self._items()[name]
+
+    def __setitem__(self, name, value):
+        self._items()[name] = value
+
+    def __delitem__(self, name):
+        del self._items()[name]
+
+    def __iter__(self):
+        return iter(self._items())
+
+    def __len__(self):
+        return len(self._items())
 
 
 def sliced(shapes, mask_shape, rows):
