@@ -168,3 +168,20 @@ def test_grad_cam_of_a_subclassed_model_reads_the_logits(method):
     expected = grad_cam(logits, IMAGES, class_index=1, method=method)
     np.testing.assert_allclose(cam, expected, atol=1e-5)
     assert probabilities.scores.activation is keras.activations.softmax
+
+
+@pytest.mark.parametrize("method", ["gradcam", "gradcam++", "scorecam"])
+def test_grad_cam_reads_the_logits_before_a_softmax_layer(method):
+    # A `keras.layers.Softmax` output has no `activation` to make linear:
+    # the map was the probabilities' (tf-keras-vis's too).
+    inputs = keras.Input((6, 10, 1))
+    x = keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="conv")(inputs)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    logits = keras.layers.Dense(3, name="scores")(x)
+    with_softmax = keras.Model(inputs, keras.layers.Softmax()(logits))
+    without = keras.Model(inputs, logits)
+    cam = grad_cam(with_softmax, IMAGES, class_index=1, method=method, layer="conv")
+    expected = grad_cam(without, IMAGES, class_index=1, method=method, layer="conv")
+    np.testing.assert_allclose(cam, expected, atol=1e-5)
+    probabilities = keras.ops.convert_to_numpy(with_softmax(IMAGES))
+    np.testing.assert_allclose(probabilities.sum(-1), 1.0, rtol=1e-5)  # restored

@@ -515,18 +515,34 @@ def linear_outputs(model, images=None):
     """The output layers' activations linear inside the block, then restored.
 
     As tf-keras-vis's `ReplaceToLinear`, which needs `model.output_names`
-    (absent from a Keras 3 `Sequential`) and does not restore them. A
-    subclassed model's output layers are found by calling it on `images`.
+    (absent from a Keras 3 `Sequential`) and does not restore them; an
+    output `keras.layers.Softmax` passes its inputs through. A subclassed
+    model's output layers are found by calling it on `images`.
     """
+    layers = output_layers(model, images)
     saved = [
         (layer, layer.activation)
-        for layer in output_layers(model, images)
+        for layer in layers
         if getattr(layer, "activation", None) is not None
+    ]
+
+    def identity(original):
+        def call(inputs, *args, **kwargs):
+            return inputs
+
+        return call
+
+    # A `keras.layers.Softmax` output has no `activation`: it passes its
+    # logits through instead (tf-keras-vis leaves it a softmax).
+    softmaxes = [
+        (layer, identity) for layer in layers
+        if isinstance(layer, keras.layers.Softmax)
     ]
     try:
         for layer, _ in saved:
             layer.activation = keras.activations.linear
-        yield
+        with _hooks.patched_calls(softmaxes):
+            yield
     finally:
         for layer, activation in saved:
             layer.activation = activation
