@@ -160,3 +160,24 @@ def test_bucketed_batches_drop_no_pair_silently():
         training.bucketed_batches(x, target, 16, [(2, 2), (4, 3)])
     batches = list(training.bucketed_batches(x, target, 2, [(2, 2), (4, 3)]))
     assert len(batches) == 4
+
+
+def test_a_time_budget_reused_for_another_fit_counts_from_its_start():
+    # Without a `start`, the budget counts from when training begins: a
+    # second `fit` with the same callback stopped after one step, its
+    # budget spent by the first.
+    import time
+
+    from keras_attention.training import TimeBudget
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x, y = np.zeros((8, 2), "float32"), np.zeros((8, 1), "float32")
+    budget = TimeBudget(seconds=30.0)
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[budget])
+    budget.start -= 60.0  # as if the first fit had spent its budget
+    history = model.fit(x, y, batch_size=2, epochs=2, verbose=0, callbacks=[budget])
+    assert budget.steps == 8 and len(history.history["loss"]) == 2
+    given = TimeBudget(seconds=30.0, start=time.time() - 60.0)  # shared start
+    model.fit(x, y, batch_size=2, epochs=2, verbose=0, callbacks=[given])
+    assert given.steps == 1

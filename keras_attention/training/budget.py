@@ -37,11 +37,14 @@ class TimeBudget(keras.callbacks.Callback):
         cpu_seconds: CPU-time budget (`cpu_seconds()`, all threads) counted
             from `cpu_start`; `None` or 0 for none.
         start: `time.time()` the budget counts from (e.g. before the data
-            is made); `None`: when training begins.
+            is made), shared by every `fit` the callback is given to;
+            `None`: when each `fit` begins (a callback reused for a second
+            `fit` gets the budget again).
         cpu_start: the same for the CPU time.
 
     `spent()` is the larger fraction of the two budgets used so far (read by
-    `BudgetLinearDecay`); `steps` counts the training steps taken.
+    `BudgetLinearDecay`); `steps` counts the training steps of the current
+    `fit`.
     """
 
     def __init__(self, seconds=None, cpu_seconds=None, start=None, cpu_start=None):
@@ -50,13 +53,16 @@ class TimeBudget(keras.callbacks.Callback):
         self.cpu_seconds = _check_budget("cpu_seconds", cpu_seconds)
         self.start = start
         self.cpu_start = cpu_start
+        self._given = (start, cpu_start)
         self.steps = 0
 
     def on_train_begin(self, logs=None):
-        if self.start is None:
+        given_start, given_cpu_start = self._given
+        if given_start is None:
             self.start = time.time()
-        if self.cpu_start is None:
+        if given_cpu_start is None:
             self.cpu_start = cpu_seconds()
+        self.steps = 0
 
     def spent(self):
         """The fraction of the budget used so far (the larger of the two)."""
