@@ -30,6 +30,19 @@ def check_positive_int(argument, value, allow_none=False):
     return int(value)
 
 
+def check_positive_number(argument, value, allow_none=False, allow_zero=False):
+    """A finite real number above 0 (at least 0 with `allow_zero`), NumPy's
+    too; a bool, NaN or infinity is not. Returns it unchanged."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, numbers.Real
+    ) or not np.isfinite(value) or not (value >= 0 if allow_zero else value > 0):
+        expected = "a non-negative number" if allow_zero else "a positive number"
+        raise invalid(argument, expected, value)
+    return value
+
+
 def check_rate(argument, value):
     if isinstance(value, (bool, np.bool_)) or not isinstance(
         value, numbers.Real

@@ -44,14 +44,13 @@ that later processes on the same machine read instead
 
 import collections
 import logging
-import math
-import numbers
 import os
 
 import keras
 import numpy as np
 
 from keras_attention._validation import check_positive_int
+from keras_attention._validation import check_positive_number
 from keras_attention._validation import invalid
 from keras_attention.ops import choice_file
 from keras_attention.ops import timing
@@ -113,12 +112,7 @@ def set_autotune(enabled=None, memory_budget=None, repeats=None, cache_file=None
     """
     if enabled is not None and not isinstance(enabled, (bool, np.bool_)):
         raise invalid("enabled", "True or False", enabled)
-    if memory_budget is not None and (
-        isinstance(memory_budget, (bool, np.bool_))
-        or not isinstance(memory_budget, numbers.Real)
-        or not math.isfinite(memory_budget) or memory_budget < 1
-    ):
-        raise invalid("memory_budget", "a positive number of bytes", memory_budget)
+    check_positive_number("memory_budget", memory_budget, allow_none=True)
     check_positive_int("repeats", repeats, allow_none=True)
     if cache_file is not None and cache_file is not False:
         cache_file = choice_file.check_path(cache_file)

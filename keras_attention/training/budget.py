@@ -1,22 +1,10 @@
 """Time budgets: the CPU time of this process and a callback that stops `fit`."""
 
-import numbers
 import time
 
 import keras
 
-from keras_attention._validation import invalid
-
-
-def _check_budget(argument, value):
-    """`None` or a non-negative number of seconds (0: no budget)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or (
-        not value >= 0
-    ):
-        raise invalid(argument, "None or a non-negative number of seconds", value)
-    return value
+from keras_attention._validation import check_positive_number
 
 
 def cpu_seconds():
@@ -49,8 +37,12 @@ class TimeBudget(keras.callbacks.Callback):
 
     def __init__(self, seconds=None, cpu_seconds=None, start=None, cpu_start=None):
         super().__init__()
-        self.seconds = _check_budget("seconds", seconds)
-        self.cpu_seconds = _check_budget("cpu_seconds", cpu_seconds)
+        self.seconds = check_positive_number(
+            "seconds", seconds, allow_none=True, allow_zero=True
+        )
+        self.cpu_seconds = check_positive_number(
+            "cpu_seconds", cpu_seconds, allow_none=True, allow_zero=True
+        )
         self.start = start
         self.cpu_start = cpu_start
         self._given = (start, cpu_start)

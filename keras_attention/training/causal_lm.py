@@ -10,10 +10,9 @@ import os
 import time
 
 import keras
-import numpy as np
 
 from keras_attention._validation import check_positive_int
-from keras_attention._validation import invalid
+from keras_attention._validation import check_positive_number
 from keras_attention.training.budget import TimeBudget
 from keras_attention.training.budget import cpu_seconds
 
@@ -50,10 +49,7 @@ def fit_causal_lm(
         )
     check_positive_int("batch_size", batch_size)
     check_positive_int("epochs", epochs)
-    if isinstance(learning_rate, (bool, np.bool_)) or not isinstance(
-        learning_rate, (int, float, np.integer, np.floating)
-    ) or not 0 < learning_rate < np.inf:
-        raise invalid("learning_rate", "a positive finite number", learning_rate)
+    check_positive_number("learning_rate", learning_rate)
     x, y = model.preprocessor.sequences(
         text, sequence_length, stride=sequence_length // 2 or 1
     )

@@ -6,15 +6,8 @@ import warnings
 import keras
 import numpy as np
 
+from keras_attention._validation import check_positive_number
 from keras_attention._validation import invalid
-
-
-def _check_positive_number(argument, value):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(
-        value, numbers.Real
-    ) or not value > 0:
-        raise invalid(argument, "a positive number", value)
-    return value
 
 
 class BudgetLinearDecay(keras.callbacks.Callback):
@@ -41,8 +34,8 @@ class BudgetLinearDecay(keras.callbacks.Callback):
     def __init__(self, budget, peak, warmup, decay_fraction=0.3, verbose=True):
         super().__init__()
         self.budget = budget
-        self.peak = _check_positive_number("peak", peak)
-        self.warmup = _check_positive_number("warmup", warmup)
+        self.peak = check_positive_number("peak", peak)
+        self.warmup = check_positive_number("warmup", warmup)
         if isinstance(decay_fraction, (bool, np.bool_)) or not isinstance(
             decay_fraction, numbers.Real
         ) or not 0.0 < decay_fraction <= 1.0:
@@ -87,8 +80,8 @@ class InverseSqrt(keras.optimizers.schedules.LearningRateSchedule):
     """
 
     def __init__(self, peak, warmup):
-        self.peak = _check_positive_number("peak", peak)
-        self.warmup = _check_positive_number("warmup", warmup)
+        self.peak = check_positive_number("peak", peak)
+        self.warmup = check_positive_number("warmup", warmup)
 
     def __call__(self, step):
         step = keras.ops.cast(step, "float32") + 1.0
