@@ -7,7 +7,7 @@ from keras import ops
 
 from keras_attention.layers import base
 
-# Masked positions never win a max-pool (float32 pooling only).
+# Masked positions never win a max-pool (float32 or float64 pooling only).
 NEG_INF = -1e30
 
 
@@ -32,6 +32,16 @@ def check_feature_map(shape, min_rank=3, max_rank=None):
         )
 
 
+def float_inputs(layer, inputs):
+    """`inputs` in `layer`'s compute dtype when they are not floats (a
+    `uint8` image, `int32` counts), as keras's `Dense` computes them: the
+    refined map and its residual are never cast back to integers, which
+    would truncate them (channel weights in `(0, 1)` to 0)."""
+    if not keras.backend.is_float_dtype(inputs.dtype):
+        return ops.cast(inputs, layer.compute_dtype)
+    return inputs
+
+
 def check_position_mask(mask, inputs):
     """A Keras mask of the positions, `(B, ...)` = `inputs.shape[:-1]`."""
     if mask is None:
@@ -52,7 +62,10 @@ class FeatureMapAttention(
     its projections' and convolutions' weights, as keras's `Conv2D` does:
     `use_bias`, `kernel_initializer`, `bias_initializer`,
     `kernel_regularizer`, `bias_regularizer`; a subclass passes them on
-    with `**kwargs` and its config holds them (`ArgumentConfig`)."""
+    with `**kwargs` and its config holds them (`ArgumentConfig`).
+
+    Integer inputs (a `uint8` image) are refined in the compute dtype
+    (`float_inputs`): the output is a float map."""
 
     # The largest rank of the inputs (`None`: any): 1-, 2- or 3-D maps.
     _max_rank = 5

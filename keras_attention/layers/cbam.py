@@ -15,6 +15,8 @@ from keras_attention.layers._feature_maps import NEG_INF
 from keras_attention.layers._feature_maps import FeatureMapAttention
 from keras_attention.layers._feature_maps import check_feature_map
 from keras_attention.layers._feature_maps import check_position_mask
+from keras_attention.layers._feature_maps import float_inputs
+from keras_attention.ops.masks import wide_dtype
 from keras_attention.registry import register
 
 def _check_kernel_size(kernel_size):
@@ -135,16 +137,19 @@ class ChannelAttention(_ImageAttention):
         return self.output_dense(ops.relu(self.hidden_dense(descriptor)))
 
     def call(self, inputs, return_attention_scores=False, mask=None):
+        inputs = float_inputs(self, inputs)
         mask = check_position_mask(mask, inputs)
         axes = tuple(range(1, len(inputs.shape) - 1))
         if mask is None:
             avg = ops.mean(inputs, axis=axes)  # (B, C)
             peak = ops.max(inputs, axis=axes)
         else:
-            # Pool in float32 over the valid positions only.
-            x = ops.cast(inputs, "float32")
+            # Pool over the valid positions only, in float32 (float64 for
+            # float64 maps).
+            wide = wide_dtype(inputs.dtype)
+            x = ops.cast(inputs, wide)
             m = mask[..., None]
-            count = ops.sum(ops.cast(m, "float32"), axis=axes)  # (B, 1)
+            count = ops.sum(ops.cast(m, wide), axis=axes)  # (B, 1)
             avg = ops.sum(ops.where(m, x, 0.0), axis=axes)
             avg = avg / ops.maximum(count, 1.0)
             peak = ops.max(ops.where(m, x, NEG_INF), axis=axes)
@@ -229,6 +234,7 @@ class SpatialAttention(_ImageAttention):
     bias = property(lambda self: self.conv.bias)
 
     def call(self, inputs, return_attention_scores=False, mask=None):
+        inputs = float_inputs(self, inputs)
         mask = check_position_mask(mask, inputs)
         avg = ops.mean(inputs, axis=-1, keepdims=True)  # (B, ..., 1)
         peak = ops.max(inputs, axis=-1, keepdims=True)

@@ -11,6 +11,7 @@ from keras_attention.layers._feature_maps import NEG_INF
 from keras_attention.layers._feature_maps import FeatureMapAttention
 from keras_attention.layers._feature_maps import check_feature_map
 from keras_attention.layers._feature_maps import check_position_mask
+from keras_attention.layers._feature_maps import float_inputs
 from keras_attention.ops.masks import wide_dtype
 from keras_attention.registry import register
 
@@ -37,6 +38,26 @@ def _check_sub_sample(sub_sample):
         "a bool, a positive integer or a tuple of positive integers",
         sub_sample,
     )
+
+
+def _max_pool(x, pool_size):
+    """Max-pool `(B, ..., C)` by `pool_size`, "same" padding. A float64
+    3D map `(B, D, H, W, C)` is pooled over `(H, W)`, then over `D` (the
+    same maximum: each axis is padded on its own), as TensorFlow has no
+    float64 `MaxPool3D`."""
+    float64 = keras.backend.standardize_dtype(x.dtype) == "float64"
+    if len(pool_size) < 3 or not float64:
+        return ops.max_pool(x, pool_size, pool_size, padding="same")
+    depth_pool, height_pool, width_pool = pool_size
+    batch, depth, height, width = ops.shape(x)[:4]
+    channels = x.shape[-1]
+    x = ops.reshape(x, (-1, height, width, channels))  # (B * D, H, W, C)
+    spatial_pool = (height_pool, width_pool)
+    x = ops.max_pool(x, spatial_pool, spatial_pool, padding="same")
+    height, width = ops.shape(x)[1:3]
+    x = ops.reshape(x, (batch, depth, -1, channels))  # (B, D, H' * W', C)
+    x = ops.max_pool(x, (depth_pool, 1), (depth_pool, 1), padding="same")
+    return ops.reshape(x, (batch, -1, height, width, channels))
 
 
 def _weight(sublayer, name):
@@ -223,14 +244,15 @@ class NonLocalBlock(FeatureMapAttention):
         if pool_size is None:
             return x, mask
         if mask is None:
-            pooled = ops.max_pool(x, pool_size, pool_size, padding="same")
-            return pooled, None
-        # Masked positions must not win the max: pool in float32.
+            return _max_pool(x, pool_size), None
+        # Masked positions must not win the max: pool in float32 (float64
+        # for float64 maps), where NEG_INF is finite.
         valid = ops.cast(mask[..., None], "float32")
-        pooled_mask = ops.max_pool(valid, pool_size, pool_size, padding="same")
+        pooled_mask = _max_pool(valid, pool_size)
         pooled_mask = pooled_mask[..., 0] > 0.5
-        x32 = ops.where(mask[..., None], ops.cast(x, "float32"), NEG_INF)
-        pooled = ops.max_pool(x32, pool_size, pool_size, padding="same")
+        wide = ops.cast(x, wide_dtype(x.dtype))
+        wide = ops.where(mask[..., None], wide, NEG_INF)
+        pooled = _max_pool(wide, pool_size)
         pooled = ops.where(pooled_mask[..., None], pooled, 0.0)
         return ops.cast(pooled, x.dtype), pooled_mask
 
@@ -241,7 +263,7 @@ class NonLocalBlock(FeatureMapAttention):
         training=None,
         mask=None,
     ):
-        x = inputs
+        x = float_inputs(self, inputs)
         spatial = tuple(x.shape[1:-1])
         mask = check_position_mask(mask, x)
         pool_size = self.pool_size(len(spatial))
