@@ -381,11 +381,16 @@ class VisionTransformer(app_base.Classifier):
         Every tensor is checked before any is assigned.
 
         Args:
-            source: a timm model (`timm.create_model(...)`), or a checkpoint
-                file: `.safetensors` (read without torch) or a torch file
-                (`.pth`, `.bin`, ...).
+            source: a timm model (`timm.create_model(...)`, compiled with
+                `torch.compile` or not), or a checkpoint file:
+                `.safetensors` (read without torch) or a torch file
+                (`.pth`, `.bin`, ...; names under DistributedDataParallel's
+                `module.` are read without it).
             model_name: for a file, the timm model name that gives the
-                architecture (`"vit_base_patch16_224"`); needs timm.
+                architecture (`"vit_base_patch16_224"`); needs timm. The
+                file goes through that model's `checkpoint_filter_fn`
+                first, as timm's `load_checkpoint` does (original Swin
+                files, another `img_size` in `model_kwargs`).
             config: for a ViT file without timm, `VisionTransformer`'s
                 architecture arguments instead of `model_name` (a Swin file
                 needs `model_name`).
@@ -453,7 +458,10 @@ class VisionTransformer(app_base.Classifier):
             num_classes: a new head of this many classes when it differs
                 from the checkpoint's; needed for a `ViTModel`.
             **kwargs: other `VisionTransformer` arguments that keep the
-                weights' shapes (`dropout`, `head_dropout`, ...).
+                weights' shapes (`dropout`, `head_dropout`, ...), and
+                `image_size`: a ViT for another image size, its position
+                embedding resampled as Hugging Face's
+                `interpolate_pos_encoding=True` does (plain bicubic).
 
         Returns:
             A `VisionTransformer`.

@@ -272,7 +272,8 @@ def classifier_from_transformers(
             "The checkpoint has no classification head; pass `num_classes` "
             "for a new one. Received: num_classes=None"
         )
-    num_classes = num_classes or source_classes
+    if num_classes is None:  # 0 is not None: the classifier refuses it
+        num_classes = source_classes
     load_head = num_classes == source_classes
     if not load_head:
         ignore += ["classifier.weight", "classifier.bias"]

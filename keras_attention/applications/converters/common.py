@@ -11,6 +11,12 @@ TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 def _to_numpy(tensor):
     """A torch tensor (any float dtype, bfloat16 too) or array as NumPy."""
     if hasattr(tensor, "detach"):
+        if tensor.is_meta:
+            raise ValueError(
+                "The torch model's tensors are on the meta device (no data): "
+                "load its weights (`load_state_dict(..., assign=True)`) or "
+                "pass the checkpoint file."
+            )
         tensor = tensor.detach().cpu()
         if tensor.is_floating_point():
             tensor = tensor.float()
@@ -95,7 +101,8 @@ def read_checkpoint(path):
             `.ckpt`, read with `torch.load(weights_only=True)`).
 
     Returns:
-        The tensors by name, float tensors as `float32`.
+        The tensors by name, float tensors as `float32`; names that all
+        start with `module.` (DistributedDataParallel's) without it.
 
     Raises:
         ValueError: a missing, unreadable or truncated file, or another
@@ -114,10 +121,19 @@ def read_checkpoint(path):
             f".safetensors or torch ({', '.join(TORCH_SUFFIXES)}) file. "
             f"Received: source={path!r}"
         )
+    # A model saved inside DistributedDataParallel: every name under
+    # `module.` (timm's `load_checkpoint` strips it too).
+    if arrays and all(name.startswith("module.") for name in arrays):
+        arrays = {name[len("module."):]: a for name, a in arrays.items()}
     return {
         name: a.astype("float32") if a.dtype.kind == "f" else a
         for name, a in arrays.items()
     }
+
+
+def unwrap_compiled(source):
+    """The module inside `torch.compile(module)`, else `source`."""
+    return getattr(source, "_orig_mod", source)
 
 
 def read_hub_directory(directory):
@@ -172,6 +188,7 @@ def read_transformers_source(source, architectures):
         architectures: the accepted class names.
     """
     expected = f"Expected a Hugging Face {' or '.join(architectures)}."
+    source = unwrap_compiled(source)
     if hasattr(source, "state_dict") and hasattr(source, "config"):
         kind = type(source).__name__
         if kind not in architectures:
@@ -323,18 +340,18 @@ def take_linear(loader, name, dense, shape=None):
     )
 
 
+def _cubic(x, a):
+    """Keys' cubic convolution kernel with parameter `a`."""
+    x = np.abs(x)
+    return np.where(
+        x < 1, ((a + 2) * x - (a + 3)) * x * x + 1,
+        np.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, 0.0),
+    )
+
+
 def _aa_bicubic_weights(size_in, size_out):
     """`(size_out, size_in)` weights of torch's antialiased bicubic resize
     (`F.interpolate(mode="bicubic", antialias=True)`, PIL's filter, a=-0.5)."""
-
-    def cubic(x):
-        x = np.abs(x)
-        a = -0.5
-        return np.where(
-            x < 1, ((a + 2) * x - (a + 3)) * x * x + 1,
-            np.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, 0.0),
-        )
-
     scale = size_in / size_out
     support = 2.0 * max(scale, 1.0)
     inverse = 1.0 / max(scale, 1.0)
@@ -343,15 +360,32 @@ def _aa_bicubic_weights(size_in, size_out):
         center = (i + 0.5) * scale
         low = max(int(center - support + 0.5), 0)
         high = min(int(center + support + 0.5), size_in)
-        taps = cubic((np.arange(low, high) - center + 0.5) * inverse)
+        taps = _cubic((np.arange(low, high) - center + 0.5) * inverse, -0.5)
         weights[i, low:high] = taps / taps.sum()
     return weights
 
 
-def resample_position_embedding(embedding, old_grid, new_grid, prefix_tokens):
+def _bicubic_weights(size_in, size_out):
+    """`(size_out, size_in)` weights of torch's plain bicubic resize
+    (`F.interpolate(mode="bicubic", align_corners=False)`, a=-0.75): four
+    taps around each output pixel, indices past a border clamped to it."""
+    weights = np.zeros((size_out, size_in))
+    for i in range(size_out):
+        source = (i + 0.5) * size_in / size_out - 0.5
+        low = int(np.floor(source))
+        for tap in range(low - 1, low + 3):
+            weights[i, min(max(tap, 0), size_in - 1)] += _cubic(source - tap, -0.75)
+    return weights
+
+
+def resample_position_embedding(
+    embedding, old_grid, new_grid, prefix_tokens, antialias=True
+):
     """A ViT's learned position embedding `(1, prefix + h*w, C)` resized to
     another patch grid, as timm's `resample_abs_pos_embed` does (bicubic
-    with antialiasing on the `(h, w)` grid; the class token's row kept).
+    with antialiasing on the `(h, w)` grid; the class token's row kept),
+    or, with `antialias=False`, as Hugging Face's ViT does with
+    `interpolate_pos_encoding=True` (plain bicubic).
 
     For fine-tuning a converted model at another image size:
     `VisionTransformer.from_timm(model, image_size=384)`.
@@ -366,7 +400,8 @@ def resample_position_embedding(embedding, old_grid, new_grid, prefix_tokens):
             f"{old_h} x {old_w} grid of the source model."
         )
     grid = grid.reshape(old_h, old_w, -1)
-    grid = np.einsum("ih,hwc->iwc", _aa_bicubic_weights(old_h, new_h), grid)
-    grid = np.einsum("jw,iwc->ijc", _aa_bicubic_weights(old_w, new_w), grid)
+    weights = _aa_bicubic_weights if antialias else _bicubic_weights
+    grid = np.einsum("ih,hwc->iwc", weights(old_h, new_h), grid)
+    grid = np.einsum("jw,iwc->ijc", weights(old_w, new_w), grid)
     grid = grid.reshape(1, new_h * new_w, -1).astype(embedding.dtype)
     return np.concatenate([prefix, grid], axis=1)

@@ -90,6 +90,13 @@ def swin_arguments(model):
                     "grid: one axis only; a grid whose sides both exceed the "
                     "window, or both equal it, converts)"
                 )
+            attention = block.attn
+            if attention.qkv.out_features != 3 * attention.dim:
+                # timm's `head_dim`: heads of another size than dim / heads.
+                raise _unsupported(
+                    "head_dim", attention.qkv.out_features // 3 // attention.num_heads,
+                    f"{where} (dim {attention.dim}, {attention.num_heads} heads)",
+                )
             if (block.attn.qkv.bias is not None) != qkv_bias:
                 raise _unsupported("qkv_bias", not qkv_bias, where + " (blocks differ)")
             act = block.mlp.act

@@ -9,6 +9,14 @@ fused `qkv` `(3 C, C)` is split in three. A checkpoint without query/key/
 value biases (`qkv_bias=False`) loads zeros into ours, which is exact (they
 become trainable when fine-tuning); so does one without the attention
 output and MLP biases (timm's `proj_bias=False`).
+
+A model built for another image size gets the position embedding resampled
+to its patch grid as its source library does: timm's antialiased bicubic
+(`resample_abs_pos_embed`), Hugging Face's plain bicubic
+(`interpolate_pos_encoding=True`). timm's hybrids (`HybridEmbed`, a CNN
+stem) and attention layers other than `Attention` are refused by name.
+A timm checkpoint file read with `model_name` goes through the model's
+`checkpoint_filter_fn` first, as timm's `load_checkpoint` does.
 """
 
 import os
@@ -29,7 +37,7 @@ def _grid(arguments):
 
 
 def _fill(model, loader, layout, qkv_bias, load_head, source_grid=None,
-          proj_bias=True):
+          proj_bias=True, antialias=True):
     """Queues every variable of `model` in `loader` from `layout`'s names.
 
     `layout`: `patch`, `class_token`, `position`, `block` (a format string
@@ -37,7 +45,8 @@ def _fill(model, loader, layout, qkv_bias, load_head, source_grid=None,
     or `query`/`key`/`value`, `output`, `fc1`, `fc2`, then `final_norm` and
     `head` names. `source_grid`: the checkpoint's patch grid; a model
     built for another image size gets the position embedding resampled to
-    its grid (`common.resample_position_embedding`, timm's bicubic).
+    its grid (`common.resample_position_embedding`: timm's antialiased
+    bicubic, or with `antialias=False` Hugging Face's plain bicubic).
     `proj_bias=False`: the checkpoint has no `output`, `fc1` and `fc2`
     biases; ours are set to zero.
     """
@@ -55,7 +64,7 @@ def _fill(model, loader, layout, qkv_bias, load_head, source_grid=None,
         if source_grid is None or tuple(source_grid) == grid:
             return embedding
         return common.resample_position_embedding(
-            embedding, source_grid, grid, prefix_tokens
+            embedding, source_grid, grid, prefix_tokens, antialias=antialias
         )
 
     loader.take(layout["position"], patch.position_embedding, position)
@@ -202,6 +211,10 @@ def timm_arguments(model):
     if getattr(model, "attn_pool", None) is not None:
         raise _unsupported("global_pool", "map")
     patch_embed = model.patch_embed
+    # The hybrids' `HybridEmbed` (a CNN stem: vit_base_r50_*, MobileCLIP's
+    # vit_*_mci_*) is not the one patch convolution this model has.
+    if type(patch_embed) is not timm_vit.PatchEmbed:
+        raise _unsupported("embed_layer", type(patch_embed).__name__)
     if not identity(getattr(patch_embed, "norm", None)):
         raise _unsupported("embed_norm_layer", type(patch_embed.norm).__name__)
     if patch_embed.proj.bias is None:
@@ -215,9 +228,12 @@ def timm_arguments(model):
             if not identity(getattr(block, option)):
                 raise _unsupported("init_values (layer scale)", option, where)
         attention = block.attn
-        for option in ("q_norm", "k_norm", "norm"):
-            if not identity(getattr(attention, option, None)):
-                raise _unsupported(f"attn.{option}", "LayerNorm", where)
+        if type(attention) is not timm_vit.Attention:
+            raise _unsupported("attn_layer", type(attention).__name__, where)
+        for option in ("q_norm", "k_norm", "norm", "gate"):
+            module = getattr(attention, option, None)
+            if not identity(module):
+                raise _unsupported(f"attn.{option}", type(module).__name__, where)
         mlp = block.mlp
         if type(mlp) is not timm_vit.Mlp:
             raise _unsupported("mlp_layer", type(mlp).__name__, where)
@@ -269,6 +285,25 @@ def timm_arguments(model):
     return arguments, num_classes, first.attn.qkv.bias is not None
 
 
+def _timm_filtered(tensors, timm_model):
+    """A checkpoint file's tensors as timm's `load_checkpoint` gives them to
+    `timm_model`: through its module's `checkpoint_filter_fn` (the original
+    Swin layout, with its downsampling at the end of a stage and its `head`;
+    a position embedding or patch kernel of another size resampled)."""
+    import sys
+
+    import torch
+
+    module = sys.modules[type(timm_model).__module__]
+    filter_fn = getattr(module, "checkpoint_filter_fn", None)
+    if filter_fn is None:
+        return tensors
+    state = {name: torch.from_numpy(np.array(a)) for name, a in tensors.items()}
+    return {
+        name: common._to_numpy(t) for name, t in filter_fn(state, timm_model).items()
+    }
+
+
 def _timm_model_from_name(model_name, num_classes, model_kwargs):
     try:
         import timm
@@ -313,9 +348,9 @@ def from_timm(
     from keras_attention.applications.converters import swin
 
     timm_model = None
+    source = common.unwrap_compiled(source)
     if common.is_torch_module(source):
-        timm_model = source
-        tensors = common.state_dict_arrays(source)
+        timm_model = source  # its tensors are read once its options pass
         name = f"The timm model {type(source).__name__}"
     elif isinstance(source, (str, os.PathLike)):
         tensors = common.read_checkpoint(source)
@@ -349,6 +384,9 @@ def from_timm(
             proj_bias = timm_model.blocks[0].attn.proj.bias is not None
         if common.is_torch_module(source):
             source_classes = model_classes
+            tensors = common.state_dict_arrays(source)
+        else:
+            tensors = _timm_filtered(tensors, timm_model)
     if is_swin and "image_size" in kwargs:
         raise ValueError(
             "A converted Swin keeps its image size (its window grids and "
@@ -465,6 +503,8 @@ def from_transformers(cls, source, num_classes=None, **kwargs):
         final_norm=prefix + "layernorm",
         head="classifier",
     )
-    _fill(model, loader, layout, qkv_bias, load_head, source_grid=_grid(arguments))
+    # As ViTModel(..., interpolate_pos_encoding=True) at another image size.
+    _fill(model, loader, layout, qkv_bias, load_head,
+          source_grid=_grid(arguments), antialias=False)
     loader.load()
     return model

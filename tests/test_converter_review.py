@@ -1,0 +1,224 @@
+"""Checkpoints of real configurations convert exactly, or are refused by name.
+
+Found by converting the configurations of published checkpoints (built
+locally with random weights, no download): the hybrid ViTs, timm's other
+attention layers and Swin's `head_dim`, Hugging Face's ViT at another image
+size, a BERT classifier given `num_classes=0`, a model on the meta device or
+under `torch.compile`, and the files timm itself reads through its
+`checkpoint_filter_fn` (the original Swin layout, another `img_size`) or
+with DistributedDataParallel's `module.` names.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the converters' tests need torch")
+timm = pytest.importorskip("timm", reason="the converters' tests need timm")
+transformers = pytest.importorskip(
+    "transformers", reason="the converters' tests need transformers"
+)
+
+from timm.models import vision_transformer as timm_vit  # noqa: E402
+
+from keras_attention.applications import TextClassifier  # noqa: E402
+from keras_attention.applications import VisionTransformer  # noqa: E402
+from keras_attention.applications.converters import common  # noqa: E402
+
+
+def _randomize(module, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.normal_(0.0, 0.2, generator=generator)
+    return module.eval()
+
+
+@pytest.mark.parametrize(
+    "name", ["vit_base_r50_s16_224", "vit_base_mci_224"], ids=["r50", "mci"]
+)
+def test_a_hybrid_vit_is_refused_by_its_embed_layer(name):
+    """A CNN stem (`HybridEmbed`) is not the one patch convolution: it
+    raised an AttributeError (mci) or listed 150 tensors (r50)."""
+    with torch.device("meta"):  # the structure only
+        reference = timm.create_model(name, pretrained=False, depth=1)
+    with pytest.raises(ValueError, match="embed_layer='HybridEmbed'"):
+        VisionTransformer.from_timm(reference, num_classes=10)
+
+
+def test_another_attention_layer_is_refused_by_name():
+    """timm's `attn_layer="diff"` was refused only by a list of its extra
+    tensors; one of the same tensors would have converted silently."""
+    reference = timm_vit.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4,
+        num_classes=10, attn_layer="diff",
+    )
+    with pytest.raises(ValueError, match=r"attn_layer='DiffAttention' .*blocks\.0"):
+        VisionTransformer.from_timm(reference)
+
+
+@pytest.mark.parametrize("size", [48, 24, (40, 56)])
+def test_hf_vit_at_another_image_size_is_hugging_faces(size):
+    """`from_transformers(..., image_size=)` gives Hugging Face's logits
+    with `interpolate_pos_encoding=True` (plain bicubic); it resampled as
+    timm does (antialiased), 4e-4 to 8e-4 off."""
+    config = transformers.ViTConfig(
+        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=1,
+        num_attention_heads=4, intermediate_size=128, num_labels=10,
+    )
+    reference = _randomize(transformers.ViTForImageClassification(config))
+    size = (size, size) if isinstance(size, int) else size
+    model = VisionTransformer.from_transformers(reference, image_size=size)
+    images = np.random.RandomState(0).randn(2, *size, 3).astype("float32")
+    with torch.no_grad():
+        expected = reference(
+            torch.from_numpy(images.transpose(0, 3, 1, 2)),
+            interpolate_pos_encoding=True,
+        ).logits.numpy()
+    ours = keras.ops.convert_to_numpy(model(images))
+    assert np.abs(expected - ours).max() < 1e-5
+
+
+@pytest.mark.parametrize("new_grid", [(7, 7), (2, 3), (4, 4), (9, 5)])
+def test_plain_bicubic_resampling_is_torchs(new_grid):
+    embedding = np.random.RandomState(0).randn(1, 1 + 16, 8).astype("float32")
+    ours = common.resample_position_embedding(
+        embedding, (4, 4), new_grid, prefix_tokens=1, antialias=False
+    )
+    grid = torch.from_numpy(embedding[:, 1:]).reshape(1, 4, 4, 8).permute(0, 3, 1, 2)
+    expected = torch.nn.functional.interpolate(
+        grid, size=new_grid, mode="bicubic", align_corners=False
+    ).permute(0, 2, 3, 1).reshape(1, -1, 8).numpy()
+    np.testing.assert_allclose(ours[:, 1:], expected, atol=1e-5)
+    np.testing.assert_array_equal(ours[:, :1], embedding[:, :1])
+
+
+def test_bert_num_classes_zero_is_refused():
+    """`num_classes=0` silently became the checkpoint's number of classes."""
+    config = transformers.BertConfig(
+        vocab_size=40, hidden_size=16, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=16, num_labels=3,
+    )
+    reference = transformers.BertForSequenceClassification(config).eval()
+    with pytest.raises(ValueError, match="num_classes=0"):
+        TextClassifier.from_transformers(reference, num_classes=0, sequence_length=8)
+
+
+def test_a_model_on_the_meta_device_is_named():
+    """A structure without data (`torch.device("meta")`) raised torch's
+    NotImplementedError ("Cannot copy out of meta tensor")."""
+    with torch.device("meta"):
+        reference = timm_vit.VisionTransformer(
+            img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4,
+            num_classes=10,
+        )
+    with pytest.raises(ValueError, match="meta device"):
+        VisionTransformer.from_timm(reference)
+
+
+def test_swin_heads_of_another_size_are_refused_by_name():
+    """timm's `head_dim` (heads of another size than dim / heads) was
+    refused only by a list of misshapen tensors."""
+    from timm.models import swin_transformer as timm_swin
+
+    reference = timm_swin.SwinTransformer(
+        img_size=32, patch_size=4, window_size=2, embed_dim=16, depths=(2, 2),
+        num_heads=(2, 4), num_classes=10, head_dim=4,
+    )
+    with pytest.raises(ValueError, match=r"head_dim=4 \(layers\.0\.blocks\.0\)"):
+        VisionTransformer.from_timm(reference)
+
+
+SWIN = dict(img_size=32, window_size=2, embed_dim=16, depths=(2, 2), num_heads=(2, 4))
+
+
+def test_an_original_swin_file_reads_as_timm_reads_it(tmp_path):
+    """The original Swin `.pth` (downsampling at the end of a stage, `head`,
+    the `relative_position_index` buffers) goes through timm's
+    `checkpoint_filter_fn`, as timm loads it; it was refused."""
+    import re
+
+    name = "swin_tiny_patch4_window7_224"
+    reference = _randomize(timm.create_model(name, num_classes=10, **SWIN))
+    state = {"layers.0.blocks.0.attn.relative_position_index": torch.zeros(4, 4)}
+    for key, value in reference.state_dict().items():
+        key = re.sub(
+            r"layers\.(\d+)\.downsample",
+            lambda match: f"layers.{int(match.group(1)) - 1}.downsample", key,
+        )
+        state[key.replace("head.fc.", "head.")] = value
+    path = str(tmp_path / "swin.pth")
+    torch.save({"model": state}, path)
+    model = VisionTransformer.from_timm(path, model_name=name, model_kwargs=SWIN)
+    images = np.random.RandomState(1).randn(2, 32, 32, 3).astype("float32")
+    with torch.no_grad():
+        expected = reference(torch.from_numpy(images.transpose(0, 3, 1, 2))).numpy()
+    assert np.abs(keras.ops.convert_to_numpy(model(images)) - expected).max() < 1e-5
+
+
+def test_a_vit_file_for_another_img_size_resamples_as_timm(tmp_path):
+    """`model_kwargs={"img_size": 48}` with a file of a 32-pixel ViT: timm's
+    filter resamples the position embedding; it was refused."""
+    from timm.models import load_checkpoint
+
+    options = dict(patch_size=8, embed_dim=64, depth=1, num_heads=4, num_classes=10)
+    source = _randomize(timm_vit.VisionTransformer(img_size=32, **options))
+    path = str(tmp_path / "vit.pth")
+    torch.save(source.state_dict(), path)
+    reference = timm_vit.VisionTransformer(img_size=48, **options)
+    load_checkpoint(reference, path, filter_fn=timm_vit.checkpoint_filter_fn)
+    model = VisionTransformer.from_timm(
+        path, model_name="vit_base_patch16_224",
+        model_kwargs=dict(img_size=48, **options),
+    )
+    images = np.random.RandomState(1).randn(2, 48, 48, 3).astype("float32")
+    with torch.no_grad():
+        expected = reference.eval()(
+            torch.from_numpy(images.transpose(0, 3, 1, 2))
+        ).numpy()
+    assert np.abs(keras.ops.convert_to_numpy(model(images)) - expected).max() < 1e-5
+
+
+def _small_vit(**options):
+    return _randomize(timm_vit.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4,
+        num_classes=10, **options,
+    ))
+
+
+def _difference(reference, model):
+    images = np.random.RandomState(1).randn(2, 32, 32, 3).astype("float32")
+    with torch.no_grad():
+        expected = reference(torch.from_numpy(images.transpose(0, 3, 1, 2)))
+    expected = getattr(expected, "logits", expected).numpy()
+    return np.abs(keras.ops.convert_to_numpy(model(images)) - expected).max()
+
+
+def test_a_compiled_model_converts():
+    """`torch.compile(model)` was refused as an `OptimizedModule`."""
+    reference = _small_vit()
+    model = VisionTransformer.from_timm(torch.compile(reference))
+    assert _difference(reference, model) < 1e-5
+    hf = _randomize(transformers.ViTForImageClassification(transformers.ViTConfig(
+        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=1,
+        num_attention_heads=4, intermediate_size=128, num_labels=10,
+    )))
+    assert _difference(hf, VisionTransformer.from_transformers(torch.compile(hf))) < 1e-5
+
+
+def test_a_distributed_data_parallel_file_converts(tmp_path):
+    """Names under `module.` (a model saved inside DistributedDataParallel)
+    are read as timm's `load_checkpoint` reads them; it said "The checkpoint
+    has no classification head"."""
+    reference = _small_vit()
+    path = str(tmp_path / "vit.pth")
+    torch.save(
+        {"state_dict": {"module." + k: v for k, v in reference.state_dict().items()}},
+        path,
+    )
+    model = VisionTransformer.from_timm(
+        path, model_name="vit_base_patch16_224",
+        model_kwargs=dict(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4),
+    )
+    assert _difference(reference, model) < 1e-5
