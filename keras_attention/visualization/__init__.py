@@ -8,15 +8,18 @@
 - `attention_rollout(model, images)`: Abnar & Zuidema's rollout of a
   Vision Transformer, on the patch grid.
 - `grad_cam(model, images, method=...)`: Grad-CAM, Grad-CAM++ and Score-CAM
-  (tf-keras-vis, or the same formulas on a `GradientTape` where tf-keras-vis
-  cannot reach the feature map), for CNNs and ViTs.
+  (tf-keras-vis on TensorFlow, or the same formulas on the backend's own
+  gradients where tf-keras-vis cannot reach the feature map or on JAX and
+  torch), for CNNs and ViTs.
 - `explore(model, inputs, path)`: one self-contained HTML page to explore
   the attention interactively (tokens, images, DETR boxes, graphs).
 - `plot_attention_heatmap`, `plot_image_overlay`, `plot_detections`,
   `plot_graph_attention`: Matplotlib figures (Agg), saved as PNG with `path`.
 
-`grad_cam` needs TensorFlow (tf-keras-vis, `tf.GradientTape`); the rest is
-written on `keras` and NumPy only (tested on the TensorFlow backend).
+Everything is written on `keras` and NumPy (and SciPy for the maps'
+upsampling) and runs on the TensorFlow, JAX and torch backends (the same
+maps for the same weights, tested); only `grad_cam` on TensorFlow goes
+through tf-keras-vis where it applies.
 """
 
 from keras_attention.visualization.cam import find_cam_target

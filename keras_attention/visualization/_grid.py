@@ -63,9 +63,17 @@ def token_grid(num_tokens, image_shape=None, grid_shape=None, class_token="auto"
     )
 
 
+def as_numpy(x, dtype=None):
+    """`x` as a NumPy array: a backend tensor through keras (a torch tensor
+    that records gradients is detached), anything else through NumPy."""
+    if keras.ops.is_tensor(x):
+        x = keras.ops.convert_to_numpy(x)
+    return np.asarray(x, dtype)
+
+
 def resize_maps(maps, size):
     """Bilinear resize of maps `(B, h, w)` (or `(h, w)`) to `size`."""
-    maps = np.asarray(maps, "float32")
+    maps = as_numpy(maps, "float32")
     squeeze = maps.ndim == 2
     if squeeze:
         maps = maps[None]
@@ -81,7 +89,7 @@ def resize_maps(maps, size):
 
 def normalize_maps(maps):
     """Each map scaled to `[0, 1]` (min to 0, max to 1; flat maps give 0)."""
-    maps = np.asarray(maps, "float32")
+    maps = as_numpy(maps, "float32")
     axes = tuple(range(1, maps.ndim))
     low = maps.min(axis=axes, keepdims=True)
     span = maps.max(axis=axes, keepdims=True) - low

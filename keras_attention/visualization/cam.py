@@ -1,18 +1,20 @@
 """Grad-CAM, Grad-CAM++ and Score-CAM of any image classifier.
 
 Built on tf-keras-vis (`Gradcam`, `GradcamPlusPlus`, `Scorecam` with a
-`CategoricalScore`) where it applies: a functional or `Sequential` model
-whose feature layer is one of its own top-level layers with a 4-D output.
-tf-keras-vis builds `keras.Model(model.inputs, model.outputs +
-[layer.output])`, which needs exactly that. For everything else (subclassed
-models, a layer inside a nested model, the tokens of a Vision Transformer, a
-half-precision feature map) the same formulas run here on a
-`tf.GradientTape`: the feature layer's `call` is patched for one eager
-pass so that its output (or, for tokens, the input of the last attention
-layer) is watched and recorded; tokens are laid out on the patch grid
-(the class token dropped) before the map is computed. Both paths share
-the score, the upsampling (`scipy` zoom of order 1) and the normalisation
-of tf-keras-vis, and agree to float precision on a model that both can
+`CategoricalScore`) where it applies: on the TensorFlow backend, a
+functional or `Sequential` model whose feature layer is one of its own
+top-level layers with a 4-D output. tf-keras-vis builds
+`keras.Model(model.inputs, model.outputs + [layer.output])`, which needs
+exactly that. For everything else (JAX and torch, subclassed models, a
+layer inside a nested model, the tokens of a Vision Transformer, a
+half-precision feature map) the same formulas run here: the feature
+layer's `call` is patched for one eager pass so that its output (or, for
+tokens, the input of the last attention layer) is watched and recorded,
+its gradient taken by the backend (`_cam_gradients`: `tf.GradientTape`,
+`jax.grad`, `torch.autograd`); tokens are laid out on the patch grid (the
+class token dropped) before the map is computed. Both paths share the
+score, the upsampling (`scipy` zoom of order 1) and the normalisation of
+tf-keras-vis, and agree to float precision on a model that both can
 handle (tested).
 
 Two workarounds for tf-keras-vis 0.8 under Keras 3: its `ReplaceToLinear`
@@ -30,6 +32,7 @@ import warnings
 import keras
 import numpy as np
 
+from keras_attention.visualization import _cam_gradients
 from keras_attention.visualization import _cam_inputs as inputs_lib
 from keras_attention.visualization import _grid
 from keras_attention.visualization import _hooks
@@ -288,11 +291,10 @@ def _stream_target(walked, path, layer, classes):
 
 
 def tape_cam(model, images, indices, target, method, options=CamOptions()):
-    """The same maps as tf-keras-vis, for any model, on a `GradientTape`
+    """The same maps as tf-keras-vis, for any model, on any backend: the
+    gradients from `tf.GradientTape`, `jax.grad` or `torch.autograd`
     (`options`: a `CamOptions`)."""
-    import tensorflow as tf
     from scipy.ndimage import zoom
-    from tf_keras_vis.utils import normalize as tkv_normalize
 
     images = inputs_lib.check_images(images)
     indices = np.asarray(indices)
@@ -305,20 +307,12 @@ def tape_cam(model, images, indices, target, method, options=CamOptions()):
                 options.batch_size,
             )
     else:
-        tape = tf.GradientTape(watch_accessed_variables=False)
-        with linear_outputs(model, images), tape:
-            features, outputs = _capture(
-                model, images, target, tape=tape, return_outputs=True
-            )
-            inputs_lib.check_outputs(outputs)
-            scores = tf.gather(
-                tf.cast(outputs, "float32"), indices, axis=-1, batch_dims=1
-            )
-        grads = tape.gradient(scores, features)
-        if grads is None:
-            raise ValueError(
-                f"The class score does not depend on the output of {target}; "
-                "pick another `layer`."
+        def run(watch):
+            return _capture(model, images, target, watch, return_outputs=True)
+
+        with linear_outputs(model, images):
+            features, grads, scores = _cam_gradients.features_and_gradients(
+                run, indices, target
             )
         features = _on_grid(features, images, options)
         grads = _on_grid(grads, images, options)
@@ -326,15 +320,22 @@ def tape_cam(model, images, indices, target, method, options=CamOptions()):
             weights = grads.mean(axis=(1, 2), keepdims=True)
             cam = np.maximum((features * weights).sum(axis=-1), 0.0)
         else:
-            cam = _grad_cam_plus_plus(
-                features, grads, keras.ops.convert_to_numpy(scores)
-            )
+            cam = _grad_cam_plus_plus(features, grads, scores)
     if options.expand:
         factors = (1,) + tuple(
             float(s) / float(c) for c, s in zip(cam.shape[1:], images.shape[1:3])
         )
         cam = zoom(cam, factors, order=1)
-    return (tkv_normalize(cam) if options.normalize else cam).astype("float32")
+    return (_normalize(cam) if options.normalize else cam).astype("float32")
+
+
+def _normalize(cam):
+    """Each map scaled to [0, 1], tf-keras-vis's `normalize` (which needs
+    TensorFlow, absent from a JAX or torch install)."""
+    axes = tuple(range(1, cam.ndim))
+    low = cam.min(axis=axes, keepdims=True)
+    high = cam.max(axis=axes, keepdims=True)
+    return (cam - low) / (high - low + keras.config.epsilon())
 
 
 def _grad_cam_plus_plus(features, grads, scores):
@@ -390,8 +391,9 @@ def _score_cam(model, images, indices, features, max_channels, batch_size):
     return np.maximum(np.einsum("bhwk,bk->bhw", features, weights), 0.0)
 
 
-def _capture(model, images, target, tape=None, return_outputs=False):
-    """The target tensor of one eager pass, watched by `tape` if given."""
+def _capture(model, images, target, watch=None, return_outputs=False):
+    """The target tensor of one eager pass; `watch(tensor)` (see
+    `_cam_gradients`), if given, replaces it for the rest of the pass."""
     captured = []
 
     def factory(original):
@@ -399,7 +401,7 @@ def _capture(model, images, target, tape=None, return_outputs=False):
             if target.use_input:
                 if not captured:
                     args, kwargs, tensor = _watch_first_input(
-                        target.layer, args, kwargs, tape
+                        target.layer, args, kwargs, watch
                     )
                     captured.append(tensor)
                 return original(*args, **kwargs)
@@ -410,8 +412,8 @@ def _capture(model, images, target, tape=None, return_outputs=False):
                         f"The layer {target.path!r} returns {type(outputs)}, "
                         "not one tensor; pick another `layer`."
                     )
-                if tape is not None:
-                    tape.watch(outputs)
+                if watch is not None:
+                    outputs = watch(outputs)
                 captured.append(outputs)
             return outputs
 
@@ -427,17 +429,22 @@ def _capture(model, images, target, tape=None, return_outputs=False):
     return captured[0]
 
 
-def _watch_first_input(layer, args, kwargs, tape):
-    """`(args, kwargs, tensor)` with the query tensor watched by `tape`."""
-    args = list(args)
+def _watch_first_input(layer, args, kwargs, watch):
+    """`(args, kwargs, tensor)` with the query tensor replaced by
+    `watch(query)`."""
+    args, kwargs = list(args), dict(kwargs)
     if args:
-        first = args[0]
+        holder, key = args, 0
     else:
-        name = next(iter(inspect.signature(layer.call).parameters))
-        first = kwargs[name]
+        holder, key = kwargs, next(iter(inspect.signature(layer.call).parameters))
+    first = holder[key]
     tensor = first[0] if isinstance(first, (list, tuple)) else first
-    if tape is not None:
-        tape.watch(tensor)
+    if watch is not None:
+        tensor = watch(tensor)
+        if isinstance(first, (list, tuple)):
+            holder[key] = type(first)([tensor, *first[1:]])
+        else:
+            holder[key] = tensor
     return tuple(args), kwargs, tensor
 
 
@@ -466,6 +473,8 @@ def _tf_keras_vis_applies(model, target):
     map with float32 weights, which TensorFlow refuses)."""
     inputs = getattr(model, "inputs", None)
     outputs = getattr(model, "outputs", None)
+    if keras.backend.backend() != "tensorflow":  # tf-keras-vis runs TF ops
+        return False
     if target.use_input or not inputs or not outputs:
         return False
     if len(inputs) != 1 or len(outputs) != 1:

@@ -59,7 +59,7 @@ def plot_attention_heatmap(
     )
     ```
     """
-    weights = np.asarray(weights, "float32")
+    weights = _grid.as_numpy(weights, "float32")
     if weights.ndim == 3:
         weights = _pick_head(weights, head, axis=0)
     if weights.ndim != 2:
@@ -202,7 +202,7 @@ def plot_detections(
         )
     picture, gray = _display_image(image)
     height, width = picture.shape[:2]
-    boxes = np.asarray(boxes, "float32")
+    boxes = _grid.as_numpy(boxes, "float32")
     if boxes.size and (boxes.ndim not in (1, 2) or boxes.shape[-1] != 4):
         raise ValueError(
             "Received an invalid value for argument `boxes`, expected shape "
@@ -282,7 +282,7 @@ def plot_graph_attention(
     """
     import networkx as nx
 
-    edges = np.asarray(edges)
+    edges = _grid.as_numpy(edges)
     if edges.ndim != 2 or 2 not in edges.shape or edges.dtype.kind not in "iu":
         raise ValueError(
             "Received an invalid value for argument `edges`, expected an "
@@ -310,7 +310,7 @@ def plot_graph_attention(
     fig = _figure((6.4, 5.6))
     ax = fig.add_subplot()
     if labels is not None:
-        node_colour = np.asarray(labels).reshape(-1)
+        node_colour = _grid.as_numpy(labels).reshape(-1)
         node_options = dict(node_color=node_colour, cmap="tab10", vmin=0, vmax=9)
     else:
         node_options = dict(node_color="#9ecae1")
@@ -345,14 +345,14 @@ def plot_graph_attention(
 
 def _box_names(labels, scores, class_names, count):
     """Each box's caption: its class name (and score), checked per box."""
-    labels = list(np.asarray(labels).reshape(-1))
+    labels = list(_grid.as_numpy(labels).reshape(-1))
     if len(labels) != count:
         raise ValueError(
             "Received an invalid value for argument `labels`, expected one "
             f"label per box ({count}). Received: {len(labels)} labels"
         )
     if scores is not None:
-        scores = np.asarray(scores, "float32").reshape(-1)
+        scores = _grid.as_numpy(scores, "float32").reshape(-1)
         if len(scores) != count:
             raise ValueError(
                 "Received an invalid value for argument `scores`, expected "
@@ -373,7 +373,7 @@ def _box_names(labels, scores, class_names, count):
 
 def _object_maps(attention_maps, count, size, grid_shape):
     """Per-object maps `(K, h, w)` from `(K, h, w)` or `(K, S)`, checked."""
-    attention_maps = np.asarray(attention_maps, "float32")
+    attention_maps = _grid.as_numpy(attention_maps, "float32")
     if len(attention_maps) != count or attention_maps.ndim not in (2, 3):
         raise ValueError(
             "Received an invalid value for argument `attention_maps`, "
@@ -389,7 +389,7 @@ def _object_maps(attention_maps, count, size, grid_shape):
 def _edge_values(edges, coefficients, num_nodes, head):
     """`(edges, one coefficient per edge)`, self loops appended when the
     coefficients have them; from per-edge rows or a dense matrix."""
-    coefficients = np.asarray(coefficients, "float32")
+    coefficients = _grid.as_numpy(coefficients, "float32")
     per_edge_rows = (edges.shape[1], edges.shape[1] + num_nodes)
     # A dense (N, N) / (H, N, N) matrix, unless its rows are one per edge.
     dense = coefficients.ndim == 3 or (
@@ -480,7 +480,7 @@ def _labels(argument, tokens, size):
 
 def _display_image(image):
     """`(picture in [0, 1], is_gray)` from `(H, W)`, `(H, W, 1)`, `(H, W, 3)`."""
-    picture = np.asarray(image, "float32")
+    picture = _grid.as_numpy(image, "float32")
     if picture.ndim == 3 and picture.shape[-1] == 1:
         picture = picture[..., 0]
     if picture.ndim not in (2, 3) or (
@@ -504,7 +504,7 @@ def _show_image(ax, picture, gray):
 
 
 def _heatmap(argument, values, size):
-    values = np.asarray(values, "float32")
+    values = _grid.as_numpy(values, "float32")
     if values.ndim == 3 and values.shape[-1] == 1:
         values = values[..., 0]
     if values.ndim != 2:

@@ -68,7 +68,7 @@ def rollout_matrices(attentions, head_fusion="mean", discard_ratio=0.0):
         )
     rollout = None
     for weights in attentions:
-        weights = np.asarray(weights, "float64")
+        weights = _grid.as_numpy(weights, "float64")
         if weights.ndim == 4:  # (B, H, N, N)
             weights = getattr(np, head_fusion)(weights, axis=1)
         if weights.ndim != 3 or weights.shape[1] != weights.shape[2]:
@@ -160,7 +160,7 @@ def attention_rollout(
           2020. https://arxiv.org/abs/2005.00928
     """
     _check_options(head_fusion, discard_ratio)
-    images = np.asarray(images)
+    images = _grid.as_numpy(images)
     _grid.check_image_batch(images)
     if layers is not None and not len(layers):
         raise ValueError(
