@@ -461,3 +461,36 @@ def test_a_sequence_layer_exports_to_onnx_on_torch(tmp_path):
     session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
     (got,) = session.run(None, {session.get_inputs()[0].name: x})
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX's shape polymorphism")
+def test_multi_head_attention_traces_with_a_symbolic_length_on_jax():
+    # `model.export` on JAX traces unknown sizes as symbolic dimensions;
+    # the long-context check compared the length with an int and raised.
+    import jax
+    from jax import export
+
+    import keras_attention
+
+    layer = keras_attention.layers.MultiHeadAttention(num_heads=2, key_dim=4)
+    x = RNG.normal(size=(2, 5, 8)).astype("float32")
+    want = keras.ops.convert_to_numpy(layer(x))
+    variables = [v.value for v in layer.trainable_variables]
+
+    def forward(variables, x):
+        return layer.stateless_call(variables, [], x)[0]
+
+    def gradient(variables, x):
+        return jax.grad(lambda x: forward(variables, x).sum())(x)
+
+    batch, length = export.symbolic_shape("b, t")
+    spec = jax.ShapeDtypeStruct((batch, length, 8), "float32")
+    exported = export.export(jax.jit(forward))(variables, spec)
+    np.testing.assert_allclose(np.asarray(exported.call(variables, x)), want, atol=1e-6)
+    # The backward pass too (a SavedModel traces it): the core's gradient
+    # compared the symbolic lengths with an int.
+    exported = export.export(jax.jit(gradient))(variables, spec)
+    np.testing.assert_allclose(
+        np.asarray(exported.call(variables, x)), np.asarray(gradient(variables, x)),
+        atol=1e-6,
+    )

@@ -317,7 +317,9 @@ class LongContext:
         """Why this self-attention call keeps the general path (a string),
         or `None` when it takes the chunked one."""
         window = self._sliding_window
+        # A static length only: a symbolic one (JAX's export) can't be compared.
         length = query.shape[1] if len(query.shape) == 3 else None
+        length = length if isinstance(length, int) else None
         chunk = min(int(self._long_context_chunk), length or 1)
         checks = (
             (keras.backend.backend() in ("tensorflow", "jax"), "backend"),

@@ -167,6 +167,13 @@ def compiled(function):
     return _COMPILED[function]
 
 
+def _static(*sizes):
+    """Whether every size is a known int: not `None`, and not one of the
+    symbolic sizes JAX traces unknown ones with (`model.export`), which
+    cannot be compared with an int."""
+    return all(isinstance(n, int) for n in sizes)
+
+
 def keys_product(p, x):
     """`einsum("bhts,bhtd->bhsd", p, x)`: `dV = P^T dO` and `dK = dS^T Q`.
 
@@ -182,7 +189,7 @@ def keys_product(p, x):
     """
     heads, t_len, s_len = p.shape[1], p.shape[2], p.shape[3]
     if (
-        None in (heads, t_len, s_len)
+        not _static(heads, t_len, s_len)
         or t_len * s_len < _LOOPED_PRODUCT_SIZE
         or not autotune.xla_on_cpu()
     ):
@@ -342,9 +349,8 @@ def _forward_in_pairs_taken(q, k):
     Keras's JAX backend, above `_GROUPED_PRODUCT_SIZE` scores a pair (see
     `_forward_in_pairs`)."""
     heads, t_len, s_len = q.shape[1], q.shape[2], k.shape[2]
-    # Static lengths only (Keras infers shapes on JAX with symbolic ones).
     return (keras.backend.backend() == "jax"
-            and all(isinstance(n, int) for n in (heads, t_len, s_len))
+            and _static(heads, t_len, s_len)
             and t_len * s_len > _GROUPED_PRODUCT_SIZE)
 
 
@@ -412,7 +418,7 @@ def _backward_in_pairs_taken(e):
     lengths of more than `_GROUPED_PRODUCT_SIZE` scores a pair (where
     `keys_product` takes one pair a step too)."""
     heads, t_len, s_len = e.shape[1], e.shape[2], e.shape[3]
-    return None not in (heads, t_len, s_len) and t_len * s_len > _GROUPED_PRODUCT_SIZE
+    return _static(heads, t_len, s_len) and t_len * s_len > _GROUPED_PRODUCT_SIZE
 
 
 def _backward_in_pairs(q, k, v, e, inverse, d_out, delta):
