@@ -18,8 +18,6 @@ whole sequence every step instead (the reference the tests and
 `benchmarks/bench_generation.py` compare with).
 """
 
-import numbers
-import random
 import types
 
 import keras
@@ -31,18 +29,16 @@ from keras_attention import registry
 from keras_attention.applications import base as app_base
 from keras_attention.applications import compiling
 from keras_attention.applications import presets
+from keras_attention.applications._causal_lm_generation import PAD_ID  # noqa: F401
+from keras_attention.applications._causal_lm_generation import SAMPLERS  # noqa: F401
+from keras_attention.applications._causal_lm_generation import CausalLMGeneration
 from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention.applications.causal_lm_preprocessing import (
     CausalLMPreprocessor,
 )
 from keras_attention.ops.masks import check_sliding_window
 
-SAMPLERS = ("greedy", "top_k", "top_p", "random")
 POSITION_ENCODINGS = ("rope", "alibi")
-# Generated rows are padded with 0 after a stop token, as prompts are: 0 is
-# never generated (`CausalLMPreprocessor` never writes it in a text).
-PAD_ID = 0
-_NEG_INF = -1e9
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
@@ -215,7 +211,8 @@ class CausalLMBackbone(app_base.Backbone):
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class CausalLM(
     app_base.TaskConfig, app_base.PresetMixin, compiling.CompileDefaults,
-    app_base.InputChecks, app_base.QuickQuantize, keras.Model,
+    app_base.InputChecks, app_base.QuickQuantize, CausalLMGeneration,
+    keras.Model,
 ):
     """Decoder-only language model: `CausalLMBackbone` and next-token logits.
 
@@ -336,154 +333,6 @@ class CausalLM(
         return self.backbone.token_embedding(x, reverse=True), cache
 
     # Generation --------------------------------------------------------------
-
-    def _sampler(self, sampler):
-        import keras_hub
-
-        if isinstance(sampler, keras_hub.samplers.Sampler):
-            return self._check_sampler(sampler)
-        if sampler not in SAMPLERS:
-            raise base.invalid(
-                "sampler", f"one of {SAMPLERS} or a keras_hub.samplers.Sampler",
-                sampler,
-            )
-        if sampler not in self._generation.samplers:
-            python_state = random.getstate()  # its seed is drawn per call
-            self._generation.samplers[sampler] = keras_hub.samplers.get(sampler)
-            random.setstate(python_state)
-        sampler = self._generation.samplers[sampler]
-        # Seeded at each call as a new sampler would be (from Python's
-        # `random`, which `keras.utils.set_random_seed` seeds), keeping the
-        # compiled loop that reads the seed variable.
-        for state in sampler.variables:
-            seed = random.randint(1, int(1e9))
-            state.assign(np.array([seed, 0], keras.backend.standardize_dtype(
-                state.dtype)))
-        return sampler
-
-    def _check_sampler(self, sampler):
-        """Settings keras-hub would only fail on deep in the loop."""
-        import keras_hub
-
-        name = type(sampler).__name__
-        if isinstance(sampler, keras_hub.samplers.ContrastiveSampler):
-            raise base.invalid(
-                "sampler", "a sampler that needs no hidden states (not "
-                "ContrastiveSampler)", name,
-            )
-        if getattr(sampler, "return_all_beams", False):
-            raise base.invalid(
-                "sampler", "a BeamSampler with return_all_beams=False "
-                "(generate returns ids only)", name,
-            )
-        temperature = sampler.temperature
-        if isinstance(temperature, (bool, np.bool_)) or not isinstance(
-            temperature, numbers.Real
-        ) or not 0 < temperature < np.inf:
-            raise base.invalid(
-                "sampler", "a positive finite temperature (\"greedy\" for "
-                "the most likely ids)", f"{name}(temperature={temperature!r})",
-            )
-        vocabulary = self.backbone.vocabulary_size
-        k = getattr(sampler, "k", None)
-        if k is not None and not 0 < k <= vocabulary:
-            raise base.invalid(
-                "sampler", f"k in [1, vocabulary_size={vocabulary}]",
-                f"{name}(k={k!r})",
-            )
-        return sampler
-
-    def _check_prompts(self, prompt_ids, max_length):
-        """`(B, max_length)` int32 ids, the prompt mask, the rows' lengths
-        and whether one row `(P,)` was given."""
-        if ops.is_tensor(prompt_ids):  # a backend tensor: (P,) or (B, P)
-            prompt_ids = ops.convert_to_numpy(prompt_ids)
-        if isinstance(prompt_ids, np.ndarray) and prompt_ids.ndim == 2:
-            rows = list(prompt_ids)
-        elif isinstance(prompt_ids, (list, tuple)) and prompt_ids and all(
-            isinstance(r, (list, tuple, np.ndarray)) for r in prompt_ids
-        ):
-            rows = list(prompt_ids)
-        else:
-            rows = None
-        single = rows is None
-        rows = [prompt_ids] if single else rows
-        rows = [np.asarray(r) for r in rows]
-        vocabulary = self.backbone.vocabulary_size
-        for r in rows:
-            if (
-                r.ndim != 1 or not r.size
-                or not np.issubdtype(r.dtype, np.integer)
-                or r.min() < 0 or r.max() >= vocabulary
-            ):
-                raise base.invalid(
-                    "prompt_ids",
-                    "non-empty rows of integer ids in "
-                    f"[0, vocabulary_size={vocabulary})",
-                    prompt_ids,
-                )
-        # Zeros around a row are padding (a left- or right-padded batch).
-        rows = [np.trim_zeros(r) for r in rows]
-        if not all(r.size for r in rows):
-            raise base.invalid(
-                "prompt_ids", "rows with an id other than the padding 0",
-                prompt_ids,
-            )
-        lengths = [len(r) for r in rows]
-        if (  # NumPy's integers too; a bool is not
-            isinstance(max_length, (bool, np.bool_))
-            or not isinstance(max_length, numbers.Integral)
-            or max_length <= max(lengths)
-        ):
-            raise base.invalid(
-                "max_length",
-                "an integer above the longest prompt's length "
-                f"{max(lengths)} (the total length, prompt included)",
-                max_length,
-            )
-        max_length = int(max_length)
-        ids = np.zeros((len(rows), max_length), "int32")
-        mask = np.zeros((len(rows), max_length), bool)
-        for i, r in enumerate(rows):
-            ids[i, : len(r)], mask[i, : len(r)] = r, True
-        return ids, mask, lengths, single
-
-    def _generate_function(self, key, sampler):
-        batch, max_length, start, use_cache, stop, jit_compile = key
-        vocabulary = self.backbone.vocabulary_size
-        padding = ops.equal(ops.arange(vocabulary), PAD_ID)[None, :]
-
-        def no_padding(logits):
-            return ops.where(padding, _NEG_INF, ops.cast(logits, "float32"))
-
-        def next_cached(prompt, cache, index):
-            # The sampler's rows: B, or B * num_beams for a BeamSampler.
-            token = ops.slice(prompt, [0, index - 1], [ops.shape(prompt)[0], 1])
-            logits, cache = self.call_with_cache(token, cache, index - 1)
-            return no_padding(logits[:, 0]), None, cache
-
-        def next_recomputed(prompt, cache, index):
-            # The whole sequence again; causal, so later slots don't matter.
-            logits = self(prompt, training=False)
-            return no_padding(ops.take(logits, index - 1, axis=1)), None, cache
-
-        def generate(prompt, mask):
-            cache = None
-            if use_cache:
-                cache = self.backbone.empty_cache(batch, max_length)
-                if start > 1:  # prefill every prompt token but the last
-                    _, cache = self.call_with_cache(
-                        prompt[:, : start - 1], cache, 0
-                    )
-            return sampler(
-                next_cached if use_cache else next_recomputed,
-                prompt, cache=cache, index=start, mask=mask,
-                stop_token_ids=stop, model=self,
-            )
-
-        return self._generation.loops.get(
-            self, key + (sampler,), lambda: generate, jit_compile
-        )
 
     def generate(
         self,

@@ -20,24 +20,26 @@ handle (tested).
 Two workarounds for tf-keras-vis 0.8 under Keras 3: its `ReplaceToLinear`
 reads `model.output_names`, which a Keras 3 `Sequential` lacks, and it
 changes the model for good; the output layers' activations are set to
-linear here instead, only while the map is computed, and restored after.
+linear instead (`_cam_outputs.linear_outputs`), only while the map is
+computed, and restored after.
 Its `Scorecam` calls `model.predict`, whose progress bar is silenced.
 """
 
 import collections
-import contextlib
 import inspect
-import warnings
 
 import keras
 import numpy as np
 
 from keras_attention.visualization import _cam_gradients
 from keras_attention.visualization import _cam_inputs as inputs_lib
-from keras_attention.visualization import _grid
+from keras_attention.visualization import _cam_maps
 from keras_attention.visualization import _hooks
 from keras_attention.visualization import maps as maps_lib
 from keras_attention.visualization._cam_inputs import class_indices
+from keras_attention.visualization._cam_outputs import linear_outputs
+from keras_attention.visualization._cam_outputs import output_layers  # noqa: F401
+from keras_attention.visualization._cam_outputs import quiet_predict
 
 METHODS = ("gradcam", "gradcam++", "scorecam")
 
@@ -256,7 +258,7 @@ def tf_keras_vis_cam(model, images, indices, target, method, options=CamOptions(
     )
     if method == "scorecam":
         # tf-keras-vis clones the model: the clone takes the linear outputs.
-        with _quiet_predict(), linear_outputs(model):
+        with quiet_predict(), linear_outputs(model):
             cam = Scorecam(model)(
                 score,
                 images,
@@ -300,9 +302,9 @@ def tape_cam(model, images, indices, target, method, options=CamOptions()):
     indices = np.asarray(indices)
     if method == "scorecam":
         features = _capture(model, images, target)
-        features = _on_grid(features, images, options)
+        features = _cam_maps.on_grid(features, images, options)
         with linear_outputs(model, images):
-            cam = _score_cam(
+            cam = _cam_maps.score_cam(
                 model, images, indices, features, options.max_channels,
                 options.batch_size,
             )
@@ -314,81 +316,19 @@ def tape_cam(model, images, indices, target, method, options=CamOptions()):
             features, grads, scores = _cam_gradients.features_and_gradients(
                 run, indices, target
             )
-        features = _on_grid(features, images, options)
-        grads = _on_grid(grads, images, options)
+        features = _cam_maps.on_grid(features, images, options)
+        grads = _cam_maps.on_grid(grads, images, options)
         if method == "gradcam":
             weights = grads.mean(axis=(1, 2), keepdims=True)
             cam = np.maximum((features * weights).sum(axis=-1), 0.0)
         else:
-            cam = _grad_cam_plus_plus(features, grads, scores)
+            cam = _cam_maps.grad_cam_plus_plus(features, grads, scores)
     if options.expand:
         factors = (1,) + tuple(
             float(s) / float(c) for c, s in zip(cam.shape[1:], images.shape[1:3])
         )
         cam = zoom(cam, factors, order=1)
-    return (_normalize(cam) if options.normalize else cam).astype("float32")
-
-
-def _normalize(cam):
-    """Each map scaled to [0, 1], tf-keras-vis's `normalize` (which needs
-    TensorFlow, absent from a JAX or torch install)."""
-    axes = tuple(range(1, cam.ndim))
-    low = cam.min(axis=axes, keepdims=True)
-    high = cam.max(axis=axes, keepdims=True)
-    return (cam - low) / (high - low + keras.config.epsilon())
-
-
-def _grad_cam_plus_plus(features, grads, scores):
-    """Grad-CAM++ weights as tf-keras-vis computes them (exp of the score)."""
-    spatial = (1, 2)
-    first = np.exp(scores)[:, None, None, None] * grads
-    second = first * grads
-    third = second * grads
-    total = features.sum(axis=spatial, keepdims=True)
-    denominator = 2.0 * second + third * total
-    denominator = denominator + (second == 0.0)
-    alphas = second / denominator
-    norm = alphas.sum(axis=spatial, keepdims=True)
-    alphas = alphas / (norm + (norm == 0.0))
-    weights = (np.maximum(first, 0.0) * alphas).sum(axis=spatial, keepdims=True)
-    return np.maximum((weights * features).sum(axis=-1), 0.0)
-
-
-def _score_cam(model, images, indices, features, max_channels, batch_size):
-    """Score-CAM as tf-keras-vis computes it (softmax of the outputs, which
-    `linear_outputs` makes the logits)."""
-    from scipy.ndimage import zoom
-
-    channels = features.shape[-1]
-    if max_channels is not None and max_channels < channels:
-        spread = features.std(axis=(1, 2))  # (B, C)
-        top = np.argsort(-spread, axis=-1, kind="stable")[:, :max_channels]
-        # tf-keras-vis keeps the union over the batch, in first-seen order.
-        keep = list(dict.fromkeys(top.reshape(-1).tolist()))
-        features = features[..., keep]
-    count, channels = len(images), features.shape[-1]
-    factors = (1,) + tuple(
-        float(s) / float(c) for c, s in zip(features.shape[1:3], images.shape[1:3])
-    ) + (1,)
-    masks = zoom(features, factors, order=1, mode="nearest")  # (B, H, W, K)
-    low = masks.min(axis=(1, 2), keepdims=True)
-    high = masks.max(axis=(1, 2), keepdims=True)
-    masks = (masks - low) / (high - low + keras.config.epsilon())
-    # (K, B, H, W, 1) * (B, H, W, c): one masked copy per channel.
-    masked = np.transpose(masks, (3, 0, 1, 2))[..., None] * images[None]
-    masked = masked.reshape((-1,) + images.shape[1:])
-    outputs = []
-    for start in range(0, len(masked), batch_size):
-        batch = model(
-            inputs_lib.as_tensor(masked[start : start + batch_size]), training=False
-        )
-        outputs.append(keras.ops.convert_to_numpy(batch))
-    outputs = np.concatenate(outputs).reshape(channels, count, -1)
-    probabilities = keras.ops.convert_to_numpy(
-        keras.ops.softmax(outputs.astype("float32"), axis=-1)
-    )
-    weights = probabilities[:, np.arange(count), indices].T  # (B, K)
-    return np.maximum(np.einsum("bhwk,bk->bhw", features, weights), 0.0)
+    return (_cam_maps.normalize(cam) if options.normalize else cam).astype("float32")
 
 
 def _capture(model, images, target, watch=None, return_outputs=False):
@@ -448,25 +388,6 @@ def _watch_first_input(layer, args, kwargs, watch):
     return tuple(args), kwargs, tensor
 
 
-def _on_grid(x, images, options):
-    """Features or gradients as `(B, h, w, C)` float32 NumPy (tokens laid
-    out by `options.class_token` and `options.grid_shape`)."""
-    x = np.asarray(keras.ops.convert_to_numpy(x), "float32")
-    if x.ndim == 4:
-        return x
-    if x.ndim != 3:
-        raise ValueError(
-            "Expected a feature map (B, h, w, C) or tokens (B, N, C) for "
-            f"the class activation map. Received: shape={x.shape}"
-        )
-    (h, w), has_class_token = _grid.token_grid(
-        x.shape[1], images.shape[1:3], options.grid_shape, options.class_token
-    )
-    if has_class_token:
-        x = x[:, 1:]
-    return x.reshape(x.shape[0], h, w, x.shape[-1])
-
-
 def _tf_keras_vis_applies(model, target):
     """Whether tf-keras-vis can extract the target from the model's graph
     (in float32: its Grad-CAM++ and Score-CAM mix a half-precision feature
@@ -486,91 +407,6 @@ def _tf_keras_vis_applies(model, target):
         return len(output.shape) == 4 and output.dtype == "float32"
     except (AttributeError, ValueError):  # a layer called more than once
         return False
-
-
-def output_layers(model, images=None):
-    """The layers that produce the model's outputs: read from a graph
-    model's outputs or, for a subclassed model, the layers whose output the
-    model returns in one eager pass on `images` (empty if unknown)."""
-    outputs = getattr(model, "outputs", None) or []
-    layers = []
-    for tensor in outputs:
-        history = getattr(tensor, "_keras_history", None)
-        if history is not None:
-            layers.append(history.operation)
-    if layers or images is None:
-        return layers
-    returned = []  # (layer, its output) of every call
-
-    def make(layer):
-        def factory(original):
-            def call(*args, **kwargs):
-                outputs = original(*args, **kwargs)
-                returned.append((layer, outputs))
-                return outputs
-
-            return call
-
-        return factory
-
-    walked = _hooks.walk(model)
-    with _hooks.patched_calls([(layer, make(layer)) for _, layer in walked]):
-        result = model(inputs_lib.as_tensor(images), training=False)
-    return [layer for layer, outputs in returned if outputs is result]
-
-
-@contextlib.contextmanager
-def linear_outputs(model, images=None):
-    """The output layers' activations linear inside the block, then restored.
-
-    As tf-keras-vis's `ReplaceToLinear`, which needs `model.output_names`
-    (absent from a Keras 3 `Sequential`) and does not restore them; an
-    output `keras.layers.Softmax` passes its inputs through. A subclassed
-    model's output layers are found by calling it on `images`.
-    """
-    layers = output_layers(model, images)
-    saved = [
-        (layer, layer.activation)
-        for layer in layers
-        if getattr(layer, "activation", None) is not None
-    ]
-
-    def identity(original):
-        def call(inputs, *args, **kwargs):
-            return inputs
-
-        return call
-
-    # A `keras.layers.Softmax` output has no `activation`: it passes its
-    # logits through instead (tf-keras-vis leaves it a softmax).
-    softmaxes = [
-        (layer, identity) for layer in layers
-        if isinstance(layer, keras.layers.Softmax)
-    ]
-    try:
-        for layer, _ in saved:
-            layer.activation = keras.activations.linear
-        with _hooks.patched_calls(softmaxes):
-            yield
-    finally:
-        for layer, activation in saved:
-            layer.activation = activation
-
-
-@contextlib.contextmanager
-def _quiet_predict():
-    enabled = keras.config.is_interactive_logging_enabled()
-    keras.config.disable_interactive_logging()
-    try:
-        with warnings.catch_warnings():
-            # tf-keras-vis passes a one-element list to a one-input model.
-            warnings.filterwarnings(
-                "ignore", message="The structure of `inputs`", category=UserWarning
-            )
-            yield
-    finally:
-        if enabled:
-            keras.config.enable_interactive_logging()
 
 
 def _rank(x):
