@@ -263,7 +263,7 @@ def test_converted_bert_saves_fine_tunes_and_takes_lora(tmp_path):
 
     inputs, labels = _inputs(), np.array([0, 2, 1])
     tuned = model.with_head(3, head_dropout=0.1)
-    tuned.compile(optimizer=keras.optimizers.Adam(1e-3))
+    tuned.compile(optimizer=keras.optimizers.Adam(1e-3), jit_compile=False)
     before = keras.ops.convert_to_numpy(tuned.backbone.get_layer("pooler").dense.kernel)
     tuned.fit(inputs, labels, epochs=1, verbose=0)
     after = keras.ops.convert_to_numpy(tuned.backbone.get_layer("pooler").dense.kernel)
@@ -276,7 +276,7 @@ def test_converted_bert_saves_fine_tunes_and_takes_lora(tmp_path):
     trainable = {v.path for v in lora.trainable_variables}
     assert any("lora" in p for p in trainable)
     assert not any("token_embedding" in p for p in trainable)
-    lora.compile(optimizer="adam")
+    lora.compile(optimizer="adam", jit_compile=False)
     lora.fit(inputs, labels % 2, epochs=1, verbose=0)
 
 
@@ -415,7 +415,7 @@ def test_converted_masked_lm_saves_and_fine_tunes(tmp_path):
     expected = _torch_outputs(reference.bert, inputs).pooler_output.numpy()
     assert np.abs(pooled - expected).max() < ATOL
     classifier = loaded.with_head(num_classes=2)
-    classifier.compile(optimizer=keras.optimizers.Adam(1e-3))
+    classifier.compile(optimizer=keras.optimizers.Adam(1e-3), jit_compile=False)
     pooler = classifier.backbone.get_layer("pooler").dense.kernel
     before = keras.ops.convert_to_numpy(pooler)
     classifier.fit(inputs, np.array([0, 1, 1]), epochs=1, verbose=0)

@@ -55,7 +55,7 @@ def test_loss_and_accuracy_count_the_masked_positions_only():
     keras.utils.set_random_seed(1)
     backbone = TextClassifierBackbone(vocabulary_size=50, sequence_length=16, **TINY)
     model = MaskedLanguageModel(backbone)
-    model.compile()
+    model.compile(jit_compile=False)
     ids = np.random.default_rng(1).integers(3, 50, (32, 16)).astype("int32")
     ids[:, 9:] = 0
     inputs, mask_ids, weights = _batch(
@@ -106,7 +106,7 @@ def test_pretraining_on_a_folder_then_fine_tuning(tmp_path):
     classifier = loaded.with_head(num_classes=2)
     assert isinstance(classifier, TextClassifier)
     assert classifier.backbone is loaded.backbone
-    classifier.compile(optimizer="adam")
+    classifier.compile(optimizer="adam", jit_compile=False)
     classifier.fit(classifier.preprocessor(texts[:64]), labels[:64], epochs=1, verbose=0)
     assert classifier.predict_texts(texts[:2]).shape == (2, 2)
 
@@ -154,7 +154,7 @@ def test_bad_ids_and_positions_are_refused_by_name_before_tracing():
     backbone = TextClassifierBackbone(20, 6, hidden_dim=8, depth=1, num_heads=2,
                                       mlp_dim=8, pooling_units=4)
     model = MaskedLanguageModel(backbone, mask_length=2)
-    model.compile()
+    model.compile(jit_compile=False)
     ids, positions = np.ones((2, 6), "int32"), np.array([[0, 5], [1, 2]], "int32")
     want = model.predict({"token_ids": ids, "mask_positions": positions}, verbose=0)
     for bad, message in [
