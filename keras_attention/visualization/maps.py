@@ -60,7 +60,10 @@ def capture_attention(model, layers=None):
     `return_attention_scores=True`; it records the scores and gives its
     caller only the output (or the pair, if the caller asked for the scores
     itself), so the model runs as usual. Leaving the block restores the
-    layers.
+    layers. Only eager calls are recorded: call the model directly, as in
+    the example; inside `model.predict`, a `tf.function` or `jax.jit` the
+    scores are traced values, not recorded (`attention_maps` runs the
+    model eagerly for you).
 
     Args:
         model: any Keras model or layer.
