@@ -494,3 +494,23 @@ def test_multi_head_attention_traces_with_a_symbolic_length_on_jax():
         np.asarray(exported.call(variables, x)), np.asarray(gradient(variables, x)),
         atol=1e-6,
     )
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch's ONNX export")
+def test_a_layer_with_returned_weights_exports_to_onnx_for_any_length(tmp_path):
+    # The exporter traces unknown sizes as 1: the softmax's one-key form
+    # (weights all 1) was written into the file for every length.
+    pytest.importorskip("onnxruntime")
+    import onnxruntime
+
+    import keras_attention
+
+    inputs = keras.Input((None, 4))
+    model = keras.Model(inputs, keras_attention.get("additive", units=4)(inputs, inputs))
+    model(RNG.normal(size=(2, 3, 4)).astype("float32"))
+    model.export(str(tmp_path / "model.onnx"), format="onnx", verbose=False)
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    for length in (1, 5):
+        x = RNG.normal(size=(2, length, 4)).astype("float32")
+        (got,) = session.run(None, {session.get_inputs()[0].name: x})
+        np.testing.assert_allclose(got, keras.ops.convert_to_numpy(model(x)), atol=1e-5)

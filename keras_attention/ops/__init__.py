@@ -38,6 +38,8 @@ One module per topic:
   own XLA computation (`xla_cpu.compiles_blocked_core`; recorded in
   `dispatch_choices()`).
 - `xla_cpu`: forms XLA's CPU backend runs faster than the simple ones.
+- `positions`: `rotary_embedding` (RoPE, the half-split rotation of
+  LLaMA and keras-hub) and `alibi_slopes` (ALiBi's per-head slopes).
 - `random`: `hash_bits`, `hash_dropout`, counter-based random bits and
   dropout masks that XLA fuses (the backend's generator is slow under XLA on
   CPU); the attention core's dropout when a seed is given.
@@ -59,6 +61,8 @@ from keras_attention.ops.masks import causal_mask
 from keras_attention.ops.masks import masked_softmax
 from keras_attention.ops.masks import segment_softmax
 from keras_attention.ops.masks import sliding_window_mask
+from keras_attention.ops.positions import alibi_slopes
+from keras_attention.ops.positions import rotary_embedding
 from keras_attention.ops.random import hash_bits
 from keras_attention.ops.random import hash_dropout
 
@@ -66,6 +70,7 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_QUERY_BLOCK_SIZE",
     "DENSE_THRESHOLD",
+    "alibi_slopes",
     "blocked_attention",
     "causal_mask",
     "clear_dispatch_choices",
@@ -77,6 +82,7 @@ __all__ = [
     "hash_dropout",
     "masked_softmax",
     "onednn_status",
+    "rotary_embedding",
     "segment_softmax",
     "set_autotune",
     "sliding_window_mask",

@@ -25,8 +25,10 @@ step reads.
 import collections
 import math
 
+import keras
 from keras import ops
 
+from keras_attention._validation import check_positive_int
 from keras_attention.ops.masks import MASK_VALUE
 from keras_attention.ops.masks import causal_mask
 from keras_attention.ops.masks import check_sliding_window
@@ -34,6 +36,7 @@ from keras_attention.ops.masks import expand_mask
 from keras_attention.ops.masks import sliding_window_mask
 from keras_attention.ops.masks import wide_dtype
 from keras_attention.ops.positions import alibi_bias
+from keras_attention.ops.shapes import check_alibi_slopes
 from keras_attention.ops.shapes import check_attention_inputs
 from keras_attention.ops.shapes import check_attention_mask
 from keras_attention.ops.shapes import check_mask_rows
@@ -183,6 +186,16 @@ def _scores(q_i, k_j, i, j, plan):
     return s, mask
 
 
+def _maximum(x, y):
+    """`ops.maximum` in the inputs' dtype. keras's torch backend takes it in
+    float32 for float64 tensors (its promotion maps 64 bits to 32, as JAX
+    without x64): the running maximum's `MASK_VALUE` start became
+    `-1.0000000150474662e30`, and `exp` of the difference `inf`."""
+    if keras.backend.backend() == "torch":
+        return ops.where(x >= y, x, y)
+    return ops.maximum(x, y)
+
+
 def _forward_rows(q, k, v, i, plan):
     """Output `(B, Tq, H, Dv)` (`plan.wide`) and log-sum-exp `(B, H, Tq, 1)` of
     query block `i` over the key blocks it visits (`plan.span` of them from
@@ -196,7 +209,7 @@ def _forward_rows(q, k, v, i, plan):
         s, m = _scores(q_i, _keys(k, j, plan), i, j, plan)
         if m is not None:
             s = ops.where(m, s, MASK_VALUE)
-        new_max = ops.maximum(row_max, ops.max(s, axis=-1, keepdims=True))
+        new_max = _maximum(row_max, ops.max(s, axis=-1, keepdims=True))
         p = ops.exp(s - new_max)
         if m is not None:
             p = ops.where(m, p, 0.0)
@@ -459,6 +472,9 @@ def blocked_attention(
     """
     sliding_window = check_sliding_window(sliding_window)
     check_attention_inputs(query, key, value)
+    check_positive_int("block_size", block_size)
+    check_positive_int("query_block_size", query_block_size, allow_none=True)
+    check_alibi_slopes(alibi_slopes, query)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     mask = expand_mask(attention_mask)

@@ -10,10 +10,13 @@ involved (`dense.dense_core`; `dense_custom_gradient(False)` or the
 
 import contextlib
 import math
+import numbers
 
 import keras
 from keras import ops
 
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import check_rate
 from keras_attention.ops import autotune
 from keras_attention.ops import xla_cpu
 from keras_attention.ops.blocked import DEFAULT_BLOCK_SIZE
@@ -31,7 +34,9 @@ from keras_attention.ops.masks import wide_dtype
 from keras_attention.ops.positions import alibi_bias
 from keras_attention.ops.random import hash_dropout
 from keras_attention.ops.shapes import check_attention_inputs
+from keras_attention.ops.shapes import check_alibi_slopes
 from keras_attention.ops.shapes import check_attention_mask
+from keras_attention.ops.shapes import check_bias
 from keras_attention.ops.shapes import repeat_heads
 from keras_attention.ops.shapes import static_dim
 
@@ -158,7 +163,9 @@ def dot_product_attention(
         `(B, H, T, S)` if `return_weights`.
     """
     sliding_window = check_sliding_window(sliding_window)
-    check_attention_inputs(query, key, value)
+    dropout_rate = _check_arguments(
+        query, key, value, bias, dropout_rate, block_size, alibi_slopes
+    )
     head_dim = query.shape[-1]
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
@@ -202,6 +209,19 @@ def dot_product_attention(
         query, key, value, mask, bias, is_causal, scale, dropout_rate, seed,
         dropout_active, return_weights, custom_gradient and can_block,
     )
+
+
+def _check_arguments(query, key, value, bias, dropout_rate, block_size,
+                     alibi_slopes):
+    """Raise a `ValueError` naming the first bad argument; returns
+    `dropout_rate` (a float, or the caller's tensor)."""
+    check_attention_inputs(query, key, value)
+    check_positive_int("block_size", block_size, allow_none=True)
+    if isinstance(dropout_rate, numbers.Real):
+        dropout_rate = check_rate("dropout_rate", dropout_rate)
+    check_bias(bias, query, key)
+    check_alibi_slopes(alibi_slopes, query)
+    return dropout_rate
 
 
 def _long_path(path, query, key, value, mask, is_causal, scale, block_size,

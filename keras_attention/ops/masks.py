@@ -1,6 +1,7 @@
 """Masks and softmaxes: float32 softmax where a fully masked row gives 0."""
 
 import numbers
+import warnings
 
 import keras
 import numpy as np
@@ -65,11 +66,11 @@ def masked_softmax(scores, mask=None, axis=-1, float32=True, empty_rows=True):
         # The backend's fused softmax (one pass where the masked loop took
         # five); a fully masked row comes out uniform and is zeroed after.
         x = ops.where(mask, x, ops.cast(MASK_VALUE, x.dtype))
-    if x.shape[axis] == 1:
-        # One key: exp(x - x) is 1 (NaN for a NaN score, as softmax gives),
-        # where `ops.softmax` would warn that the result is always 1.
-        weights = ops.exp(x - x)
-    else:
+    with warnings.catch_warnings():
+        # One key: the weights are 1, which Keras warns about. No branch on
+        # the length: torch's ONNX export traces unknown sizes as 1, and a
+        # one-key form would be written into the file for every length.
+        warnings.filterwarnings("ignore", "You are using a softmax over axis")
         weights = ops.softmax(x, axis=axis)
     if mask is not None and empty_rows:
         weights = ops.where(mask, weights, ops.cast(0.0, weights.dtype))

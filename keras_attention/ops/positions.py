@@ -15,6 +15,8 @@ import math
 
 from keras import ops
 
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import known_dim
 from keras_attention.ops.masks import wide_dtype
 
 
@@ -38,10 +40,12 @@ def rotary_embedding(x, positions=None, start_index=0, max_wavelength=10000,
         `position / scaling_factor * max_wavelength ** (-2i / D)`, computed
         in float32 (float64 for float64 heads).
     """
+    x = ops.convert_to_tensor(x)  # NumPy heads: `x * cos` on torch
     dim = x.shape[-1]
-    if dim is not None and dim % 2:
+    if len(x.shape) != 4 or (known_dim(dim) or 0) % 2:
         raise ValueError(
-            "Rotary embeddings need an even head size. "
+            "Received an invalid value for argument `x`, expected a rank-4 "
+            "tensor (B, T, H, D) with an even head size D. "
             f"Received: x.shape={tuple(x.shape)}"
         )
     wide = wide_dtype(x.dtype)
@@ -51,6 +55,15 @@ def rotary_embedding(x, positions=None, start_index=0, max_wavelength=10000,
     positions = ops.cast(positions, wide)
     if len(positions.shape) == 1:
         positions = positions[None]
+    if len(positions.shape) != 2 or not all(
+        None in (p, e) or p in (1, e)
+        for p, e in zip(map(known_dim, positions.shape), map(known_dim, x.shape[:2]))
+    ):
+        raise ValueError(
+            "Received an invalid value for argument `positions`, expected "
+            f"a tensor (T,) or (B, T) for x.shape={tuple(x.shape)}. "
+            f"Received: positions.shape={tuple(positions.shape)}"
+        )
     inverse_freq = ops.power(
         float(max_wavelength),
         -ops.arange(0, dim, 2, dtype=wide) / float(dim),
@@ -71,6 +84,8 @@ def alibi_slopes(num_heads, alibi_bias_max=8):
     / n)`; a head count that is not a power of two takes the next power's
     odd slopes for the rest, as the paper's code (and keras-hub) do.
     """
+
+    check_positive_int("num_heads", num_heads)
 
     def powers_of_two(n):
         start = 2 ** (-(2 ** -(math.log2(n) - math.log2(alibi_bias_max))))

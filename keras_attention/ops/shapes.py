@@ -2,6 +2,7 @@
 
 from keras import ops
 
+from keras_attention._validation import check_dtype
 from keras_attention._validation import known_dim
 
 
@@ -10,7 +11,16 @@ def static_dim(x, axis):
     return known_dim(x.shape[axis])
 
 
+def _disagree(a, b):
+    """Whether two dimensions are both known and differ."""
+    a, b = known_dim(a), known_dim(b)
+    return None not in (a, b) and a != b
+
+
 def check_attention_inputs(query, key, value):
+    """Raise unless `query` `(B, T, H, D)`, `key` `(B, S, K, D)` and
+    `value` `(B, S, K, Dv)` are float tensors that agree wherever their
+    dimensions are known."""
     for name, x in (("query", query), ("key", key), ("value", value)):
         if len(x.shape) != 4:
             raise ValueError(
@@ -18,6 +28,22 @@ def check_attention_inputs(query, key, value):
                 f"rank-4 tensor (B, T, H, D). Received: {name}.shape="
                 f"{tuple(x.shape)}"
             )
+        # An integer query would be scaled by an integer `scale` (0).
+        check_dtype(name, x, "float", "a float tensor")
+    if _disagree(key.shape[0], query.shape[0]) or _disagree(
+        value.shape[0], query.shape[0]
+    ):
+        raise ValueError(
+            "Expected `query`, `key` and `value` to have the same batch size. "
+            f"Received: query.shape={tuple(query.shape)}, "
+            f"key.shape={tuple(key.shape)}, value.shape={tuple(value.shape)}"
+        )
+    if _disagree(key.shape[1], value.shape[1]):
+        raise ValueError(
+            "Expected `key` and `value` to have the same length S. "
+            f"Received: key.shape={tuple(key.shape)}, "
+            f"value.shape={tuple(value.shape)}"
+        )
     q_heads, k_heads, v_heads = query.shape[2], key.shape[2], value.shape[2]
     if k_heads != v_heads:
         raise ValueError(
@@ -56,6 +82,37 @@ def check_attention_mask(attention_mask, mask, query, key):
             "expected a boolean tensor that broadcasts to the scores "
             f"(B, H, T, S) = {scores} as (B, S), (B, T, S) or (B, H, T, S). "
             f"Received: attention_mask.shape={tuple(attention_mask.shape)}"
+        )
+
+
+def check_bias(bias, query, key):
+    """Raise unless `bias` broadcasts to the scores `(B, H, T, S)` wherever
+    both are known."""
+    if bias is None:
+        return
+    scores = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
+    shape = tuple(getattr(bias, "shape", ()))
+    if len(shape) > 4 or any(
+        _disagree(d, e) and known_dim(d) != 1
+        for d, e in zip(reversed(shape), reversed(scores))
+    ):
+        raise ValueError(
+            "Received an invalid value for argument `bias`, expected a tensor "
+            f"that broadcasts to the scores (B, H, T, S) = {scores}. "
+            f"Received: bias.shape={shape}"
+        )
+
+
+def check_alibi_slopes(alibi_slopes, query):
+    """Raise unless `alibi_slopes` holds one slope per query head `(H,)`."""
+    if alibi_slopes is None:
+        return
+    shape = tuple(getattr(alibi_slopes, "shape", (len(alibi_slopes),)))
+    if len(shape) != 1 or _disagree(shape[0], query.shape[2]):
+        raise ValueError(
+            "Received an invalid value for argument `alibi_slopes`, expected "
+            f"one slope per query head, shape ({query.shape[2]},). "
+            f"Received: alibi_slopes.shape={shape}"
         )
 
 
