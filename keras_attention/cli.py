@@ -12,167 +12,32 @@ keras-attention convert SOURCE [--timm-model NAME [--timm-kwargs JSON]] [--num-c
 ```
 
 Exit codes: 0 success, 1 the job failed (the message says why), 2 bad
-arguments.
+arguments, 130 interrupted (Ctrl-C). The arguments are parsed, and those
+that need no model checked, in `_cli_arguments`, before TensorFlow loads.
 """
 
-import argparse
 import os
+import re
 import sys
 import time
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from keras_attention._cli_arguments import EXIT_FAILED
+from keras_attention._cli_arguments import EXIT_INTERRUPTED
+from keras_attention._cli_arguments import EXIT_OK
+from keras_attention._cli_arguments import EXIT_USAGE
+from keras_attention._cli_arguments import IMAGE_SUFFIXES
+from keras_attention._cli_arguments import UsageError
+from keras_attention._cli_arguments import build_parser
+from keras_attention._cli_arguments import check_arguments
+from keras_attention._cli_arguments import print_usage_error
+from keras_attention._cli_arguments import started
+from keras_attention._cli_arguments import timm_kwargs
 
-
-class UsageError(Exception):
-    """A bad argument value found after parsing (exit code 2)."""
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 
 def _quiet_tensorflow():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _seed(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(
-            f"expected an integer from 0 to 2**32 - 1, got {text!r}"
-        )
-    return value
-
-
-def _add_output_arguments(command, out_default, quick_help):
-    """`--out`, `--seed` and `--quick` of a command that trains."""
-    command.add_argument("--out", default=out_default, help="output folder")
-    command.add_argument("--seed", type=_seed, default=0, help="random seed")
-    command.add_argument("--quick", action="store_true", help=quick_help)
-
-
-def build_parser():
-    from keras_attention import recipes
-
-    parser = argparse.ArgumentParser(
-        prog="keras-attention",
-        description=(
-            "Train, evaluate and look at attention models from keras_attention. "
-            "Every task runs on embedded data that needs no download."
-        ),
-    )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands.required = True
-
-    commands.add_parser(
-        "list", help="registered layers (plugins too), applications and presets"
-    )
-
-    run = commands.add_parser(
-        "run",
-        help="train one application, evaluate it, save the model and pictures",
-        description="Train one application on its embedded data (or --data), "
-        "with Keras's progress bar; print the metrics; write the .keras model "
-        "and the attention pictures to --out.",
-    )
-    run.add_argument("task", choices=sorted(recipes.TASKS), help="the application")
-    run.add_argument(
-        "--model",
-        help="the model of the task (default: the task's first); "
-        + "; ".join(f"{t}: {', '.join(r.models)}" for t, r in sorted(recipes.TASKS.items())),
-    )
-    run.add_argument("--data", help="a data folder in the task's standard format")
-    run.add_argument("--epochs", type=_positive_int, help="training epochs")
-    _add_output_arguments(
-        run, "keras_attention_out", "a small slice of the data (a smoke test)"
-    )
-
-    demo = commands.add_parser(
-        "demo",
-        help="the five applications on embedded data, with a report",
-        description="Train (or fine-tune the shipped weights of) and "
-        "evaluate classification, translation, detection, node "
-        "classification and the causal LM on their embedded data with "
-        "short recipes, and write report.md with the "
-        "metrics and pictures, and report.html with the same and each "
-        "application's interactive attention explorer, to --out.",
-    )
-    _add_output_arguments(
-        demo, "keras_attention_demo", "one short epoch each (a smoke test)"
-    )
-    explore = commands.add_parser(
-        "explore",
-        help="write an interactive attention page (HTML) for a saved model",
-        description="Load a saved .keras model, run it on INPUT and write one "
-        "self-contained HTML page to explore its attention (layers, heads, "
-        "tokens, patches, boxes, graph nodes). INPUT is a .npy file (a batch: "
-        "token ids or features (B, T[, C]), images (B, H, W, C)), a .npz file "
-        "with the arrays the model takes in order (a graph: features and "
-        "edges), an image file (.png/.jpg, scaled to [0, 1] and resized to the "
-        "model's input), or, for a model with a text preprocessor "
-        "(TextClassifier, translators), the text itself.",
-    )
-    explore.add_argument("model", help="a .keras file saved by Keras")
-    explore.add_argument("input", help=".npy, .npz, image file, or text")
-    explore.add_argument("--out", default="attention.html", help="the page to write")
-    explore.add_argument(
-        "--kind", default="auto",
-        choices=("auto", "sequence", "image", "detection", "graph"),
-        help="the view (default: from the model and input)",
-    )
-    explore.add_argument(
-        "--index", type=int, default=0, help="which example of the batch to show"
-    )
-    explore.add_argument(
-        "--layers", nargs="+",
-        help="attention layers to show: names, paths or indices in call order",
-    )
-    explore.add_argument(
-        "--tokens", help="labels of the tokens, separated by spaces"
-    )
-    explore.add_argument(
-        "--node-labels", help="a .npy file with one class per node (graphs)"
-    )
-    convert = commands.add_parser(
-        "convert",
-        help="a timm or Hugging Face ViT/Swin/DETR/BERT checkpoint to a .keras model",
-        description="Convert a pretrained ViT, Swin, DETR or BERT checkpoint "
-        "you have locally: a Hugging Face ViT, DETR or BERT folder (config.json + "
-        "model.safetensors or "
-        "pytorch_model.bin, e.g. a downloaded hub snapshot or what "
-        "save_pretrained writes; a BERT folder's vocab.txt becomes the "
-        "model's preprocessor), or a timm checkpoint file (.safetensors, "
-        ".pth, .bin) with --timm-model. Every tensor is checked before any "
-        "is loaded.",
-    )
-    convert.add_argument("source", help="a Hugging Face folder or a timm file")
-    convert.add_argument(
-        "--timm-model",
-        help="the timm model name of a timm file (e.g. vit_base_patch16_224)",
-    )
-    convert.add_argument(
-        "--timm-kwargs",
-        metavar="JSON",
-        help="arguments of timm.create_model for --timm-model, as a JSON "
-        'object, for a checkpoint of another size than the named model\'s '
-        '(e.g. \'{"img_size": 32, "window_size": 4}\')',
-    )
-    convert.add_argument(
-        "--num-classes",
-        type=_positive_int,
-        help="a new head with this many classes (default: the checkpoint's)",
-    )
-    convert.add_argument("--out", default="model.keras", help="the .keras file")
-    return parser
 
 
 def _hub_model_type(folder):
@@ -236,48 +101,12 @@ def _bert_model(args):
     )
 
 
-def _timm_kwargs(args):
-    """The JSON object of `--timm-kwargs` as a dict (`{}` when not given)."""
-    import json
-
-    if args.timm_kwargs is None:
-        return {}
-    if not args.timm_model:
-        raise UsageError("--timm-kwargs goes with --timm-model (a timm file)")
-    try:
-        kwargs = json.loads(args.timm_kwargs)
-    except ValueError as error:
-        raise UsageError(
-            f"--timm-kwargs: expected a JSON object ({error}). "
-            f"Received: --timm-kwargs={args.timm_kwargs}"
-        ) from None
-    if not isinstance(kwargs, dict):
-        raise UsageError(
-            "--timm-kwargs: expected a JSON object, e.g. '{\"img_size\": "
-            f"32}}'. Received: --timm-kwargs={args.timm_kwargs}"
-        )
-    return kwargs
-
-
 def command_convert(args):
     from keras_attention.applications import DETR
     from keras_attention.applications import VisionTransformer
 
-    if not os.path.exists(args.source):
-        raise UsageError(f"SOURCE: no such file or folder: {args.source}")
-    if not args.out.endswith(".keras"):
-        raise UsageError(
-            f"--out: expected a path ending in .keras. Received: --out={args.out}"
-        )
-    timm_kwargs = _timm_kwargs(args)
-    _make_out_file_folder(args.out)
     model_type = None
     if os.path.isdir(args.source):
-        if args.timm_model:
-            raise UsageError(
-                "--timm-model is for a timm checkpoint file; SOURCE is a "
-                "folder (read as a Hugging Face model)"
-            )
         model_type = _hub_model_type(args.source)
         if model_type == "bert":
             model, description = _bert_model(args)
@@ -287,14 +116,9 @@ def command_convert(args):
                 args.source, num_classes=args.num_classes
             )
     else:
-        if not args.timm_model:
-            raise UsageError(
-                "a timm checkpoint file needs its architecture: pass "
-                "--timm-model NAME (e.g. vit_base_patch16_224)"
-            )
         model = VisionTransformer.from_timm(
             args.source, model_name=args.timm_model,
-            num_classes=args.num_classes, model_kwargs=timm_kwargs,
+            num_classes=args.num_classes, model_kwargs=timm_kwargs(args),
         )
     from keras_attention._writing import write_atomically
 
@@ -328,15 +152,6 @@ def command_run(args):
     from keras_attention import reports
 
     recipe = recipes.TASKS[args.task]
-    if args.model is not None and args.model not in recipe.models:
-        raise UsageError(
-            f"Received an invalid value for argument `--model`, expected one of "
-            f"{', '.join(recipe.models)} for task {args.task!r}. "
-            f"Received: --model={args.model}"
-        )
-    if args.data is not None and not os.path.exists(args.data):
-        raise UsageError(f"--data: no such file or folder: {args.data}")
-    _make_out_folder(args.out, args.out)
     result = recipe.run(
         model_name=args.model or recipe.models[0],
         data=args.data,
@@ -353,8 +168,6 @@ def command_demo(args):
     from keras_attention import recipes
     from keras_attention import reports
 
-    for task in recipes.DEMO_ORDER:  # every folder, before any work
-        _make_out_folder(os.path.join(args.out, task), args.out)
     start = time.time()
     results = []
     for task in recipes.DEMO_ORDER:
@@ -374,10 +187,10 @@ def command_demo(args):
         print(reports.format_result(result), flush=True)
         results.append(result)
     report = reports.write_report(
-        results, args.out, time.time() - start, time.process_time()
+        results, args.out, time.time() - start, time.process_time(), args.quick
     )
     page = reports.write_report_html(
-        results, args.out, time.time() - start, time.process_time()
+        results, args.out, time.time() - start, time.process_time(), args.quick
     )
     print(f"\nReport: {os.path.abspath(report)}")
     print(f"Interactive report: {os.path.abspath(page)}")
@@ -390,8 +203,6 @@ def _explore_input(text, model):
 
     lower = text.lower()
     if lower.endswith(".npy") or lower.endswith(".npz"):
-        if not os.path.isfile(text):
-            raise UsageError(f"INPUT: no such file: {text}")
         try:
             loaded = np.load(text, allow_pickle=False)
         except (OSError, ValueError) as error:
@@ -406,9 +217,7 @@ def _explore_input(text, model):
         except (AttributeError, ValueError):
             named = False
         return arrays if named else list(arrays.values())
-    if lower.endswith((".png", ".jpg", ".jpeg", ".bmp", ".gif")):
-        if not os.path.isfile(text):
-            raise UsageError(f"INPUT: no such file: {text}")
+    if lower.endswith(IMAGE_SUFFIXES):
         import keras
 
         shape = _model_image_shape(model)
@@ -448,45 +257,10 @@ def _model_image_shape(model):
 def _load_node_labels(text):
     import numpy as np
 
-    if not os.path.isfile(text):
-        raise UsageError(f"--node-labels: no such file: {text}")
     try:
         return np.load(text, allow_pickle=False)
     except (OSError, ValueError) as error:
         raise UsageError(f"--node-labels: cannot read {text}: {error}") from None
-
-
-def _make_out_folder(folder, out):
-    """Makes the folder of `--out` and checks that files can be written in
-    it, before any work; a file in its way, or a folder that takes no
-    files (read-only, no permission), is a bad argument."""
-    import tempfile
-
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as error:  # a file of that name, or in the path
-        raise UsageError(
-            f"--out: cannot make the folder {folder}: {error.strerror}. "
-            f"Received: --out={out}"
-        ) from None
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as error:
-        raise UsageError(
-            f"--out: cannot write in the folder {folder}: {error.strerror}. "
-            f"Received: --out={out}"
-        ) from None
-
-
-def _make_out_file_folder(out):
-    """Makes the folder of the file `--out` (before any work); a folder as
-    `--out`, or a file in the way of its folder, is a bad argument."""
-    if os.path.isdir(out):
-        raise UsageError(
-            f"--out: expected a file, not the folder {out}. Received: --out={out}"
-        )
-    _make_out_folder(os.path.dirname(os.path.abspath(out)), out)
 
 
 def command_explore(args):
@@ -495,9 +269,6 @@ def command_explore(args):
     import keras_attention  # noqa: F401 - registers the layers for loading
     from keras_attention import visualization
 
-    if not os.path.isfile(args.model):
-        raise UsageError(f"MODEL: no such file: {args.model}")
-    _make_out_file_folder(args.out)
     node_labels = None
     if args.node_labels:
         node_labels = _load_node_labels(args.node_labels)
@@ -509,25 +280,53 @@ def command_explore(args):
     layers = None
     if args.layers:
         layers = [int(v) if v.lstrip("-").isdigit() else v for v in args.layers]
-    path = visualization.explore(
-        model,
-        inputs,
-        args.out,
-        kind=args.kind,
-        index=args.index,
-        layers=layers,
-        tokens=args.tokens.split() if args.tokens else None,
-        node_labels=node_labels,
-    )
+    try:
+        path = visualization.explore(
+            model,
+            inputs,
+            args.out,
+            kind=args.kind,
+            index=args.index,
+            layers=layers,
+            tokens=args.tokens.split() if args.tokens else None,
+            node_labels=node_labels,
+        )
+    except ValueError as error:
+        raise _explore_usage_error(error) or error
     print(f"Wrote {path}")
     return EXIT_OK
+
+
+# `explore`'s arguments as the command names them.
+_EXPLORE_OPTIONS = {
+    "index": "--index", "layers": "--layers", "tokens": "--tokens",
+    "node_labels": "--node-labels", "kind": "--kind", "path": "--out",
+    "inputs": "INPUT",
+}
+
+
+def _explore_usage_error(error):
+    """`explore`'s error about one of its arguments, as a `UsageError` that
+    names the command's option (`--index`, not `index`); None for another
+    error."""
+    text = str(error)
+    named = re.search(r"argument `(\w+)`", text)
+    if not named or named.group(1) not in _EXPLORE_OPTIONS:
+        return None
+    name = named.group(1)
+    text = re.sub(
+        rf"(?<![\w-]){name}(?=`|=| <| of shape)", _EXPLORE_OPTIONS[name], text
+    )
+    return UsageError(text)
 
 
 def main(argv=None):
     _quiet_tensorflow()
     parser = build_parser()
     args = parser.parse_args(argv)  # exits with 2 on bad arguments
+    started()
     try:
+        check_arguments(args)
         if args.command == "list":
             return command_list()
         if args.command == "run":
@@ -538,14 +337,13 @@ def main(argv=None):
             return command_convert(args)
         return command_demo(args)
     except UsageError as error:
-        # The command's own usage line, as argparse prints for its errors.
-        commands = next(a for a in parser._actions
-                        if isinstance(a, argparse._SubParsersAction))
-        commands.choices.get(args.command, parser).print_usage(sys.stderr)
-        print(f"keras-attention: error: {error}", file=sys.stderr)
+        print_usage_error(parser, args, error)
         return EXIT_USAGE
     except (ValueError, FileNotFoundError) as error:
         print(f"keras-attention: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    except BrokenPipeError:  # `keras-attention list | head`: the reader left
+        _silence_stdout()
         return EXIT_FAILED
     except OSError as error:  # a file that cannot be written or read
         # `os.replace(temporary, target)` names the target second.
@@ -559,7 +357,16 @@ def main(argv=None):
         return EXIT_FAILED
     except KeyboardInterrupt:
         print("keras-attention: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+
+
+def _silence_stdout():
+    # Python flushes stdout again at exit, into the closed pipe.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no file behind sys.stdout (captured)
+        pass
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from typing import Callable
 import keras
 import numpy as np
 
+from keras_attention._cli_arguments import DEMO_TASKS
+from keras_attention._cli_arguments import TASK_MODELS
 from keras_attention._writing import write_atomically
 
 
@@ -534,30 +536,24 @@ def run_causal_lm(model_name, data, epochs, out, seed, quick=False):
 
 TASKS = {
     "translation": Recipe(
-        "translation", ("transformer", "rnn"), run_translation, demo_epochs=1
+        "translation", TASK_MODELS["translation"], run_translation, demo_epochs=1
     ),
     "classification": Recipe(
-        "classification", ("cbam_resnet", "vit"), run_classification, demo_epochs=8
+        "classification", TASK_MODELS["classification"], run_classification,
+        demo_epochs=8,
     ),
     "detection": Recipe(
-        "detection", ("detr", "detr_cbam"), run_detection, demo_epochs=2
+        "detection", TASK_MODELS["detection"], run_detection, demo_epochs=2
     ),
     "node-classification": Recipe(
-        "node-classification", ("gat", "gatv2"), run_node_classification,
-        demo_epochs=200, quick_epochs=5,
+        "node-classification", TASK_MODELS["node-classification"],
+        run_node_classification, demo_epochs=200, quick_epochs=5,
     ),
     "causal-lm": Recipe(
-        "causal-lm", ("rope", "alibi"), run_causal_lm, demo_epochs=1
+        "causal-lm", TASK_MODELS["causal-lm"], run_causal_lm, demo_epochs=1
     ),
     "pretraining": Recipe(
-        "pretraining", ("bert",), run_pretraining, demo_epochs=10
+        "pretraining", TASK_MODELS["pretraining"], run_pretraining, demo_epochs=10
     ),
 }
-DEMO_ORDER = [
-    t
-    for t in (
-        "classification", "translation", "detection", "node-classification",
-        "causal-lm",
-    )
-    if t in TASKS
-]
+DEMO_ORDER = [t for t in DEMO_TASKS if t in TASKS]

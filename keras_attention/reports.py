@@ -23,8 +23,15 @@ def format_result(result):
     return "\n".join(lines)
 
 
-def write_report(results, out, seconds, cpu_seconds=None):
-    """`report.md` in `out`: each task's metrics, notes and pictures."""
+_QUICK = (
+    "A smoke test (--quick): a few short epochs on a slice of the data, so "
+    "these metrics are not what the recipes reach."
+)
+
+
+def write_report(results, out, seconds, cpu_seconds=None, quick=False):
+    """`report.md` in `out`: each task's metrics, notes and pictures;
+    `quick`: the run was `demo --quick`, which the report says first."""
     path = os.path.join(out, "report.md")
     total = f"{seconds / 60:.1f} minutes in all"
     if cpu_seconds is not None:
@@ -34,6 +41,10 @@ def write_report(results, out, seconds, cpu_seconds=None):
         "",
         f"All applications on their embedded data, {total}.",
         "",
+    ]
+    if quick:
+        lines += [f"**{_QUICK}**", ""]
+    lines += [
         "| task | model | data | metrics | seconds | CPU-seconds |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
@@ -58,9 +69,10 @@ def write_report(results, out, seconds, cpu_seconds=None):
     return path
 
 
-def write_report_html(results, out, seconds, cpu_seconds=None):
+def write_report_html(results, out, seconds, cpu_seconds=None, quick=False):
     """`report.html` in `out`: one self-contained page with each task's
-    metrics, its pictures and its attention explorer (inlined, no network)."""
+    metrics, its pictures and its attention explorer (inlined, no network);
+    `quick` as in `write_report`."""
     import base64
     import html
 
@@ -122,6 +134,7 @@ iframe.explorer {{ width: 100%; height: 900px; border: 1px solid #d7dce4; border
 <p>All applications on their embedded data, {escape(total)}. Each task's
 pictures are followed by its attention explorer (hover and choose layers and
 heads); the same explorers are in the task folders as <code>*_explorer.html</code>.</p>
+{f"<p><b>{escape(_QUICK)}</b></p>" if quick else ""}
 <table><tr><th>task</th><th>model</th><th>data</th><th>metrics</th><th>seconds</th></tr>{rows}</table>
 {"".join(sections)}
 <script>

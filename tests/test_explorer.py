@@ -620,8 +620,8 @@ def test_explore_command(tmp_path, capsys):
         ["explore", str(model_path), str(input_path), "--layers", "7",
          "--out", str(tmp_path / "other.html")]
     )
-    assert code == cli.EXIT_FAILED
-    assert "`layers`" in capsys.readouterr().err
+    assert code == cli.EXIT_USAGE
+    assert "`--layers`" in capsys.readouterr().err
     assert not (tmp_path / "other.html").exists()
 
 

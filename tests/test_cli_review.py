@@ -1,0 +1,169 @@
+"""The keras-attention command at a terminal: help and bad arguments
+answered before TensorFlow loads, errors that name the option typed, and
+Ctrl-C while it starts."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attention import _startup
+from keras_attention import cli
+from keras_attention import layers as ka_layers
+
+# Imports the package as the console script does, once per argv (an import
+# that exits is undone, so the next one runs `__init__` again).
+_AS_THE_COMMAND = """
+import contextlib, io, json, sys
+results = []
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["keras-attention", *argv]
+    out, err = io.StringIO(), io.StringIO()
+    code = "imported"
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            import keras_attention
+        except SystemExit as exit:
+            code = exit.code
+    results.append([code, out.getvalue(), err.getvalue()])
+loaded = [m for m in ("tensorflow", "keras", "numpy") if m in sys.modules]
+print(json.dumps([results, loaded]))
+"""
+
+
+def test_help_and_bad_arguments_are_answered_before_tensorflow_loads(tmp_path):
+    # `keras-attention --help` imported TensorFlow (the package's
+    # `__init__` runs before the entry point) and a missing file was found
+    # after it had loaded.
+    blocker = tmp_path / "afile"
+    blocker.write_text("mine")
+    cases = [
+        ["--help"],
+        ["explore", "--help"],
+        ["run", "poetry"],
+        ["convert"],
+        ["explore", str(tmp_path / "no.keras"), "x.npy"],
+        ["explore", str(blocker), str(tmp_path / "no.npy")],
+        ["explore", str(blocker), "x.npy", "--index", "-1"],
+        ["run", "classification", "--model", "alexnet"],
+        ["demo", "--out", str(blocker / "sub")],
+        ["convert", str(tmp_path), "--timm-model", "vit_base_patch16_224"],
+    ]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(cli.__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    result = subprocess.run(
+        [sys.executable, "-c", _AS_THE_COMMAND, json.dumps(cases)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results, loaded = json.loads(result.stdout.splitlines()[-1])
+    assert loaded == []
+    codes = [code for code, _, _ in results]
+    assert codes == [0, 0] + [2] * (len(cases) - 2)
+    assert "demo" in results[0][1] and "MODEL INPUT" in results[1][1]
+    errors = [err.splitlines()[-1] for _, _, err in results[2:]]
+    assert "invalid choice: 'poetry'" in errors[0]
+    assert errors[1].endswith("the following arguments are required: SOURCE")
+    missing = tmp_path / "no.keras"
+    assert errors[2] == f"keras-attention explore: error: MODEL: no such file: {missing}"
+    assert errors[3].endswith(f"INPUT: no such file: {tmp_path / 'no.npy'}")
+    assert "argument --index: expected an example of the batch" in errors[4]
+    assert errors[5].startswith("keras-attention run: error: ") and "--model" in errors[5]
+    assert "--out: cannot make the folder" in errors[6]
+    assert "--timm-model is for a timm checkpoint file" in errors[7]
+    assert not any("Traceback" in err for _, _, err in results)
+
+
+def test_python_dash_m_is_the_command_too(monkeypatch):
+    for argv0, orig_argv, expected in (
+        ("/usr/bin/keras-attention", ["python", "/usr/bin/keras-attention"], True),
+        ("-m", ["python", "-X", "importtime", "-m", "keras_attention", "list"], True),
+        ("-m", ["python", "-mkeras_attention"], True),
+        ("-m", ["python", "-m", "pytest", "keras_attention"], False),
+        ("-c", ["python", "-c", "import keras_attention"], False),
+        ("my_script.py", ["python", "my_script.py", "--help"], False),
+    ):
+        monkeypatch.setattr(sys, "argv", [argv0])
+        monkeypatch.setattr(sys, "orig_argv", orig_argv)
+        assert _startup.is_the_command() is expected, orig_argv
+
+
+def test_ctrl_c_while_tensorflow_loads_is_one_line(capsys):
+    # Before: a Ctrl-C in the seconds of `import tensorflow` printed a
+    # traceback of some 50 lines through TensorFlow's import.
+    from keras_attention import _cli_arguments
+
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _cli_arguments.answer_early(["list"])
+        handler = signal.getsignal(signal.SIGINT)
+        with pytest.raises(SystemExit) as info:
+            handler(signal.SIGINT, None)
+        assert info.value.code == cli.EXIT_INTERRUPTED == 130
+        assert capsys.readouterr().err == "keras-attention: interrupted\n"
+        cli.main(["list"])  # the command handles KeyboardInterrupt again
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job
+        _cli_arguments.answer_early(["list"])
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_explore_errors_name_the_options_typed(tmp_path, capsys):
+    # `--index 5` on a batch of 2 said "argument `index` ... index=5", exit 1.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((6, 8)), ka_layers.MultiHeadAttention(2, 4, name="mha")]
+    )
+    model.save(tmp_path / "m.keras")
+    np.save(tmp_path / "x.npy", np.ones((2, 6, 8), "float32"))
+    page = tmp_path / "page.html"
+    common = ["explore", str(tmp_path / "m.keras"), str(tmp_path / "x.npy"),
+              "--out", str(page)]
+    for extra, expected in (
+        (["--index", "5"], "argument `--index`, expected an example of the "
+         "batch, 0 <= --index < 2. Received: --index=5"),
+        (["--layers", "nope"], "argument `--layers`"),
+        (["--kind", "image"], "argument `INPUT`, expected images (B, height, "
+         "width, channels). Received: INPUT of shape (2, 6, 8)"),
+    ):
+        assert cli.main(common + extra) == cli.EXIT_USAGE, extra
+        err = capsys.readouterr().err
+        assert err.startswith("usage: keras-attention explore ")
+        assert f"keras-attention explore: error: Received an invalid value for {expected}" in err
+    assert not page.exists()
+    assert cli.main(common + ["--index", "1"]) == cli.EXIT_OK
+    assert page.is_file()
+
+
+def test_a_quick_demo_report_says_it_is_a_smoke_test(tmp_path):
+    # `demo --quick`'s report.md and report.html gave 0.15 digit accuracy
+    # as "All applications on their embedded data", with no word of --quick.
+    from keras_attention import recipes
+    from keras_attention import reports
+
+    results = [recipes.Result("node-classification", "gat", {"test_accuracy": 0.3},
+                              [], 2.0, "karate club")]
+    for quick in (True, False):
+        texts = [
+            open(write(results, str(tmp_path), 3.0, 1.0, quick=quick)).read()
+            for write in (reports.write_report, reports.write_report_html)
+        ]
+        assert all(("smoke test (--quick)" in text) is quick for text in texts)
+
+
+def test_output_into_a_closed_pipe_ends_quietly(monkeypatch, capsys):
+    # `keras-attention list | head -2` printed "error: Broken pipe".
+    def closed_pipe():
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "command_list", closed_pipe)
+    assert cli.main(["list"]) == cli.EXIT_FAILED
+    assert capsys.readouterr().err == ""
