@@ -86,6 +86,13 @@ def known_dim(dim):
     return int(dim) if isinstance(dim, numbers.Integral) else None
 
 
+def traced_by_torch(dim):
+    """Whether `dim` is a size recorded by `torch.jit.trace`: keras's ONNX
+    export on torch gives every size as a 0-d tensor (its traced value,
+    1 where the export's signature left it unknown)."""
+    return type(dim).__module__.startswith("torch")
+
+
 def shape_fits(shape, expected):
     """Whether a static `shape` can be `expected`: the same rank, and equal
     wherever both dimensions are known (`None` is unknown)."""

@@ -7,7 +7,8 @@ import numpy as np
 from keras import ops
 
 from keras_attention._validation import check_ids_in_range
-from keras_attention._validation import shape_fits
+from keras_attention._validation import known_dim
+from keras_attention._validation import traced_by_torch
 from keras_attention.layers import base
 
 
@@ -28,6 +29,37 @@ def _known_values(x):
 
 def shape_or_none(x):
     return None if x is None else tuple(x.shape)
+
+
+def _differ(a, b):
+    """Whether two sizes cannot be equal: both static and different, or,
+    under JAX's export, symbols not known to be equal (`batch` and `a`).
+    `None` and torch's traced sizes are not compared."""
+    if a is None or b is None or traced_by_torch(a) or traced_by_torch(b):
+        return False
+    return not a == b
+
+
+_EXPORT_HINT = {
+    "edges": (
+        " keras's `model.export` gives every input an unknown first "
+        "dimension, shared by all inputs: pass `input_signature` with the "
+        "edges as `keras.InputSpec(shape=(2, None), dtype=\"int32\")`."
+    ),
+    "dense": (
+        " On JAX, keras's `model.export` names each unknown dimension "
+        "apart: pass `jax2tf_kwargs={\"polymorphic_shapes\": [[\"(b, n, "
+        "F)\", \"(b, n, n)\"]]}` (`[[\"(n, F)\", \"(n, n)\"]]` "
+        "unbatched; F the features) to say that they are the same N."
+    ),
+}
+
+
+def _exporting(*shapes):
+    """Whether a size is a JAX symbol or torch-traced (inside an export)."""
+    return any(
+        d is not None and known_dim(d) is None for s in shapes for d in s
+    )
 
 
 def split_graph_shapes(input_shape):
@@ -81,29 +113,32 @@ def check_graph_inputs(features, edges, edge_features):
         [features.shape, edges.shape]
         + ([] if edge_features is None else [edge_features.shape])
     )
-    n = features.shape[-2]
+    node_shape, edge_shape = tuple(features.shape), tuple(edges.shape)
+    n = known_dim(node_shape[-2])
     dtype = keras.backend.standardize_dtype(edges.dtype)
+    hints = _EXPORT_HINT if _exporting(node_shape, edge_shape) else {}
     if _is_integer(edges):
-        if len(features.shape) != 2 or len(edges.shape) != 2 or (
-            edges.shape[0] not in (None, 2)
-        ):
+        # torch's trace holds the first dimension's value: 1 where keras's
+        # export made it unknown.
+        rows = edge_shape[0]
+        rows = int(rows) if len(edge_shape) == 2 and traced_by_torch(rows) else rows
+        if len(node_shape) != 2 or len(edge_shape) != 2 or _differ(rows, 2):
             raise ValueError(
                 "Received an invalid value for argument `edges`: an "
                 "integer tensor is an edge list, expected shape (2, E) "
                 "with node_features (N, F) (pass a dense adjacency as "
                 "bool or float). Received: edges.shape="
-                f"{tuple(edges.shape)}, edges.dtype={dtype}, "
-                f"node_features.shape={tuple(features.shape)}"
+                f"{edge_shape}, edges.dtype={dtype}, "
+                f"node_features.shape={node_shape}." + hints.get("edges", "")
             )
-        rows = None if edge_features is None else edge_features.shape[0]
         if edge_features is not None and (
             len(edge_features.shape) != 2
-            or (None not in (edges.shape[1], rows) and edges.shape[1] != rows)
+            or _differ(edge_shape[1], edge_features.shape[0])
         ):
             raise ValueError(
                 "Received an invalid value for argument `edge_features`, "
                 "expected one row per edge, (E, F_e) with "
-                f"E={edges.shape[1]}. Received: "
+                f"E={edge_shape[1]}. Received: "
                 f"edge_features.shape={tuple(edge_features.shape)}"
             )
         values = _known_values(edges)
@@ -116,31 +151,28 @@ def check_graph_inputs(features, edges, edge_features):
             "integer edge list (2, E) or a bool or float adjacency. "
             f"Received: edges.dtype={dtype}"
         )
-    adjacency = tuple(edges.shape)
-    square = adjacency[-1] is None or adjacency[-2] is None or (
-        adjacency[-1] == adjacency[-2]
-    )
-    matches = n is None or adjacency[-1] is None or adjacency[-1] == n
-    batch_ok = len(adjacency) == 2 or (
-        None in (adjacency[0], features.shape[0])
-        or adjacency[0] == features.shape[0]
-    )
-    if not (square and matches and batch_ok):
+    if (
+        _differ(edge_shape[-1], edge_shape[-2])
+        or _differ(edge_shape[-1], node_shape[-2])
+        or (len(edge_shape) == 3 and _differ(edge_shape[0], node_shape[0]))
+    ):
         raise ValueError(
             "Received an invalid value for argument `edges`: a float or "
             "bool tensor is a dense adjacency, expected a square "
-            f"(N, N) or (B, N, N) with N={n} as in node_features (an "
-            "edge list must be an integer tensor (2, E)). Received: "
-            f"edges.shape={adjacency}, edges.dtype={dtype}, "
-            f"node_features.shape={tuple(features.shape)}"
+            f"(N, N) or (B, N, N) with N={node_shape[-2]} as in "
+            "node_features (an edge list must be an integer tensor (2, E)). "
+            f"Received: edges.shape={edge_shape}, edges.dtype={dtype}, "
+            f"node_features.shape={node_shape}." + hints.get("dense", "")
         )
     if edge_features is not None:
-        expected = adjacency + (edge_features.shape[-1],)
-        if not shape_fits(edge_features.shape, expected):
+        shape = tuple(edge_features.shape)
+        if len(shape) != len(edge_shape) + 1 or any(
+            _differ(d, e) for d, e in zip(shape, edge_shape)
+        ):
             raise ValueError(
                 "Received an invalid value for argument `edge_features`, "
                 f"expected the adjacency's shape plus features, "
-                f"{adjacency + ('F_e',)}. Received: "
-                f"edge_features.shape={tuple(edge_features.shape)}"
+                f"{edge_shape + ('F_e',)}. Received: "
+                f"edge_features.shape={shape}"
             )
     return "dense"

@@ -7,12 +7,15 @@ without dropout, and some 80 times longer with `keras.random.dropout`
 (`benchmarks/bench_gat.py`).
 """
 
+import math
+
 import keras
 from keras import ops
 
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import check_rate
 from keras_attention._validation import invalid
+from keras_attention._validation import traced_by_torch
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.layers._graph_inputs import check_graph_inputs
@@ -38,6 +41,19 @@ def with_self_loops(edges, num_nodes):
 
 def _kernel_of(sublayer):
     return None if sublayer is None else sublayer.kernel
+
+
+def _rows(x, index):
+    """`x[index]` for `x` `(N, ...)` and `index` `(E,)`: `(E, ...)`.
+
+    Gathered as a matrix `(N, prod(...))`: keras's torch `take` of a rank-3
+    tensor goes through `ravel`, which torch's ONNX export cannot write.
+    """
+    rest = tuple(x.shape[1:])
+    if len(rest) < 2:
+        return ops.take(x, index, axis=0)
+    flat = ops.reshape(x, (-1, math.prod(rest)))
+    return ops.reshape(ops.take(flat, index, axis=0), (-1,) + rest)
 
 
 @register("graph", input_kind="graph")
@@ -98,6 +114,18 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
     a traced or compiled function they cannot be, and an index outside
     `[0, N)` then raises in TensorFlow on CPU without XLA, but is clamped
     or dropped silently under XLA and on accelerators.
+
+    **Export** (`model.export`): keras gives every input of the signature
+    an unknown first dimension, which an edge list `(2, E)` cannot have:
+    pass `input_signature` with `keras.InputSpec(shape=(2, None),
+    dtype="int32")` for the edges (and `(None, F_e)` for edge features).
+    On JAX (`format="tf_saved_model"`) each unknown dimension is its own
+    symbol: say which are the same with `jax2tf_kwargs={"polymorphic_shapes":
+    [["(n, F)", "(2, e)", "(e, F_e)"]]}` with edge features, or
+    `[["(b, n, F)", "(b, n, n)"]]` for an adjacency with unknown N. On
+    torch (`format="onnx"`) leave the node count unknown: keras traces the
+    export with inputs of ones, and edges are clamped into `[0, N)` in the
+    exported graph, as under XLA.
 
     Dropout on the coefficients uses `hash_dropout` (a counter-based mask),
     which is fast under XLA, where `keras.random.dropout` is slow on CPU.
@@ -374,6 +402,11 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
             # Gathers and segment sums take int32 or int64 indices only.
             wide = dtype in ("uint32", "uint64")
             edges = ops.cast(edges, "int64" if wide else "int32")
+        if traced_by_torch(num_nodes):
+            # keras's ONNX export traces an unknown size as 1 with inputs of
+            # ones: one node and the edge 1 -> 1, which a gather refuses.
+            # Clamped as XLA does; valid edges are unchanged.
+            edges = ops.clip(edges, 0, num_nodes - 1)
         source, target = edges[0], edges[1]
         mask = None
         if self.add_self_loops:
@@ -404,8 +437,8 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
             h = self._heads(features, self.projection)  # (N, H, C)
             score_source = ops.sum(h * self.attention_source, axis=-1)  # (N, H)
             score_target = ops.sum(h * self.attention_target, axis=-1)
-            scores = ops.take(score_source, source, axis=0) + ops.take(
-                score_target, target, axis=0
+            scores = _rows(score_source, source) + _rows(
+                score_target, target
             )  # (E', H)
             if edge_term is not None:
                 scores = scores + ops.sum(edge_term * self.attention_edge, axis=-1)
@@ -414,8 +447,8 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         else:
             values = self._heads(features, self.source)  # (N, H, C)
             h_target = self._heads(features, self.target)
-            messages = ops.take(values, source, axis=0)  # (E', H, C)
-            z = messages + ops.take(h_target, target, axis=0)
+            messages = _rows(values, source)  # (E', H, C)
+            z = messages + _rows(h_target, target)
             if edge_term is not None:
                 z = z + edge_term
             z = ops.leaky_relu(z, self.negative_slope)
@@ -426,7 +459,7 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         weights = self._coefficient_dropout(alpha, training)
         dropped = self._message_dropout(values, training)
         if messages is None or dropped is not values:
-            messages = ops.take(dropped, source, axis=0)  # (E', H, C)
+            messages = _rows(dropped, source)  # (E', H, C)
         weighted = messages * ops.cast(weights, messages.dtype)[..., None]
         heads = ops.segment_sum(weighted, target, num_segments=num_nodes)
         return self._finish(heads), alpha  # (N, out), (E', H)

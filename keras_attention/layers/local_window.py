@@ -11,8 +11,21 @@ from keras_attention._validation import check_positive_int
 from keras_attention._validation import check_rate
 from keras_attention._validation import invalid
 from keras_attention._validation import known_dim
+from keras_attention._validation import traced_by_torch
 from keras_attention.layers import base
 from keras_attention.registry import register
+
+
+def _static_size(dim):
+    """A height, width or channel count as an int, or `None` if unknown.
+
+    `torch.jit.trace` (keras's ONNX export on torch) gives every size as a
+    0-d tensor; these three are static in the export's signature (the
+    windows are built for them), so their traced value is taken. JAX's
+    symbolic sizes stay unknown."""
+    if traced_by_torch(dim) and not dim.shape:
+        return int(dim)
+    return known_dim(dim)
 
 
 def cyclic_shift(x, shift):
@@ -224,7 +237,8 @@ class LocalWindowAttention(
 
     def _check_shape(self, shape, need_spatial):
         shape = check_channels_last("inputs", shape)
-        if need_spatial and None in (known_dim(shape[1]), known_dim(shape[2])):
+        shape = shape[:1] + tuple(_static_size(d) for d in shape[1:])
+        if need_spatial and None in shape[1:3]:
             raise ValueError(
                 "Received an invalid value for argument `inputs`, expected a "
                 "known height and width (the windows and masks are static). "
