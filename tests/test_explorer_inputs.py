@@ -32,8 +32,8 @@ def test_a_causal_lm_reads_text(tmp_path, capsys):
     # One text is a batch of one: another index is an error, not ignored.
     argv = ["explore", str(tmp_path / "lm.keras"), "1 may", "--index", "1",
             "--out", str(tmp_path / "other.html")]
-    assert cli.main(argv) == cli.EXIT_FAILED
-    assert "index=1" in capsys.readouterr().err
+    assert cli.main(argv) == cli.EXIT_USAGE
+    assert "`--index`" in capsys.readouterr().err
 
 
 def test_a_masked_language_model_reads_text_and_named_arrays(tmp_path, capsys):
