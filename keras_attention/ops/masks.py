@@ -66,11 +66,14 @@ def masked_softmax(scores, mask=None, axis=-1, float32=True, empty_rows=True):
         # The backend's fused softmax (one pass where the masked loop took
         # five); a fully masked row comes out uniform and is zeroed after.
         x = ops.where(mask, x, ops.cast(MASK_VALUE, x.dtype))
-    with warnings.catch_warnings():
-        # One key: the weights are 1, which Keras warns about. No branch on
-        # the length: torch's ONNX export traces unknown sizes as 1, and a
-        # one-key form would be written into the file for every length.
-        warnings.filterwarnings("ignore", "You are using a softmax over axis")
+    if x.shape[axis] == 1:
+        # One key: the weights are 1, which Keras warns about. The same
+        # softmax, not a one-key form: torch's ONNX export traces unknown
+        # sizes as 1, and would write that form for every length.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "You are using a softmax over axis")
+            weights = ops.softmax(x, axis=axis)
+    else:
         weights = ops.softmax(x, axis=axis)
     if mask is not None and empty_rows:
         weights = ops.where(mask, weights, ops.cast(0.0, weights.dtype))

@@ -1,9 +1,9 @@
 """The maps of `tape_cam` from the captured features, in NumPy.
 
 Grad-CAM++'s weights and Score-CAM's masked scores as tf-keras-vis
-computes them, each map scaled to [0, 1] as its `normalize` does (which
-needs TensorFlow), and token features laid out on the patch grid
-(`on_grid`) before any of them.
+computes them, and token features laid out on the patch grid
+(`on_grid`) before any of them (`tape_cam` scales each map to [0, 1]
+with `_grid.normalize_maps`).
 """
 
 import keras
@@ -11,15 +11,6 @@ import numpy as np
 
 from keras_attention.visualization import _cam_inputs as inputs_lib
 from keras_attention.visualization import _grid
-
-
-def normalize(cam):
-    """Each map scaled to [0, 1], tf-keras-vis's `normalize` (which needs
-    TensorFlow, absent from a JAX or torch install)."""
-    axes = tuple(range(1, cam.ndim))
-    low = cam.min(axis=axes, keepdims=True)
-    high = cam.max(axis=axes, keepdims=True)
-    return (cam - low) / (high - low + keras.config.epsilon())
 
 
 def grad_cam_plus_plus(features, grads, scores):

@@ -13,8 +13,8 @@ tokens, the input of the last attention layer) is watched and recorded,
 its gradient taken by the backend (`_cam_gradients`: `tf.GradientTape`,
 `jax.grad`, `torch.autograd`); tokens are laid out on the patch grid (the
 class token dropped) before the map is computed. Both paths share the
-score, the upsampling (`scipy` zoom of order 1) and the normalisation of
-tf-keras-vis, and agree to float precision on a model that both can
+score and the upsampling (`scipy` zoom of order 1) of tf-keras-vis, and
+each map scaled to [0, 1] (its `normalize`, to its epsilon), and agree to float precision on a model that both can
 handle (tested).
 
 Two workarounds for tf-keras-vis 0.8 under Keras 3: its `ReplaceToLinear`
@@ -34,6 +34,7 @@ import numpy as np
 from keras_attention.visualization import _cam_gradients
 from keras_attention.visualization import _cam_inputs as inputs_lib
 from keras_attention.visualization import _cam_maps
+from keras_attention.visualization import _grid
 from keras_attention.visualization import _hooks
 from keras_attention.visualization import maps as maps_lib
 from keras_attention.visualization._cam_inputs import class_indices
@@ -328,7 +329,7 @@ def tape_cam(model, images, indices, target, method, options=CamOptions()):
             float(s) / float(c) for c, s in zip(cam.shape[1:], images.shape[1:3])
         )
         cam = zoom(cam, factors, order=1)
-    return (_cam_maps.normalize(cam) if options.normalize else cam).astype("float32")
+    return (_grid.normalize_maps(cam) if options.normalize else cam).astype("float32")
 
 
 def _capture(model, images, target, watch=None, return_outputs=False):
