@@ -7,6 +7,11 @@ dense core's `1 / sqrt(D)` kept float32's precision (errors of ~1e-8); the
 blocked and chunked cores, the long-context path and the position
 encodings computed in float32 outright (~1e-7). Small shapes, so each test
 takes a few seconds.
+
+On torch keras's `ops.matmul` computed float64 operands in float32 (its
+`result_type` maps float64 to float32 off TensorFlow, Keras 3.15): the
+dense and chunked cores were float32-accurate (~1e-7) until their products
+went through `keras_attention.ops.masks.matmul`.
 """
 
 import math
@@ -15,15 +20,16 @@ import keras
 import numpy as np
 import pytest
 
+import keras_attention
 from keras_attention import ops as attention_ops
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.ops import positions
 
 BACKEND = keras.backend.backend()
-# JAX computes float64 only with `jax_enable_x64`; keras's torch
-# `ops.matmul` returns float32 for float64 operands (Keras 3.15).
 pytestmark = pytest.mark.skipif(
-    BACKEND != "tensorflow", reason="float64 products on TensorFlow only"
+    BACKEND == "jax",
+    reason="JAX has no float64 arrays unless `jax_enable_x64` is set (off "
+    "by default): float64 inputs become float32",
 )
 RNG = np.random.default_rng(0)
 
@@ -76,6 +82,16 @@ def test_float64_rotary_embedding_matches_a_float64_reference():
 
 
 def _values_and_grads(layer, x):
+    """The output and the gradients of `sum(y * y)` for `x` and the
+    layer's weights (TensorFlow or torch)."""
+    if BACKEND == "torch":
+        import torch
+
+        x = torch.tensor(x, requires_grad=True)
+        y = layer(x)
+        torch.sum(y * y).backward()
+        grads = [x.grad] + [w.value.grad for w in layer.trainable_weights]
+        return [y.detach().numpy()] + [g.numpy() for g in grads]
     import tensorflow as tf
 
     x = tf.Variable(x)
@@ -99,7 +115,9 @@ def test_float64_layer_paths_agree_in_values_and_gradients(encoding):
     dense(x[:, :4])
     dense.set_weights([0.3 * RNG.standard_normal(w.shape) for w in dense.weights])
     expected = _values_and_grads(dense, x)
-    for implementation in ("blocked", "chunked", "long"):
+    # The long-context path runs on TensorFlow and JAX only.
+    long = ("long",) if BACKEND == "tensorflow" else ()
+    for implementation in ("blocked", "chunked") + long:
         layer = MultiHeadAttention(
             implementation="auto" if implementation == "long" else implementation,
             **config,
@@ -115,3 +133,18 @@ def test_float64_layer_paths_agree_in_values_and_gradients(encoding):
             np.testing.assert_allclose(
                 got, want, rtol=0, atol=1e-11, err_msg=implementation
             )
+
+
+def test_float64_non_local_products_of_both_dot_paths_agree():
+    # "dot" mode computes theta (phi^T g) / N without weights and
+    # (theta phi^T / N) g with them: the same projections, different
+    # products, so only float64 products agree to 1e-12.
+    layer = keras_attention.get(
+        "non_local", mode="dot", zero_init_residual=False, dtype="float64"
+    )
+    x = RNG.standard_normal((2, 3, 4, 8))
+    out = keras.ops.convert_to_numpy(layer(x))
+    with_weights, _ = layer(x, return_attention_scores=True)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(with_weights), out, rtol=0, atol=1e-12
+    )

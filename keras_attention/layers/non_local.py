@@ -12,6 +12,7 @@ from keras_attention.layers._feature_maps import FeatureMapAttention
 from keras_attention.layers._feature_maps import check_feature_map
 from keras_attention.layers._feature_maps import check_position_mask
 from keras_attention.layers._feature_maps import float_inputs
+from keras_attention.ops.masks import matmul
 from keras_attention.ops.masks import wide_dtype
 from keras_attention.registry import register
 
@@ -351,21 +352,21 @@ class NonLocalBlock(FeatureMapAttention):
             k = ops.where(valid, k, 0.0)
         if self.mode == "dot" and not return_weights:
             # theta (phi^T g) / N: O(N D Dv) instead of O(N^2).
-            context = ops.matmul(ops.transpose(k, (0, 2, 1)), v)  # (B, D, Dv)
-            y = ops.matmul(q, context) / count
+            context = matmul(ops.transpose(k, (0, 2, 1)), v)  # (B, D, Dv)
+            y = matmul(q, context) / count
             return ops.cast(y, out_dtype), None
         if self.mode == "dot":
-            f = ops.matmul(q, ops.transpose(k, (0, 2, 1)))  # (B, T, S)
+            f = matmul(q, ops.transpose(k, (0, 2, 1)))  # (B, T, S)
         else:
             inter = self.concat_kernel.shape[0] // 2
             w = ops.cast(self.concat_kernel, wide)
-            a = ops.matmul(q, w[:inter])  # (B, T)
-            b = ops.matmul(k, w[inter:])  # (B, S)
+            a = matmul(q, w[:inter])  # (B, T)
+            b = matmul(k, w[inter:])  # (B, S)
             f = ops.relu(a[:, :, None] + b[:, None, :])  # (B, T, S)
             if key_mask is not None:
                 f = ops.where(key_mask[:, None, :], f, 0.0)
         weights = f / count
-        y = ops.matmul(weights, v)  # (B, T, Dv)
+        y = matmul(weights, v)  # (B, T, Dv)
         weights = weights[:, None, :, :] if return_weights else None
         return ops.cast(y, out_dtype), weights
 

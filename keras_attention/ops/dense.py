@@ -29,6 +29,7 @@ from keras_attention.ops.blocked import block_mask
 from keras_attention.ops.blocked import pad_queries
 from keras_attention.ops.masks import mask_arguments
 from keras_attention.ops.masks import masked_softmax
+from keras_attention.ops.masks import matmul
 from keras_attention.ops.masks import scalar_as
 from keras_attention.ops.masks import wide_dtype
 from keras_attention.ops.positions import alibi_bias
@@ -92,7 +93,7 @@ def _backward(q, k, v, weights, d_out, delta):
         wide = wide_dtype(q.dtype)
         d_s = ops.cast(weights, wide) * ops.cast(d_p, wide)
     d_s = ops.cast(d_s, q.dtype)
-    return ops.matmul(d_s, k), xla_cpu.keys_product(d_s, q), d_v
+    return matmul(d_s, k), xla_cpu.keys_product(d_s, q), d_v
 
 
 def dense_core(q, k, v, mask, pairs=None):
@@ -128,7 +129,7 @@ def dense_core(q, k, v, mask, pairs=None):
     @ops.custom_gradient
     def attend(q, k, v, *masks):
         weights = _weights(q, k, masks[0] if masks else None, None, v.dtype)
-        out = ops.matmul(weights, v)  # (B, H, T, Dv)
+        out = matmul(weights, v)  # (B, H, T, Dv)
 
         def grad(*args, upstream=None):
             d_out = upstream if upstream is not None else args[0]
@@ -279,7 +280,7 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
         def forward(i, out, kept=None):
             q_i, k_i, v_i = inputs_of(q, k, v, i)
             w = weights_of(q_i, k_i, i)
-            out = ops.slice_update(out, [0, 0, i * chunk, 0], ops.matmul(w, v_i))
+            out = ops.slice_update(out, [0, 0, i * chunk, 0], matmul(w, v_i))
             return out if kept is None else (out, kept.write(i, w))
 
         b, h, t = ops.shape(q)[0], q.shape[1], q.shape[2]

@@ -28,6 +28,7 @@ from keras_attention.ops.masks import causal_mask
 from keras_attention.ops.masks import check_sliding_window
 from keras_attention.ops.masks import expand_mask
 from keras_attention.ops.masks import masked_softmax
+from keras_attention.ops.masks import matmul
 from keras_attention.ops.masks import scalar_as
 from keras_attention.ops.masks import sliding_window_mask
 from keras_attention.ops.masks import wide_dtype
@@ -312,7 +313,7 @@ def _dense_path(
         )
         return ops.cast(ops.transpose(out, (0, 2, 1, 3)), out_dtype)
     k = ops.transpose(key, (0, 2, 3, 1))
-    scores = ops.matmul(q, k)  # (B, H, T, S)
+    scores = matmul(q, k)  # (B, H, T, S)
     if bias is not None:
         wide = wide_dtype(scores.dtype)
         scores = ops.cast(scores, wide) + ops.cast(bias, wide)
@@ -329,7 +330,7 @@ def _dense_path(
             # where the backend's generator is slow on CPU (`hash_dropout`).
             dropped = hash_dropout(weights, dropout_rate, seed)
     v = ops.transpose(value, (0, 2, 1, 3))
-    out = ops.matmul(ops.cast(dropped, v.dtype), v)  # (B, H, T, Dv)
+    out = matmul(ops.cast(dropped, v.dtype), v)  # (B, H, T, Dv)
     out = ops.cast(ops.transpose(out, (0, 2, 1, 3)), out_dtype)
     if return_weights:
         # In the heads' dtype, as without a bias (and as keras's layer).

@@ -18,6 +18,21 @@ def wide_dtype(dtype):
     return "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
 
 
+def matmul(x1, x2):
+    """`ops.matmul` that multiplies float64 operands in float64. Keras's
+    matmul computes in `keras.backend.result_type` of its operands, which
+    maps float64 to float32 on every backend but TensorFlow (Keras 3.15,
+    `BIT64_TO_BIT32_DTYPE`): float64 attention on torch was float32-accurate
+    (~1e-7). `ops.einsum` multiplies in the operands' own dtype."""
+    if (
+        keras.backend.backend() == "tensorflow"
+        or keras.backend.standardize_dtype(x1.dtype) != "float64"
+    ):
+        return ops.matmul(x1, x2)
+    equation = "...ij,j->...i" if len(x2.shape) == 1 else "...ij,...jk->...ik"
+    return ops.einsum(equation, x1, x2)
+
+
 def scalar_as(value, dtype):
     """`value` as a scalar of `dtype`, a Python number rounded once: on
     TensorFlow `ops.cast` of a Python float goes through float32 (keras's

@@ -106,6 +106,8 @@ def hash_dropout(inputs, rate, seed):
             f"in [0, 1). Received: rate={rate!r}"
         )
     rate = float(rate)
+    # A NumPy array times a torch tensor raises: a tensor first.
+    inputs = ops.convert_to_tensor(inputs)
     if rate == 0.0:
         return inputs
     shape = tuple(inputs.shape)
