@@ -94,49 +94,68 @@ def assert_same(chunked, dense, x, jit):
         np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-4, err_msg=name)
 
 
+# Every shape eagerly; under XLA the shapes that exercise the most of the
+# loop (padding, only the diagonal, a window wider than a chunk, a query
+# block not dividing its chunk); the other XLA compiles (about 5 s each)
+# run with `--run-large`.
+SHAPES = [
+    (64, 8, 16, None, True),
+    (64, 8, 16, None, False),
+    (70, 20, 16, None, True),   # T not a multiple of the chunk
+    (70, 20, 16, 4, False),
+    (50, 30, 16, None, False),  # the band reaches past both ends
+    (96, 1, 32, 8, True),       # only the diagonal
+    (40, 16, 64, None, True),   # one chunk longer than T
+    (100, 12, 32, 8, True),     # query blocks inside the chunks
+    (100, 12, 32, 8, False),
+    (90, 40, 32, 4, True),      # a window wider than a chunk
+    (64, 10, 16, 5, True),      # a block not dividing the chunk
+]
+XLA_SHAPES = {2, 5, 9, 10}
+
+
 @pytest.mark.parametrize(
-    "t, window, chunk, query_block, causal",
-    [
-        (64, 8, 16, None, True),
-        (64, 8, 16, None, False),
-        (70, 20, 16, None, True),   # T not a multiple of the chunk
-        (70, 20, 16, 4, False),
-        (50, 30, 16, None, False),  # the band reaches past both ends
-        (96, 1, 32, 8, True),       # only the diagonal
-        (40, 16, 64, None, True),   # one chunk longer than T
-        (100, 12, 32, 8, True),     # query blocks inside the chunks
-        (100, 12, 32, 8, False),
-        (90, 40, 32, 4, True),      # a window wider than a chunk
-        (64, 10, 16, 5, True),      # a block not dividing the chunk
+    "t, window, chunk, query_block, causal, jit",
+    [shape + (False,) for shape in SHAPES]
+    + [
+        pytest.param(*shape, True,
+                     marks=() if i in XLA_SHAPES else pytest.mark.large)
+        for i, shape in enumerate(SHAPES)
     ],
 )
-@pytest.mark.parametrize("jit", [False, True])
 def test_chunked_equals_dense(t, window, chunk, query_block, causal, jit):
     chunked, dense, x = make_pair(t, window, chunk, causal, query_block=query_block)
     assert chunked._long_context_reason(x, None, None) is None
     assert_same(chunked, dense, x, jit)
 
 
+OPTIONS = [
+    dict(position_encoding="rope"),
+    dict(position_encoding="alibi"),
+    dict(num_key_value_heads=2),
+    dict(num_key_value_heads=1, position_encoding="rope"),
+    dict(use_gate=True),
+    dict(output_shape=(6,), use_bias=False),
+    dict(value_dim=4),
+]
+XLA_OPTIONS = {0, 1, 3}  # the positions, added inside the loop's steps
+
+
 @pytest.mark.parametrize(
-    "options",
-    [
-        dict(position_encoding="rope"),
-        dict(position_encoding="alibi"),
-        dict(num_key_value_heads=2),
-        dict(num_key_value_heads=1, position_encoding="rope"),
-        dict(use_gate=True),
-        dict(output_shape=(6,), use_bias=False),
-        dict(value_dim=4),
+    "options, causal, jit",
+    [(o, causal, False) for o in OPTIONS for causal in (True, False)]
+    + [
+        pytest.param(o, True, True,
+                     marks=() if i in XLA_OPTIONS else pytest.mark.large)
+        for i, o in enumerate(OPTIONS)
     ],
 )
-@pytest.mark.parametrize("causal", [True, False])
-def test_chunked_options_equal_dense(options, causal):
-    # The causal cases compiled (XLA), the bidirectional ones eager: each
-    # option runs both ways, in half the compiles (test_chunked_equals_dense
-    # takes every shape both ways).
+def test_chunked_options_equal_dense(options, causal, jit):
+    # Every option eagerly both ways; the causal ones compiled (XLA) too,
+    # those with position encodings in CI, the rest with `--run-large`.
     chunked, dense, x = make_pair(72, 12, 16, causal, query_block=8, **options)
     assert chunked._long_context_reason(x, None, None) is None
-    assert_same(chunked, dense, x, jit=causal)
+    assert_same(chunked, dense, x, jit=jit)
 
 
 def test_chunked_inference_and_lora_equal_dense():

@@ -190,7 +190,7 @@ def test_cbam_resnet(tmp_path):
         attention="test_grid_plugin",
     )
     find(model, GridPlugin)
-    one_step(model, x, y, jit_compile=True)
+    one_step(model, x, y, jit_compile=False)  # XLA with a plugin: ViT's test
     assert_round_trip(model, x, tmp_path)
 
 
@@ -206,7 +206,7 @@ def test_text_classifier(tmp_path):
     )
     find(model, TokenPlugin)
     ids = preprocessor(texts)
-    one_step(model, ids, labels, jit_compile=True)
+    one_step(model, ids, labels, jit_compile=False)  # XLA: ViT's test
     assert_round_trip(model, ids, tmp_path)
 
 
