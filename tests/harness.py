@@ -84,6 +84,62 @@ def numpy(x):
     return keras.ops.convert_to_numpy(x)
 
 
+def values_and_grads(fn, *inputs, variables=(), jit=False):
+    """The values and gradients of `fn` as NumPy arrays, on every backend.
+
+    `fn(*inputs)` returns `(outputs, loss)`: `outputs` a tensor or a
+    list/tuple of them, `loss` a scalar. Returns the list `[*outputs,
+    *d loss / d inputs, *d loss / d variables]`, with `inputs` NumPy arrays
+    and `variables` Keras variables (a layer's `trainable_variables`).
+    `jit=True` compiles the forward and backward passes with XLA
+    (`tf.function(jit_compile=True)`, `jax.jit`); torch has no XLA compile.
+    """
+    inputs = list(inputs)
+    variables = list(variables)
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        def f(values, *xs):
+            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                outputs, loss = fn(*xs)
+            return loss, outputs
+
+        argnums = tuple(range(len(inputs) + 1))
+        value_and_grad = jax.value_and_grad(f, argnums, has_aux=True)
+        if jit:
+            value_and_grad = jax.jit(value_and_grad)
+        (_, outputs), grads = value_and_grad([v.value for v in variables], *inputs)
+        grads = list(grads[1:]) + list(grads[0])
+    elif backend == "torch":
+        if jit:
+            raise NotImplementedError("torch has no XLA compile")
+        xs = [
+            keras.ops.convert_to_tensor(x).detach().requires_grad_(True)
+            for x in inputs
+        ]
+        for v in variables:
+            v.value.grad = None
+        outputs, loss = fn(*xs)
+        loss.backward()
+        grads = [x.grad for x in xs] + [v.value.grad for v in variables]
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        def run(*xs):
+            with tf.GradientTape() as tape:
+                tape.watch(xs)
+                outputs, loss = fn(*xs)
+            return outputs, tape.gradient(loss, list(xs) + variables)
+
+        if jit:
+            run = tf.function(run, jit_compile=True)
+        outputs, grads = run(*[tf.constant(x) for x in inputs])
+    else:
+        raise NotImplementedError(f"no gradients on the {backend} backend")
+    return [numpy(x) for x in to_list(outputs) + list(grads)]
+
+
 def make_layer(name, case, **overrides):
     return keras_attention.get(name, **{**case.kwargs, **overrides})
 

@@ -24,6 +24,7 @@ import keras_attention
 from keras_attention import ops as attention_ops
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.ops import positions
+from tests.harness import values_and_grads
 
 BACKEND = keras.backend.backend()
 pytestmark = pytest.mark.skipif(
@@ -83,23 +84,13 @@ def test_float64_rotary_embedding_matches_a_float64_reference():
 
 def _values_and_grads(layer, x):
     """The output and the gradients of `sum(y * y)` for `x` and the
-    layer's weights (TensorFlow or torch)."""
-    if BACKEND == "torch":
-        import torch
+    layer's weights."""
 
-        x = torch.tensor(x, requires_grad=True)
+    def fn(x):
         y = layer(x)
-        torch.sum(y * y).backward()
-        grads = [x.grad] + [w.value.grad for w in layer.trainable_weights]
-        return [y.detach().numpy()] + [g.numpy() for g in grads]
-    import tensorflow as tf
+        return y, keras.ops.sum(y * y)
 
-    x = tf.Variable(x)
-    with tf.GradientTape() as tape:
-        y = layer(x)
-        loss = tf.reduce_sum(y * y)
-    grads = tape.gradient(loss, [x] + layer.trainable_weights)
-    return [y.numpy()] + [g.numpy() for g in grads]
+    return values_and_grads(fn, x, variables=layer.trainable_weights)
 
 
 @pytest.mark.parametrize("encoding", ["rope", "alibi"])

@@ -5,10 +5,10 @@ import warnings
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from keras_attention import ops as attention_ops
 from tests.cases_sequence import softmax
+from tests.harness import values_and_grads
 
 
 def attention_reference(q, k, v, mask=None, causal=False, bias=None, scale=None):
@@ -148,30 +148,34 @@ def test_dense_attention_matches_reference(causal, mask_kind):
     np.testing.assert_allclose(keras.ops.convert_to_numpy(w), ref_w, atol=1e-6)
 
 
+def _cos_loss(out):
+    return out, keras.ops.sum(out * keras.ops.cos(out))
+
+
 @pytest.mark.parametrize("block_size", [4, 13, 64])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mask_kind", [None, "keys", "full"])
 def test_blocked_equals_dense_forward_and_gradient(block_size, causal, mask_kind):
     rng = np.random.default_rng(3)
-    q, k, v = (tf.constant(x) for x in random_qkv(rng))
+    q, k, v = random_qkv(rng)
     mask = None
     if mask_kind == "keys":
         mask = rng.random((2, 13)) > 0.3
         mask[1] = False
     elif mask_kind == "full":
         mask = rng.random((2, 1, 9, 13)) > 0.5
-    results = {}
-    for impl in ("dense", "blocked"):
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            out = attention_ops.dot_product_attention(
+    results = {
+        impl: values_and_grads(
+            lambda q, k, v: _cos_loss(attention_ops.dot_product_attention(
                 q, k, v, attention_mask=mask, is_causal=causal,
                 implementation=impl, block_size=block_size,
-            )
-            loss = tf.reduce_sum(out * tf.cos(out))
-        results[impl] = [out] + tape.gradient(loss, [q, k, v])
+            )),
+            q, k, v,
+        )
+        for impl in ("dense", "blocked")
+    }
     for dense, blocked in zip(results["dense"], results["blocked"]):
-        np.testing.assert_allclose(blocked.numpy(), dense.numpy(), atol=1e-5)
+        np.testing.assert_allclose(blocked, dense, atol=1e-5)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -180,7 +184,7 @@ def test_fused_equals_dense_forward_and_gradient(causal, mask_kind):
     # The GPU fast path (keras.ops.dot_product_attention) keeps the core's
     # semantics: grouped heads, T != S, and zeros for queries that see no key.
     rng = np.random.default_rng(5)
-    q, k, v = (tf.constant(x) for x in random_qkv(rng, dv=8))
+    q, k, v = random_qkv(rng, dv=8)
     mask = None
     if mask_kind == "keys":
         mask = rng.random((2, 13)) > 0.3
@@ -191,20 +195,20 @@ def test_fused_equals_dense_forward_and_gradient(causal, mask_kind):
     elif mask_kind == "late_keys":
         # Only keys 4.. are real: under the causal mask queries 0-3 see none.
         mask = np.arange(13)[None, :].repeat(2, 0) >= 4
-    results = {}
-    for impl in ("dense", "fused"):
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            out = attention_ops.dot_product_attention(
+    results = {
+        impl: values_and_grads(
+            lambda q, k, v: _cos_loss(attention_ops.dot_product_attention(
                 q, k, v, attention_mask=mask, is_causal=causal,
                 implementation=impl,
-            )
-            loss = tf.reduce_sum(out * tf.cos(out))
-        results[impl] = [out] + tape.gradient(loss, [q, k, v])
+            )),
+            q, k, v,
+        )
+        for impl in ("dense", "fused")
+    }
     ref, _ = attention_reference(q, k, v, mask=mask, causal=causal)
-    np.testing.assert_allclose(results["fused"][0].numpy(), ref, atol=1e-5)
+    np.testing.assert_allclose(results["fused"][0], ref, atol=1e-5)
     for dense, fused in zip(results["dense"], results["fused"]):
-        np.testing.assert_allclose(fused.numpy(), dense.numpy(), atol=1e-5)
+        np.testing.assert_allclose(fused, dense, atol=1e-5)
 
 
 def test_fused_takes_one_key_value_head():
@@ -251,6 +255,25 @@ def test_auto_takes_the_fused_kernel_only_where_a_gpu_offers_one(monkeypatch):
         attention_ops.dot_product_attention(q, k, v, implementation="fused")
 
 
+def _xla_compiled(fn):
+    """`fn` compiled with XLA: `tf.function(jit_compile=True)` or
+    `jax.jit`."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.jit(fn)
+    import tensorflow as tf
+
+    return tf.function(fn, jit_compile=True)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() not in ("tensorflow", "jax"),
+    reason="XLA compilation exists on TensorFlow and JAX only (torch has no "
+    "XLA compile), and torch's auto dispatch takes its fused SDPA kernel, "
+    "not the blocked path, for long sequences",
+)
 def test_blocked_path_compiles_with_xla_and_is_chosen_for_long_sequences(monkeypatch):
     rng = np.random.default_rng(4)
     q, k, v = random_qkv(rng, t=40, s=40, h=2, k=2, d=4, dv=4)
@@ -260,14 +283,13 @@ def test_blocked_path_compiles_with_xla_and_is_chosen_for_long_sequences(monkeyp
     # tests/test_autotune.py).
     monkeypatch.setitem(attention_ops.autotune._OPTIONS, "enabled", False)
     attention_ops.clear_dispatch_choices()
-    compiled = tf.function(
-        lambda q, k, v: attention_ops.dot_product_attention(q, k, v, is_causal=True),
-        jit_compile=True,
+    compiled = _xla_compiled(
+        lambda q, k, v: attention_ops.dot_product_attention(q, k, v, is_causal=True)
     )
     out = compiled(q, k, v)
     assert calls, "the blocked path was not used for a long sequence"
     ref, _ = attention_reference(q, k, v, causal=True)
-    np.testing.assert_allclose(out.numpy(), ref, atol=1e-5)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(out), ref, atol=1e-5)
     # Asking for the weights takes the dense path.
     calls.clear()
     attention_ops.dot_product_attention(q, k, v, return_weights=True)
@@ -276,23 +298,42 @@ def test_blocked_path_compiles_with_xla_and_is_chosen_for_long_sequences(monkeyp
 
 def test_gradient_agrees_with_finite_differences():
     rng = np.random.default_rng(5)
-    q, k, v = (x.astype("float64") for x in random_qkv(rng, b=1, t=3, s=4, h=2, k=1, d=3, dv=2))
+    inputs = random_qkv(rng, b=1, t=3, s=4, h=2, k=1, d=3, dv=2)
     mask = np.array([[True, True, False, True]])
+    delta = 1e-2
 
-    def f(q, k, v, impl):
-        out = attention_ops.dot_product_attention(
-            q, k, v, attention_mask=mask, implementation=impl, block_size=3
+    def attend(q, k, v, impl):
+        mask_ = np.repeat(mask, q.shape[0], axis=0)
+        return attention_ops.dot_product_attention(
+            q, k, v, attention_mask=mask_, implementation=impl, block_size=3
         )
-        return tf.reduce_sum(tf.sin(tf.cast(out, "float64")))
 
     for impl in ("dense", "blocked"):
-        theoretical, numerical = tf.test.compute_gradient(
-            lambda q, k, v: f(q, k, v, impl),
-            [tf.constant(q, "float32"), tf.constant(k, "float32"), tf.constant(v, "float32")],
-            delta=1e-2,
+        theoretical = values_and_grads(
+            lambda q, k, v: ((), keras.ops.sum(keras.ops.sin(attend(q, k, v, impl)))),
+            *inputs,
         )
-        for t_grad, n_grad in zip(theoretical, numerical):
-            np.testing.assert_allclose(t_grad, n_grad, atol=5e-3)
+        # Central differences in one batch: per element j of input i, an
+        # example that adds `delta` to it and one that subtracts it.
+        sizes = [x.size for x in inputs]
+        batch = [np.repeat(x, 2 * sum(sizes), axis=0) for x in inputs]
+        row = 0
+        for i, n in enumerate(sizes):
+            flat = batch[i].reshape(len(batch[i]), n)
+            for j in range(n):
+                flat[row + 2 * j, j] += delta
+                flat[row + 2 * j + 1, j] -= delta
+            row += 2 * n
+        out = keras.ops.convert_to_numpy(attend(*batch, impl)).astype("float64")
+        f = np.sin(out).reshape(len(out), -1).sum(-1)
+        numerical = (f[0::2] - f[1::2]) / (2 * delta)
+        for i, x in enumerate(inputs):
+            start = sum(sizes[:i])
+            np.testing.assert_allclose(
+                theoretical[i],
+                numerical[start:start + sizes[i]].reshape(x.shape),
+                atol=5e-3,
+            )
 
 
 def test_dropout_is_applied_in_training_only_and_weights_come_before_it():
