@@ -1,6 +1,7 @@
 """The keras projection sublayers of the attention layers: their weight
 arguments (stored, serialized, passed on), LoRA (`enable_lora`),
-quantization and the configs (`ProjectionMixin`, on `ArgumentConfig`)."""
+quantization, freezing (`FreezesSublayers`) and the configs
+(`ProjectionMixin`, on `ArgumentConfig`)."""
 
 import re
 
@@ -273,7 +274,25 @@ def keep_seed(layer, seed):
     )
 
 
-class ProjectionMixin(ArgumentConfig):
+class FreezesSublayers:
+    """`layer.trainable = False` set before the layer is built freezes the
+    projections `build` makes too. Keras's setter reaches only the
+    variables and sublayers that exist when it runs, so the `Dense`,
+    `EinsumDense`, `Conv`, `BatchNormalization` sublayers made in `build`
+    stayed trainable and a model trained them (keras's own
+    `MultiHeadAttention` does the same; `Dense` does not, having no
+    sublayers). The same path rebuilds a frozen layer in `from_config`,
+    `clone_model` and `.keras` loading. Keras calls `_post_build` after
+    every `build` (keras 3's `Operation`)."""
+
+    def _post_build(self):
+        super()._post_build()
+        if not self.trainable:
+            for layer in self._layers:
+                layer.trainable = False
+
+
+class ProjectionMixin(ArgumentConfig, FreezesSublayers):
     """`enable_lora` for a layer whose kernels live in keras sublayers, and
     its config.
 
