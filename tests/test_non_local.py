@@ -47,6 +47,17 @@ def test_weights_shape_with_sub_sampling():
     assert np_(w).shape == (2, 1, 36, 8)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("sub_sample", [False, True])
+def test_symbolic_weights_shape_is_known_for_known_sizes(mode, sub_sample):
+    # A functional model's score output had (None, 1, None, None) for a
+    # (6, 5) map; the eager call's (B, 1, 30, S) is known from the input.
+    block = NonLocalBlock(mode=mode, sub_sample=sub_sample)
+    _, symbolic = block(keras.Input((6, 5, 8)), return_attention_scores=True)
+    _, eager = block(np.zeros((2, 6, 5, 8), "float32"), return_attention_scores=True)
+    assert tuple(symbolic.shape) == (None,) + tuple(eager.shape)[1:]
+
+
 @pytest.mark.parametrize("use_batch_norm", [False, True])
 @pytest.mark.parametrize("mode", MODES)
 def test_fresh_block_is_the_identity(mode, use_batch_norm):

@@ -1,5 +1,7 @@
 """The non-local block of Wang et al. (2018), for 1D, 2D and 3D feature maps."""
 
+import math
+
 import keras
 from keras import ops
 
@@ -270,8 +272,11 @@ class NonLocalBlock(FeatureMapAttention):
         pool_size = self.pool_size(len(spatial))
         batch = ops.shape(x)[0]
 
-        def flatten(t):  # (B, ..., c) -> (B, N, c)
-            return ops.reshape(t, (batch, -1, t.shape[-1]))
+        def flatten(t):  # (B, ..., c) -> (B, N, c), N static when known
+            dims = tuple(t.shape[1:-1])
+            known = all(isinstance(d, int) for d in dims)
+            return ops.reshape(t, (batch, math.prod(dims) if known else -1,
+                                   t.shape[-1]))
 
         g, key_mask = self._pool(
             self.g(x), mask, pool_size
@@ -284,7 +289,7 @@ class NonLocalBlock(FeatureMapAttention):
             key, _ = self._pool(self.phi(x), mask, pool_size)
         query, key, value = flatten(query), flatten(key), flatten(g)
         if key_mask is not None:
-            key_mask = ops.reshape(key_mask, (batch, -1))  # (B, S)
+            key_mask = ops.reshape(key_mask, (batch, key.shape[1] or -1))  # (B, S)
             # Zero, not just unweighted: 0 * inf would still give NaN.
             value = ops.where(key_mask[:, :, None], value, ops.zeros_like(value))
 
