@@ -15,13 +15,22 @@ from keras_attention.ops.masks import expand_mask
 from keras_attention.ops.positions import alibi_slopes
 from tests.test_ops import attention_reference
 from tests.test_ops import random_qkv
-from tests.test_sliding_window import values_and_grads
 
 pytestmark = pytest.mark.skipif(
     keras.backend.backend() != "tensorflow",
     reason="TensorFlow tapes (the path itself runs on every backend: "
     "tests/test_backends.py)",
 )
+
+
+def values_and_grads(fn, q, k, v):
+    """`[out, d_q, d_k, d_v]` of `sum(out * cos(out))` (in float32), as
+    tensors: traced inside `tf.function` by some tests."""
+    with tf.GradientTape() as tape:
+        tape.watch([q, k, v])
+        out = fn(q, k, v)
+        loss = tf.reduce_sum(tf.cast(out, "float32") * tf.cos(tf.cast(out, "float32")))
+    return [out] + tape.gradient(loss, [q, k, v])
 
 
 def mask_of(kind, rng, b, t, s):

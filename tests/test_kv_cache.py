@@ -41,14 +41,14 @@ def decode(layer, x, cache_len, prefill=0, step=1, jit=False):
         else:
             out, cache = call(q, cache=cache, cache_update_index=i)
         outputs.append(out)
-    return np.concatenate([np.asarray(o) for o in outputs], axis=1)
+    return np.concatenate([keras.ops.convert_to_numpy(o) for o in outputs], axis=1)
 
 
 @pytest.mark.parametrize("encoding", [None, "rope", "alibi"])
 @pytest.mark.parametrize("prefill, step", [(0, 1), (4, 1), (3, 2)])
 def test_cached_decoding_equals_the_full_causal_forward(encoding, prefill, step):
     layer, x = make(position_encoding=encoding)
-    want = np.asarray(layer(x))
+    want = keras.ops.convert_to_numpy(layer(x))
     got = decode(layer, x, cache_len=16, prefill=prefill, step=step)
     np.testing.assert_allclose(got, want, atol=2e-5)
 
@@ -57,7 +57,7 @@ def test_cached_decoding_equals_the_full_causal_forward(encoding, prefill, step)
 @pytest.mark.parametrize("prefill, step", [(0, 1), (5, 1), (2, 3), (7, 2)])
 def test_ring_cache_of_the_window_equals_the_windowed_forward(encoding, prefill, step):
     layer, x = make(position_encoding=encoding, sliding_window=4)
-    want = np.asarray(layer(x))
+    want = keras.ops.convert_to_numpy(layer(x))
     got = decode(layer, x, cache_len=4, prefill=prefill, step=step)
     np.testing.assert_allclose(got, want, atol=2e-5)
 
@@ -67,7 +67,7 @@ def test_ring_cache_of_the_window_equals_the_windowed_forward(encoding, prefill,
 )
 def test_cached_decoding_under_jit_with_a_tensor_index():
     layer, x = make(position_encoding="rope", sliding_window=3)
-    want = np.asarray(layer(x))
+    want = keras.ops.convert_to_numpy(layer(x))
     np.testing.assert_allclose(decode(layer, x, 3, jit=True), want, atol=2e-5)
     np.testing.assert_allclose(decode(layer, x, 16, jit=True), want, atol=2e-5)
 

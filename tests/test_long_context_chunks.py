@@ -15,10 +15,13 @@ import pytest
 
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import _multi_head_long
+from tests import harness
 
 BACKEND = keras.backend.backend()
 pytestmark = pytest.mark.skipif(
-    BACKEND not in ("tensorflow", "jax"), reason="TensorFlow and JAX only"
+    BACKEND not in ("tensorflow", "jax"),
+    reason="the chunked long-context path runs on TensorFlow and JAX only "
+    "(`_long_context_reason` is 'backend' elsewhere)",
 )
 
 
@@ -51,38 +54,15 @@ def make_pair(t, window, chunk, causal=True, dim=16, batch=2, query_block=None,
 def values_and_grads(layer, x, jit):
     """The output and the gradients of a row-weighted loss for `x` and the
     trainable weights (every row's gradient differs)."""
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
 
-        def step(x):
-            with tf.GradientTape() as tape:
-                tape.watch(x)
-                out = tf.cast(layer(x), "float32")
-                rows = tf.range(1.0, 1.0 + out.shape[1])[None, :, None]
-                loss = tf.reduce_mean(out ** 2 * rows + tf.sin(out))
-            return out, tape.gradient(loss, [x] + layer.trainable_weights)
+    def fn(x):
+        out = keras.ops.cast(layer(x), "float32")
+        rows = keras.ops.arange(1.0, 1.0 + out.shape[1])[None, :, None]
+        return out, keras.ops.mean(out ** 2 * rows + keras.ops.sin(out))
 
-        if jit:
-            step = tf.function(step, jit_compile=True)
-        out, grads = step(tf.constant(x))
-        return [np.asarray(out)] + [np.asarray(g) for g in grads]
-    import jax
-    import jax.numpy as jnp
-
-    trainable = [v.value for v in layer.trainable_variables]
-    fixed = [v.value for v in layer.non_trainable_variables]
-
-    def loss(x, trainable):
-        out, _ = layer.stateless_call(trainable, fixed, x)
-        out = out.astype("float32")
-        rows = jnp.arange(1.0, 1.0 + out.shape[1])[None, :, None]
-        return jnp.mean(out ** 2 * rows + jnp.sin(out)), out
-
-    step = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
-    if jit:
-        step = jax.jit(step)
-    (_, out), (d_x, d_w) = step(jnp.asarray(x), trainable)
-    return [np.asarray(out), np.asarray(d_x)] + [np.asarray(g) for g in d_w]
+    return harness.values_and_grads(
+        fn, x, variables=layer.trainable_variables, jit=jit
+    )
 
 
 def assert_same(chunked, dense, x, jit):

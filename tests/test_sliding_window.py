@@ -1,12 +1,15 @@
 """Sliding-window attention: the blocked path skips key blocks outside the
 band and still equals the dense path with an explicit band mask."""
 
+import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from keras_attention import ops as attention_ops
 from keras_attention.ops import blocked
+from tests import harness
+
+BACKEND = keras.backend.backend()
 
 
 def band(t, s, window, causal):
@@ -18,17 +21,21 @@ def band(t, s, window, causal):
 
 def qkv(rng, b, t, s, h, kv, d, dtype="float32"):
     return [
-        tf.constant(rng.normal(size=shape).astype(dtype))
+        rng.normal(size=shape).astype(dtype)
         for shape in ((b, t, h, d), (b, s, kv, d), (b, s, kv, d))
     ]
 
 
-def values_and_grads(fn, q, k, v):
-    with tf.GradientTape() as tape:
-        tape.watch([q, k, v])
+def values_and_grads(fn, q, k, v, jit=False):
+    """`[out, d_q, d_k, d_v]` of `sum(out * cos(out))` (in float32), as
+    NumPy."""
+
+    def f(q, k, v):
         out = fn(q, k, v)
-        loss = tf.reduce_sum(tf.cast(out, "float32") * tf.cos(tf.cast(out, "float32")))
-    return [out] + tape.gradient(loss, [q, k, v])
+        out32 = keras.ops.cast(out, "float32")
+        return out, keras.ops.sum(out32 * keras.ops.cos(out32))
+
+    return harness.values_and_grads(f, q, k, v, jit=jit)
 
 
 def padding_mask(rng, b, s):
@@ -70,7 +77,7 @@ def test_blocked_window_equals_dense_band(t, s, window, block, q_block, causal, 
         q, k, v,
     )
     for w, g in zip(want, got):
-        np.testing.assert_allclose(g.numpy(), w.numpy(), atol=2e-5)
+        np.testing.assert_allclose(g, w, atol=2e-5)
 
 
 @pytest.mark.parametrize("implementation", ["dense", "blocked"])
@@ -95,11 +102,12 @@ def test_core_window_argument_equals_band_mask(implementation, causal):
         q, k, v,
     )
     for w, g in zip(want, got):
-        np.testing.assert_allclose(g.numpy(), w.numpy(), atol=2e-5)
+        np.testing.assert_allclose(g, w, atol=2e-5)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_window_under_jit_compile_and_float16(causal):
+    # Compiled with XLA (torch, which has none: eagerly).
     rng = np.random.default_rng(5)
     q, k, v = qkv(rng, 1, 26, 26, 2, 1, 8, "float16")
     want = values_and_grads(
@@ -109,21 +117,17 @@ def test_window_under_jit_compile_and_float16(causal):
         ),
         q, k, v,
     )
-    run = tf.function(
-        lambda q, k, v: values_and_grads(
-            lambda q, k, v: attention_ops.blocked_attention(
-                q, k, v, is_causal=causal, block_size=4, query_block_size=8,
-                sliding_window=5,
-            ),
-            q, k, v,
+    got = values_and_grads(
+        lambda q, k, v: attention_ops.blocked_attention(
+            q, k, v, is_causal=causal, block_size=4, query_block_size=8,
+            sliding_window=5,
         ),
-        jit_compile=True,
+        q, k, v, jit=BACKEND != "torch",
     )
-    got = run(q, k, v)
-    assert got[0].dtype == tf.float16
+    assert got[0].dtype == np.float16
     for w, g in zip(want, got):
         np.testing.assert_allclose(
-            g.numpy().astype("float32"), w.numpy().astype("float32"), atol=2e-2
+            g.astype("float32"), w.astype("float32"), atol=2e-2
         )
 
 
@@ -193,22 +197,26 @@ def test_layer_routes_its_window_to_the_core(monkeypatch, causal):
     ours, theirs = _layers(3, causal, "blocked")
     del seen[:]
     rng = np.random.default_rng(1)
-    x = tf.constant(rng.normal(size=(2, 19, 6)).astype("float32"))
+    x = rng.normal(size=(2, 19, 6)).astype("float32")
     keys = np.ones((2, 19), bool)
     keys[1, 15:] = False
     full = band(19, 19, 3, False)[None] & keys[:, None, :]
 
     def run(layer, **kwargs):
-        with tf.GradientTape() as tape:
+        def fn(x):
             out = layer(x, **kwargs)
-            loss = tf.reduce_sum(out * tf.sin(out))
-        return [out] + tape.gradient(loss, layer.trainable_weights)
+            return out, keras.ops.sum(out * keras.ops.sin(out))
+
+        return harness.values_and_grads(
+            fn, x, variables=layer.trainable_variables
+        )
 
     got = run(ours, attention_mask=keys[:, None, :])
     want = run(theirs, attention_mask=full)
     assert seen == [3]
+    assert len(got) == len(want) == 2 + len(ours.trainable_variables)
     for g, w in zip(got, want):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5)
+        np.testing.assert_allclose(g, w, atol=2e-5)
 
 
 def test_layer_window_fits_under_jit_and_round_trips(tmp_path):

@@ -24,9 +24,16 @@ from keras_attention.ops import xla_cpu
 from keras_attention.ops.masks import expand_mask
 from tests.test_fast_paths import _mask
 
-pytestmark = pytest.mark.skipif(
-    bool(tf.config.list_logical_devices("GPU")), reason="XLA on a CPU only"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        keras.backend.backend() != "tensorflow",
+        reason="TensorFlow's XLA-on-CPU forms, checked with tapes and "
+        "tf.function",
+    ),
+    pytest.mark.skipif(
+        bool(tf.config.list_logical_devices("GPU")), reason="XLA on a CPU only"
+    ),
+]
 
 
 def _choices(implementation):
