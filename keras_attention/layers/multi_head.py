@@ -133,9 +133,9 @@ class MultiHeadAttention(
         implementation: `"auto"`, `"dense"`, `"blocked"`, `"chunked"` or
             `"fused"` (see `keras_attention.ops.dot_product_attention`). With `"auto"`,
             windowed self-attention from 8,192 tokens runs the whole layer
-            in chunks (`layers/_multi_head_long.py`: about half the
-            memory); `"blocked"` keeps its projections around the
-            blocked core.
+            in chunks on TensorFlow and JAX (`layers/_multi_head_long.py`:
+            about half the memory; on torch the general path runs);
+            `"blocked"` keeps its projections around the blocked core.
         position_encoding: `None`, `"rope"` (rotary embeddings of the
             query and key heads, Su et al., 2021) or `"alibi"` (a linear
             distance penalty per head, Press et al., 2022, added block by
