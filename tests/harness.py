@@ -84,6 +84,21 @@ def numpy(x):
     return keras.ops.convert_to_numpy(x)
 
 
+def random_mask(kind, rng, b, t, s):
+    """A boolean attention mask of `kind`: `"keys"` `(B, S)` with a batch
+    element that sees no key, `"full"` `(B, 1, T, S)` with a query that
+    sees no key, or `None`."""
+    if kind == "keys":
+        mask = rng.random((b, s)) > 0.3
+        mask[1] = False  # a batch element with no key at all
+        return mask
+    if kind == "full":
+        mask = rng.random((b, 1, t, s)) > 0.5
+        mask[0, 0, 3] = False  # a query with no key
+        return mask
+    return None
+
+
 def values_and_grads(fn, *inputs, variables=(), jit=False):
     """The values and gradients of `fn` as NumPy arrays, on every backend.
 

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from keras_attention import ops as attention_ops
 from tests import harness
+from tests.harness import random_mask
 
 BACKEND = keras.backend.backend()
 tensorflow_only = pytest.mark.skipif(
@@ -26,18 +27,6 @@ def keras_bfloat16():
     import ml_dtypes
 
     return ml_dtypes.bfloat16
-
-
-def _mask(kind, rng, b, t, s):
-    if kind == "keys":
-        mask = rng.random((b, s)) > 0.3
-        mask[1] = False  # a batch element with no key at all
-        return mask
-    if kind == "full":
-        mask = rng.random((b, 1, t, s)) > 0.5
-        mask[0, 0, 3] = False  # a query with no key
-        return mask
-    return None
 
 
 def _dense_outputs_and_grads(q, k, v, mask, causal, custom, jit):
@@ -75,7 +64,7 @@ def test_dense_custom_gradient_equals_autodiff(monkeypatch, causal, mask_kind, j
     q = rng.normal(size=(b, t, h, d)).astype(dtype)
     k = rng.normal(size=(b, s, kv, d)).astype(dtype)
     v = rng.normal(size=(b, s, kv, dv)).astype(dtype)
-    mask = _mask(mask_kind, rng, b, t, s)
+    mask = random_mask(mask_kind, rng, b, t, s)
 
     def run(custom):
         return _dense_outputs_and_grads(q, k, v, mask, causal, custom, jit)
@@ -238,7 +227,7 @@ def test_blocked_core_compiled_by_xla_equals_the_graph_one(monkeypatch, case):
     q = tf.constant(rng.normal(size=(b, t, h, d)), "float32")
     k = tf.constant(rng.normal(size=(b, t, kv, d)), "float32")
     v = tf.constant(rng.normal(size=(b, t, kv, d)), "float32")
-    mask = _mask(case.get("mask_kind"), rng, b, t, t)
+    mask = random_mask(case.get("mask_kind"), rng, b, t, t)
     slopes = (
         tf.constant(rng.uniform(0.1, 1.0, size=(h,)), "float32")
         if case.get("alibi") else None
@@ -320,7 +309,7 @@ def test_dense_custom_gradient_bfloat16_against_float32(causal, mask_kind, jit):
         rng.normal(size=shape).astype("float32").astype(keras_bfloat16())
         for shape in ((b, t, h, d), (b, s, kv, d), (b, s, kv, d))
     ]
-    mask = _mask(mask_kind, rng, b, t, s)
+    mask = random_mask(mask_kind, rng, b, t, s)
     low = _dense_outputs_and_grads(*inputs, mask, causal, True, jit)
     # The reference: autodiff through the float32 dense path.
     high = _dense_outputs_and_grads(
