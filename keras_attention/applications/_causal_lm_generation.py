@@ -175,5 +175,6 @@ class CausalLMGeneration:
             )
 
         return self._generation.loops.get(
-            self, key + (sampler,), lambda: generate, jit_compile
+            self, key + (sampler,), lambda: generate, jit_compile,
+            variables=sampler.variables,
         )

@@ -11,7 +11,7 @@ it, tied to the embedding or not, as keras-hub's `GPT2CausalLM` does.
 top-p, or any `keras_hub.samplers.Sampler`) through the attention layer's
 public key/value cache (`cache=`, `cache_update_index=`): the prompt is
 prefilled in one call, then the sampler's loop feeds one token per step,
-the whole loop one XLA program (TensorFlow). With a sliding window of `W`
+the whole loop one XLA program (TensorFlow, JAX). With a sliding window of `W`
 shorter than the generation, each layer's cache is a ring of `W` entries,
 so memory stays flat however long the text. `use_cache=False` re-runs the
 whole sequence every step instead (the reference the tests and
@@ -361,8 +361,8 @@ class CausalLM(
             use_cache: decode through the attention layers' key/value cache
                 (one token per step); `False` re-runs the whole sequence
                 every step (same tokens, much slower).
-            jit_compile: compile the loop with XLA (TensorFlow), once per
-                batch size, lengths and setting.
+            jit_compile: compile the loop with XLA (TensorFlow, JAX; torch
+                runs it eagerly), once per batch size, lengths and setting.
 
         Returns:
             int32 ids `(B, max_length)` (`(max_length,)` for a `(P,)`

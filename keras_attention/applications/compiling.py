@@ -17,17 +17,21 @@ from keras_attention._config import backend_neutral_compile_config
 class CompiledLoops:
     """A task's decoding loops by key (translators, the causal LM).
 
-    `build()` gives the `keras.ops` loop; with `jit_compile` on TensorFlow it
-    runs as `tf.function(jit_compile=True)` (other backends run it as it
-    is). A traced function keeps the variables it was traced with, and
-    `enable_lora` and `quantize` add or replace variables, so every loop is
-    traced again once the model's variables change.
+    `build()` gives the `keras.ops` loop; with `jit_compile` it runs as
+    `tf.function(jit_compile=True)` on TensorFlow and under `jax.jit` on
+    JAX (torch runs it as it is). A traced function keeps the variables it
+    was traced with, and `enable_lora` and `quantize` add or replace
+    variables, so every loop is traced again once the model's variables
+    change. Under `jax.jit` the variables' values are arguments of each
+    call (`_jax_jit`), so new values (`fit`, `set_weights`) are seen.
     """
 
     def __init__(self):
         self._loops, self._weights = {}, None
 
-    def get(self, model, key, build, jit_compile):
+    def get(self, model, key, build, jit_compile, variables=()):
+        """The loop of `key`; `variables`: state the loop reads besides the
+        model's (a sampler's seeds), given to `jax.jit` with them."""
         weights = tuple(id(v) for v in model.weights)
         if weights != self._weights:
             self._loops.clear()
@@ -38,8 +42,45 @@ class CompiledLoops:
                 import tensorflow as tf
 
                 function = tf.function(function, jit_compile=True)
+            elif jit_compile and keras.backend.backend() == "jax":
+                function = _jax_jit(function, [*model.variables, *variables])
             self._loops[key] = function
         return self._loops[key]
+
+
+def _jax_jit(function, variables):
+    """`function` under `jax.jit`, the variables' values passed at each call.
+
+    Inside, a `StatelessScope` maps each variable to its value (traced, not
+    a constant); the values the loop assigns (a sampler's seed state) come
+    back out of the scope and are assigned after the call, as running it
+    without jit would.
+    """
+    import jax
+
+    variables = list({id(v): v for v in variables}.values())
+
+    def stateless(values, *args):
+        mapping = list(zip(variables, values))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            given = [scope.get_current_value(v) for v in variables]
+            outputs = function(*args)
+        updated = {}  # the variables assigned in the loop
+        for i, v in enumerate(variables):
+            value = scope.get_current_value(v)
+            if value is not given[i]:
+                updated[i] = value
+        return outputs, updated
+
+    compiled = jax.jit(stateless)
+
+    def call(*args):
+        outputs, updated = compiled([v.value for v in variables], *args)
+        for i, value in updated.items():
+            variables[i].assign(value)
+        return outputs
+
+    return call
 
 
 def xla_slower_here(model):

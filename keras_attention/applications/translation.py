@@ -345,8 +345,9 @@ class Translator(
         The decoding behind `translate`, on token ids: greedy search for
         `beam_width=1`, beam search otherwise (`search="greedy"` or
         `"beam"` forces one). Positions after `[END]` hold padding. With
-        `jit_compile=True` (TensorFlow) the whole loop is one XLA program,
-        compiled once per setting and input shape.
+        `jit_compile=True` the whole loop is one XLA program (TensorFlow,
+        JAX; torch runs it eagerly), compiled once per setting and input
+        shape.
         """
         beam_width, max_length = self._check_decoding(
             beam_width, max_length, length_penalty
@@ -475,7 +476,8 @@ class Translator(
             batch_size: sentences decoded at once.
             use_cache: decode from the cached decoder state (`True`), or
                 re-run the decoder on the whole prefix at every step.
-            jit_compile: compile the decoding loop with XLA (TensorFlow);
+            jit_compile: compile the decoding loop with XLA (TensorFlow,
+                JAX);
                 `False` runs it eagerly (no compilation; slower per token).
 
         Returns:

@@ -1,5 +1,5 @@
 """The translators' search: greedy and beam search on `keras.ops` with a
-fixed maximum length (one XLA program under TensorFlow), with the cross-
+fixed maximum length (one XLA program under TensorFlow and JAX), with the cross-
 attention weights of every generated token. Neither search chooses padding
 or `[START]`; after `[END]` a row holds padding. `Translator` takes it as a
 mixin; it calls the subclass hooks `encode`, `prepare_decoding`,
