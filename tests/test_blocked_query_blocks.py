@@ -53,7 +53,7 @@ def test_query_blocks_equal_dense(query_block_size, causal, mask_kind, jit):
         )
     ), jit=jit)
     for want, got in zip(dense, blocked):
-        np.testing.assert_allclose(got, want, atol=1e-5)
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("d_v", [8, 5])
@@ -82,7 +82,7 @@ def test_query_blocks_with_other_value_sizes_equal_dense(d_v, window):
     ))
     for want, got in zip(dense, blocked):
         assert got.shape == want.shape
-        np.testing.assert_allclose(got, want, atol=1e-5)
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.skipif(

@@ -71,7 +71,9 @@ def assert_same(chunked, dense, x, jit):
     assert len(got) == len(want) == 2 + len(dense.trainable_weights)
     for name, g, w in zip(["output", "x"] + [v.path for v in dense.trainable_weights],
                           got, want):
-        np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-4, err_msg=name)
+        # atol: with a one-key window the query and key kernels' gradients
+        # are zero but for rounding (5e-6 of it is seen).
+        np.testing.assert_allclose(g, w, atol=3e-5, rtol=1e-4, err_msg=name)
 
 
 # Every shape eagerly; under XLA the shapes that exercise the most of the

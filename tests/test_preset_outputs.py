@@ -36,7 +36,7 @@ def test_preset_weights_reproduce_their_recorded_outputs(cls, name):
     assert f"{name}/y{len(outputs)}" not in recorded
     for got, want in zip(outputs, expected):
         # Recorded on TensorFlow; other backends round differently (JAX:
-        # 1.1e-5 on a DETR box logit of 7.06).
+        # 1.1e-5 on a DETR box logit of 7.06; machine kinds differ too).
         np.testing.assert_allclose(
-            keras.ops.convert_to_numpy(got), want, rtol=1e-5, atol=1e-5
+            keras.ops.convert_to_numpy(got), want, rtol=3e-5, atol=3e-5
         )

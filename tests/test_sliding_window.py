@@ -216,7 +216,8 @@ def test_layer_routes_its_window_to_the_core(monkeypatch, causal):
     assert seen == [3]
     assert len(got) == len(want) == 2 + len(ours.trainable_variables)
     for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, atol=2e-5)
+        # Relative too: the weights' gradients of this loss reach ~50.
+        np.testing.assert_allclose(g, w, atol=2e-5, rtol=1e-5)
 
 
 def test_layer_window_fits_under_jit_and_round_trips(tmp_path):

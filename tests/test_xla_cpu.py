@@ -346,8 +346,9 @@ def test_layer_with_flat_projections_equals_sublayer_calls(monkeypatch, lora,
     want = _values_and_grads(step, x, y, variables=variables, jit=True)
     graph = _values_and_grads(step, x, y, variables=variables)
     assert len(got) == 1 + 2 + len(variables)
-    _assert_close(got, want, 2e-5)
-    _assert_close(got, graph, 2e-5)
+    # Whole-layer gradients reach ~20; their sums run in other orders.
+    _assert_close(got, want, 5e-5)
+    _assert_close(got, graph, 5e-5)
 
 
 def test_flat_projection_not_taken_in_mixed_precision():
