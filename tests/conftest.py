@@ -18,6 +18,20 @@ def pytest_addoption(parser):
     parser.addoption(
         "--run-large", action="store_true", help="also run the `large` tests"
     )
+    parser.addoption(
+        "--tolerance-margins", metavar="DIR", default=None,
+        help="record, for each `np.testing.assert_allclose` call of the "
+        "tests, the largest |actual - desired| / (atol + rtol |desired|) "
+        "seen (1 fails); the calls nearest 1 are printed at the end",
+    )
+
+
+def pytest_configure(config):
+    folder = config.getoption("--tolerance-margins")
+    if folder:
+        from tests import tolerance_margins
+
+        tolerance_margins.start(config, folder)
 
 
 def pytest_collection_finish(session):
