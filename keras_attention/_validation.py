@@ -70,6 +70,15 @@ def check_ids_in_range(argument, ids, stop, what, size):
     `[0, stop)`; `what` names the ids and `size` says where `stop` comes
     from (`"node ids"`, `"num_nodes=34"`)."""
     if ids.size:
+        if ids.dtype.kind == "f" and not np.all(np.floor(ids) == ids):
+            # A float array of whole numbers passes: keras hands models
+            # float32 ids under a `tf.distribute` strategy.
+            fraction = ids[np.floor(ids) != ids].flat[0]
+            raise ValueError(
+                f"Received an invalid value for argument `{argument}`, expected "
+                f"whole-number {what} in [0, {stop}) for {size}. "
+                f"Received: {argument} with the value {fraction}"
+            )
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= stop:
             raise ValueError(

@@ -31,6 +31,8 @@ from keras_attention import _validation
 from keras_attention.layers import base as layer_base
 from keras_attention.applications import presets as preset_registry
 from keras_attention.applications.compiling import CompileDefaults
+from keras_attention.applications.input_checks import InputChecks
+from keras_attention.applications.input_checks import batch_size
 from keras_attention._config import DTypeArgument
 from keras_attention._config import FROZEN_LAYERS
 from keras_attention._config import FunctionalConfig
@@ -114,86 +116,6 @@ class PresetMixin:
                     f"{error}"
                 ) from error
         return model
-
-
-class InputChecks:
-    """Checks the inputs of `call`, `fit`, `evaluate` and `predict`.
-
-    `call` sees static shapes only on the first trace: `fit` and `predict`
-    relax the traced shapes when they are called again with other shapes, so
-    the data given to them is checked here too, before any tracing.
-    Subclasses implement `check_inputs(inputs)`, which reads `inputs.shape`
-    (or the shapes of a list of inputs) and raises a `ValueError`.
-    """
-
-    def check_inputs(self, inputs):
-        pass
-
-    def _single_input(self, inputs):
-        """`inputs` as `check_inputs` reads them, or `None` to leave them
-        to keras.
-
-        A model that takes a dict (BERT's token ids and types) checks it as
-        it is. A model of one input given a dict (a `tf.data` pipeline of
-        `{"images": ...}`) takes the entry named as its input, or the only
-        entry, as keras matches it; other dicts are keras's to match.
-        """
-        if not isinstance(inputs, dict):
-            return inputs
-        struct = getattr(self, "_inputs_struct", None)
-        if getattr(self, "takes_dict_inputs", False) or isinstance(struct, dict):
-            return inputs
-        name = getattr(struct, "name", None)
-        if name in inputs:
-            return inputs[name]
-        if len(inputs) == 1 and not isinstance(struct, (list, tuple)):
-            return next(iter(inputs.values()))
-        return None
-
-    def _check_data(self, x):
-        spec = getattr(x, "element_spec", None)  # a tf.data.Dataset
-        if spec is not None:
-            x = spec[0] if isinstance(spec, tuple) else spec
-        x = self._single_input(x)
-        if x is None:
-            return
-        items = list(x.values()) if isinstance(x, dict) else (
-            x if isinstance(x, (list, tuple)) else [x]
-        )
-        if not items or not all(hasattr(item, "shape") for item in items):
-            return
-        if any(getattr(item.shape, "rank", 0) is None for item in items):
-            # tf.numpy_function / py_function in a tf.data map (keras's
-            # own error: "as_list() is not defined on an unknown TensorShape").
-            raise ValueError(
-                "Received an invalid value for argument `x`, expected a "
-                "dataset whose inputs have a known rank (after "
-                "`tf.numpy_function` or `tf.py_function`, set it with "
-                "`tf.ensure_shape`). Received: an input of shape "
-                f"{next(i.shape for i in items if i.shape.rank is None)}"
-            )
-        self.check_inputs(x)
-
-    def fit(self, x=None, y=None, *args, **kwargs):
-        self._check_data(x)
-        return super().fit(x, y, *args, **kwargs)
-
-    def evaluate(self, x=None, y=None, *args, **kwargs):
-        self._check_data(x)
-        return super().evaluate(x, y, *args, **kwargs)
-
-    def predict(self, x, *args, **kwargs):
-        self._check_data(x)
-        return super().predict(x, *args, **kwargs)
-
-    def call(self, inputs, training=None, mask=None):
-        single = self._single_input(inputs)
-        if single is not None:
-            self.check_inputs(single)
-            if isinstance(inputs, dict) and not isinstance(single, dict):
-                inputs = single
-                mask = self._single_input(mask) if isinstance(mask, dict) else mask
-        return super().call(inputs, training=training, mask=mask)
 
 
 def deserialize_preprocessor(preprocessor):
@@ -488,27 +410,9 @@ class Classifier(
     def check_inputs(self, inputs):
         self.backbone.check_inputs(inputs)
 
-    def _check_labels(self, y):
-        """Class ids `y` outside `[0, num_classes)` are a `ValueError` when
-        the loss is the sparse cross-entropy (the default): TensorFlow
-        raises only outside XLA, under XLA (a GPU's default) the loss is
-        silently NaN and `fit` ruins the weights."""
-        loss = getattr(self, "loss", None)
-        if isinstance(loss, keras.losses.SparseCategoricalCrossentropy) or (
-            loss in ("sparse_categorical_crossentropy",)
-        ):
-            _validation.check_known_ids(
-                "y", y, self.num_classes, "class ids",
-                f"num_classes={self.num_classes}",
-            )
-
-    def fit(self, x=None, y=None, *args, **kwargs):
-        self._check_labels(y)
-        return super().fit(x, y, *args, **kwargs)
-
-    def evaluate(self, x=None, y=None, *args, **kwargs):
-        self._check_labels(y)
-        return super().evaluate(x, y, *args, **kwargs)
+    def label_ids(self, x):
+        """One class id per example, `(B,)`."""
+        return (batch_size(x),), self.num_classes, f"num_classes={self.num_classes}"
 
     def attention_scores(self, inputs):
         """The attention scores of every block; see the backbone's method."""

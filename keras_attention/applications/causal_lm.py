@@ -320,6 +320,12 @@ class CausalLM(
     def check_inputs(self, inputs):
         self.backbone.check_inputs(inputs)
 
+    def label_ids(self, x):
+        """The next token's id at every position, `(B, T)` as `x`."""
+        shape = tuple(getattr(self._single_input(x), "shape", ()))
+        size = self.backbone.vocabulary_size
+        return shape, size, f"vocabulary_size={size}"
+
     def attention_scores(self, token_ids):
         """The causal attention weights `(B, H, T, T)` of every block."""
         return self.backbone.attention_scores(token_ids)

@@ -149,6 +149,15 @@ class MaskedLanguageModel(
             f"sequence_length={length}",
         )
 
+    def label_ids(self, x):
+        """The original token's id at each masked position, `(B, P)`."""
+        if not isinstance(x, dict) or "mask_positions" not in x:
+            return None
+        size = self.backbone.vocabulary_size
+        return (
+            tuple(x["mask_positions"].shape), size, f"vocabulary_size={size}"
+        )
+
     def with_head(self, num_classes, **kwargs):
         """A `TextClassifier` on this (pretrained) backbone, shared."""
         kwargs.setdefault("preprocessor", self.preprocessor)

@@ -16,7 +16,6 @@ test nodes are chosen with per-node sample weights
 """
 
 import collections
-import inspect
 
 import keras
 import numpy as np
@@ -26,6 +25,7 @@ from keras_attention import registry
 from keras_attention.applications import base as app_base
 from keras_attention.applications import compiling
 from keras_attention.applications import presets
+from keras_attention.applications.input_checks import bind
 from keras_attention._config import FunctionalConfig
 from keras_attention import _validation as base
 from keras_attention.layers.dropout import HashDropout
@@ -52,16 +52,26 @@ def _split_weights(mask):
     return (mask * scale)[None]
 
 
-def _bind(method, x, y, args, kwargs):
-    """`{name: value}` of a call of keras's `fit` or `evaluate`."""
-    signature = inspect.signature(method)
-    return signature.bind(None, x, y, *args, **kwargs).arguments
+def _graph_nodes(x):
+    """The static node count `N` of inputs `[features (1, N, F), edges]`."""
+    if isinstance(x, (list, tuple)) and x and hasattr(x[0], "shape"):
+        if len(x[0].shape) == 3:
+            return base.known_dim(x[0].shape[1])
+    return None
 
 
-def _check_split(argument, weights):
-    """A ValueError unless the split weights `weights` (values known here)
-    select a node: all 0 is an empty split (a mask with no True, or no
-    labelled node in it), which keras would score 0, not an error."""
+def _check_split(argument, weights, nodes=None):
+    """A ValueError unless the split weights `weights` are one per node,
+    `(1, N)` (`nodes`: `N` where known), and (values known here) select a
+    node: all 0 is an empty split (a mask with no True, or no labelled node
+    in it), which keras would score 0, not an error."""
+    shape = getattr(weights, "shape", None)
+    if shape is not None and not base.shape_fits(tuple(shape), (1, nodes)):
+        raise ValueError(
+            f"Received an invalid value for argument `{argument}`, expected "
+            f"one weight per node of the graph, shape (1, {nodes}). "
+            f"Received: {argument}.shape={tuple(shape)}"
+        )
     if weights is None or not (
         isinstance(weights, np.ndarray)
         or (ops.is_tensor(weights) and not base.is_symbolic(weights))
@@ -362,17 +372,23 @@ class GATNodeClassifier(
             ],
         }
 
+    def label_ids(self, x):
+        """One class id per node, `(1, N)`."""
+        return (1, _graph_nodes(x)), self.num_classes, f"num_classes={self.num_classes}"
+
     def fit(self, x=None, y=None, *args, **kwargs):
-        given = _bind(keras.Model.fit, x, y, args, kwargs)
-        _check_split("sample_weight", given.get("sample_weight"))
+        given = bind(keras.Model.fit, x, y, args, kwargs)
+        _check_split("sample_weight", given.get("sample_weight"), _graph_nodes(x))
         validation = given.get("validation_data")
         if isinstance(validation, (list, tuple)) and len(validation) == 3:
-            _check_split("validation_data[2]", validation[2])
+            _check_split(
+                "validation_data[2]", validation[2], _graph_nodes(validation[0])
+            )
         return super().fit(x, y, *args, **kwargs)
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
-        given = _bind(keras.Model.evaluate, x, y, args, kwargs)
-        _check_split("sample_weight", given.get("sample_weight"))
+        given = bind(keras.Model.evaluate, x, y, args, kwargs)
+        _check_split("sample_weight", given.get("sample_weight"), _graph_nodes(x))
         return super().evaluate(x, y, *args, **kwargs)
 
     def attention_scores(self, inputs):

@@ -37,7 +37,7 @@ from keras_attention._validation import invalid
 from keras_attention.applications.compiling import CompileDefaults
 from keras_attention.applications.compiling import CompiledLoops
 from keras_attention.applications.base import deserialize_preprocessor
-from keras_attention.applications.base import InputChecks
+from keras_attention.applications.input_checks import InputChecks
 from keras_attention._config import ArgumentConfig
 from keras_attention._config import build_with_graph_state
 from keras_attention._config import graph_state_config
@@ -219,6 +219,19 @@ class Translator(
             ("source_ids", "target_ids"), (source_ids, target_ids), sizes
         ):
             _check_token_ids(argument, ids, size)
+
+    def label_ids(self, x):
+        """The next target token's id at every position, `(B, T)` as
+        `target_ids` (id 0, padding, is ignored by the loss)."""
+        try:
+            _, target_ids = self._unpack(x)
+        except ValueError:  # left to `check_inputs`
+            return None
+        size = self.preprocessor.target_vocabulary_size
+        return (
+            tuple(target_ids.shape), size,
+            f"the preprocessor's target vocabulary of {size}",
+        )
 
     def call(self, inputs, training=None):
         self.check_inputs(inputs)
