@@ -69,6 +69,9 @@ class FeatureMapAttention(
 
     # The largest rank of the inputs (`None`: any): 1-, 2- or 3-D maps.
     _max_rank = 5
+    # Whether the weights fix the rank (a convolution's kernel) or any
+    # rank of map with the same channels goes (1x1 projections only).
+    _rank_fixed_at_build = False
 
     def __init__(
         self,
@@ -91,6 +94,20 @@ class FeatureMapAttention(
         )
         dense.build((None, input_dim))
         return dense
+
+    def check_build_shape(self, input_shape):
+        """`build`'s check of the map's rank and channels, kept for every
+        later call as keras's `input_spec` (as keras's `Conv2D` does): a
+        built layer given a map of another rank or channel count raises
+        keras's error naming the layer, not a wrong-shaped result."""
+        check_feature_map(input_shape, max_rank=self._max_rank)
+        channels = {-1: int(input_shape[-1])}
+        if self._rank_fixed_at_build:
+            self.input_spec = keras.InputSpec(ndim=len(input_shape), axes=channels)
+        else:
+            self.input_spec = keras.InputSpec(
+                min_ndim=3, max_ndim=self._max_rank, axes=channels
+            )
 
     def compute_mask(self, inputs, mask=None):
         # The refined map is aligned with the input: same positions.

@@ -28,19 +28,28 @@ class ShapeInference:
             )
 
     def _check_shapes(self, query_shape, value_shape, key_shape):
-        self._check_value_key(value_shape, key_shape)
-        base.check_batch(query_shape, value_shape, key_shape)
-        for name, shape in (
-            ("query", query_shape),
-            ("value", value_shape),
-            ("key", key_shape),
-        ):
+        shapes = {"query": query_shape, "value": value_shape, "key": key_shape}
+        self._check_value_key(value_shape, key_shape)  # keras's first check
+        # The ranks before the batch sizes: an unbatched (T, dim) pair is
+        # not a batch-size mismatch.
+        for name, shape in shapes.items():
             if len(shape) < 3:
                 raise ValueError(
                     f"Received an invalid value for argument `{name}`, "
                     "expected a tensor of rank 3 (B, T, dim) or more. "
                     f"Received: {name}.shape={tuple(shape)}"
                 )
+        built = getattr(self, "_built_feature_sizes", None)
+        for name, size in (built or {}).items():
+            got = shapes[name][-1]
+            if got is not None and got != size:
+                raise ValueError(
+                    f"Received an invalid value for argument `{name}`, "
+                    f"expected {size} features in its last axis, as when the "
+                    f"layer was built. Received: {name}.shape="
+                    f"{tuple(shapes[name])}"
+                )
+        base.check_batch(query_shape, value_shape, key_shape)
         if len(query_shape) != len(value_shape):
             raise ValueError(
                 "Expected `query` and `value` of the same rank. Received: "

@@ -264,8 +264,8 @@ class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
                 "A (B, Dq) query needs a `value` to attend to. Received only "
                 f"query.shape={query_shape}"
             )
-        check_rank("key", key_shape)
         check_rank("value", value_shape)
+        check_rank("key", key_shape)
 
     @staticmethod
     def flatten_inputs(

@@ -13,7 +13,6 @@ from keras_attention._validation import invalid
 from keras_attention.layers import base
 from keras_attention.layers._feature_maps import NEG_INF
 from keras_attention.layers._feature_maps import FeatureMapAttention
-from keras_attention.layers._feature_maps import check_feature_map
 from keras_attention.layers._feature_maps import check_position_mask
 from keras_attention.layers._feature_maps import float_inputs
 from keras_attention.ops.masks import wide_dtype
@@ -111,7 +110,7 @@ class ChannelAttention(_ImageAttention):
         self.reduction = check_positive_int("reduction", reduction)
 
     def build(self, input_shape):
-        check_feature_map(input_shape, max_rank=self._max_rank)
+        self.check_build_shape(input_shape)
         channels = input_shape[-1]
         if channels % self.reduction:
             raise invalid(
@@ -219,12 +218,14 @@ class SpatialAttention(_ImageAttention):
           https://arxiv.org/abs/1807.06521
     """
 
+    _rank_fixed_at_build = True  # the convolution's kernel
+
     def __init__(self, kernel_size=7, **kwargs):
         super().__init__(**kwargs)
         self.kernel_size = _check_kernel_size(kernel_size)
 
     def build(self, input_shape):
-        check_feature_map(input_shape, max_rank=self._max_rank)
+        self.check_build_shape(input_shape)
         # Kernel (k, ..., k, 2 pooled maps, 1 output channel).
         pooled_shape = tuple(input_shape[:-1]) + (2,)
         self.conv = self._conv("conv", pooled_shape, 1, self.kernel_size)
@@ -300,13 +301,15 @@ class CBAM(_ImageAttention):
           https://arxiv.org/abs/1807.06521
     """
 
+    _rank_fixed_at_build = True  # the convolution's kernel
+
     def __init__(self, reduction=16, kernel_size=7, **kwargs):
         super().__init__(**kwargs)
         self.reduction = check_positive_int("reduction", reduction)
         self.kernel_size = _check_kernel_size(kernel_size)
 
     def build(self, input_shape):
-        check_feature_map(input_shape, max_rank=self._max_rank)
+        self.check_build_shape(input_shape)
         weights_config = self._weights_config()
         self.channel_attention = ChannelAttention(
             reduction=self.reduction,

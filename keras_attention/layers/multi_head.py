@@ -335,6 +335,11 @@ class MultiHeadAttention(
             query_shape, value_shape, key_shape
         )
         self._check_shapes(query_shape, value_shape, key_shape)
+        # What every later call's inputs must have (`_check_shapes`).
+        self._built_feature_sizes = {
+            "query": query_shape[-1], "value": value_shape[-1],
+            "key": key_shape[-1],
+        }
         # keras's creation order: query, key, gate, value, output.
         self._query_dense = self._projection(
             "query", query_shape, self._num_heads, self._key_dim

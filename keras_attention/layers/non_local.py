@@ -11,7 +11,6 @@ from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.layers._feature_maps import NEG_INF
 from keras_attention.layers._feature_maps import FeatureMapAttention
-from keras_attention.layers._feature_maps import check_feature_map
 from keras_attention.layers._feature_maps import check_position_mask
 from keras_attention.layers._feature_maps import float_inputs
 from keras_attention.ops.masks import matmul
@@ -201,7 +200,7 @@ class NonLocalBlock(FeatureMapAttention):
         )
 
     def build(self, input_shape):
-        check_feature_map(input_shape, max_rank=self._max_rank)
+        self.check_build_shape(input_shape)
         self.pool_size(len(input_shape) - 2)  # validates `sub_sample`
         channels = input_shape[-1]
         inter = self.inter_channels or max(1, channels // 2)
