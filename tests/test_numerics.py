@@ -136,3 +136,27 @@ def test_multi_head_float16_gradients_are_finite_with_logits_of_1e4():
     assert len(grads) == 1 + len(layer.trainable_variables)
     for g in grads:
         assert np.all(np.isfinite(g))
+
+
+@pytest.mark.parametrize("weights", [False, True])
+@pytest.mark.parametrize("implementation", ["dense", "blocked", "auto"])
+def test_float16_logits_beyond_its_range(implementation, weights):
+    # Entries +-256: logits up to 131,072, past float16's 65,504. The
+    # scores' product of both dense paths (with its own gradient, and
+    # autodiff's when the weights are returned) runs in float32, as the
+    # blocked path's does: before, the dense paths' scores were infinite
+    # and every output NaN.
+    x = signs(4, (2, 6, 2 * HEAD_DIM)) * 4
+    assert np.abs(logits_of(x, HEAD_DIM ** -0.5)).max() > 65504
+    if weights and implementation == "blocked":
+        pytest.skip("the blocked path returns no weights")
+    results = {}
+    for dtype in ("float32", "mixed_float16"):
+        layer = identity_mha(dtype, implementation=implementation)
+        results[dtype] = layer(
+            x, use_causal_mask=True, return_attention_scores=weights
+        )
+    if weights:
+        assert_matches(results["mixed_float16"][1], results["float32"][1])
+        results = {k: v[0] for k, v in results.items()}
+    assert_matches(results["mixed_float16"], results["float32"])

@@ -49,6 +49,17 @@ def _is_low(x):
     return keras.backend.standardize_dtype(x.dtype) == "bfloat16"
 
 
+def scores_of(q, k):
+    """The scores `q k^T` `(B, H, T, S)` of heads `(B, H, T, D)` and
+    `(B, H, S, D)`, for both dense paths. float16 heads' product runs in
+    float32: float16's range ends at 65,504, and larger logits (inputs of
+    1e4 under `mixed_float16`) were infinite, every weight NaN, where the
+    blocked and chunked paths (float32 already) gave the float32 result."""
+    if keras.backend.standardize_dtype(q.dtype) == "float16":
+        q, k = ops.cast(q, "float32"), ops.cast(k, "float32")
+    return xla_cpu.scores_product(q, k)
+
+
 def _weights(q, k, mask, bias, dtype, empty_rows=True):
     """The softmax of `q k^T (+ bias)` under `mask`, in `dtype`.
 
@@ -56,7 +67,7 @@ def _weights(q, k, mask, bias, dtype, empty_rows=True):
     fused softmax accumulates in float32), where float32 copies would cost
     as much as the bfloat16 products save."""
     low = _is_low(q)
-    scores = xla_cpu.scores_product(q, k)
+    scores = scores_of(q, k)
     if bias is not None:
         scores = ops.cast(scores, wide_dtype(q.dtype)) + ops.cast(bias, wide_dtype(q.dtype))
         scores = ops.cast(scores, q.dtype) if low else scores

@@ -24,6 +24,7 @@ from keras_attention.ops.blocked import DEFAULT_QUERY_BLOCK_SIZE
 from keras_attention.ops.blocked import blocked_heads
 from keras_attention.ops.dense import chunked_heads
 from keras_attention.ops.dense import dense_core
+from keras_attention.ops.dense import scores_of
 from keras_attention.ops.masks import causal_mask
 from keras_attention.ops.masks import check_sliding_window
 from keras_attention.ops.masks import expand_mask
@@ -312,8 +313,7 @@ def _dense_path(
             mask,
         )
         return ops.cast(ops.transpose(out, (0, 2, 1, 3)), out_dtype)
-    k = ops.transpose(key, (0, 2, 3, 1))
-    scores = matmul(q, k)  # (B, H, T, S)
+    scores = scores_of(q, ops.transpose(key, (0, 2, 1, 3)))  # (B, H, T, S)
     if bias is not None:
         wide = wide_dtype(scores.dtype)
         scores = ops.cast(scores, wide) + ops.cast(bias, wide)
