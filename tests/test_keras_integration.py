@@ -331,3 +331,20 @@ def test_per_layer_dtype_policy(name, policy):
     assert all(w.dtype == "float32" for w in layer.weights)
     for sublayer in layer._flatten_layers(include_self=False):
         assert sublayer.dtype_policy.name == policy, sublayer.name
+
+
+@pytest.mark.parametrize("name", FROZEN_NAMES)
+def test_set_weights_with_one_wrong_shape_assigns_none(name):
+    # keras's `set_weights` assigned the weights before the first one of
+    # another shape, then raised.
+    layer, _, _ = case_model(name)
+    before = [numpy(w) for w in layer.weights]
+    wrong = [value + 1.0 for value in before]
+    wrong[-1] = np.zeros(wrong[-1].shape + (2,), "float32")
+    index = len(wrong) - 1
+    with pytest.raises(ValueError, match=rf"weights\[{index}\] has shape .*No weight"):
+        layer.set_weights(wrong)
+    for old, new in zip(before, layer.weights):
+        np.testing.assert_array_equal(numpy(new), old)
+    layer.set_weights([value + 1.0 for value in before])  # a right list still
+    np.testing.assert_array_equal(numpy(layer.weights[0]), before[0] + 1.0)

@@ -139,3 +139,21 @@ def test_split_weights_of_another_node_count_are_refused():
     with pytest.raises(ValueError, match=r"`validation_data\[2\]`.*\(1, 34\)"):
         model.fit(x, y, sample_weight=data.train_weights, verbose=0,
                   validation_data=(x, y, data.val_weights[:, :30]))
+
+
+def test_loading_another_configurations_weights_changes_nothing(tmp_path):
+    # keras's `load_weights` raised after loading what fitted (8 of the
+    # 24 weights of this ViT).
+    model, x, y, _ = vit()
+    model.fit(x, y, verbose=0)  # an optimizer with state too
+    other = VisionTransformer(
+        image_size=8, num_channels=1, patch_size=4, num_classes=5,
+        hidden_dim=8, depth=1, num_heads=2, mlp_dim=8,
+    )
+    other.save_weights(str(tmp_path / "other.weights.h5"))
+    variables = list(model.variables) + list(model.optimizer.variables)
+    before = [keras.ops.convert_to_numpy(v.value).copy() for v in variables]
+    with pytest.raises(ValueError):
+        model.load_weights(str(tmp_path / "other.weights.h5"))
+    for variable, value in zip(variables, before):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable.value), value)

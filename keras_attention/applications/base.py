@@ -34,6 +34,7 @@ from keras_attention.applications.compiling import CompileDefaults
 from keras_attention.applications.input_checks import InputChecks
 from keras_attention.applications.input_checks import batch_size
 from keras_attention._config import DTypeArgument
+from keras_attention._weights import AllOrNothingWeights
 from keras_attention._config import FROZEN_LAYERS
 from keras_attention._config import FunctionalConfig
 from keras_attention._config import dtype_config
@@ -170,11 +171,13 @@ class TaskConfig(DTypeArgument):
         )
 
 
-class QuickQuantize:
+class QuickQuantize(AllOrNothingWeights):
     """`model.quantize(mode)` without Keras's full garbage collection per
     replaced kernel, which took seconds after TensorFlow's imports
     (`keras_attention._config.collections_of_new_objects`); the same
-    arguments and result as `keras.Model.quantize`."""
+    arguments and result as `keras.Model.quantize`. (Every application has
+    it, so it also brings `AllOrNothingWeights`: `set_weights` and
+    `load_weights` that change nothing when they fail.)"""
 
     def quantize(self, mode=None, *args, **kwargs):
         with collections_of_new_objects():

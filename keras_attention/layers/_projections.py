@@ -7,6 +7,7 @@ import re
 
 import keras
 
+from keras_attention._weights import AllOrNothingWeights
 from keras_attention import registry
 from keras_attention._config import KERAS_OBJECTS
 from keras_attention._config import ArgumentConfig
@@ -292,7 +293,7 @@ class FreezesSublayers:
                 layer.trainable = False
 
 
-class ProjectionMixin(ArgumentConfig, FreezesSublayers):
+class ProjectionMixin(AllOrNothingWeights, ArgumentConfig, FreezesSublayers):
     """`enable_lora` for a layer whose kernels live in keras sublayers, and
     its config.
 
