@@ -173,7 +173,8 @@ def check_texts(texts):
 
 def is_symbolic(x):
     """Whether `x` is a tensor without values: a `KerasTensor`, a TensorFlow
-    graph tensor or a JAX tracer (data, not its values, is known)."""
+    graph tensor, a JAX tracer or any tensor while `torch.compile` traces
+    (data, not its values, is known)."""
     if isinstance(x, keras.KerasTensor):
         return True
     backend = keras.backend.backend()
@@ -185,6 +186,10 @@ def is_symbolic(x):
         import jax
 
         return isinstance(x, jax.core.Tracer)
+    if backend == "torch":
+        import torch
+
+        return torch.compiler.is_compiling()
     return False
 
 

@@ -100,3 +100,38 @@ def test_rotary_embedding_from_the_package_takes_numpy_heads():
 def test_position_helpers_name_bad_arguments(call, argument):
     with pytest.raises(ValueError, match=f"`{argument}`"):
         call()
+
+
+@pytest.mark.parametrize(
+    "segment_ids, num_segments, match",
+    [
+        ([0, -1, 1], 2, r"`segment_ids`, expected segment ids in \[0, 2\).*\[-1, 1\]"),
+        (np.array([0, 0, 5]), 2, r"`segment_ids`.*\[0, 5\]"),
+        ([0, 0], 2, r"`segment_ids`, expected one id per entry.*\(3,\)"),
+        ([0, 0, 1], 2.0, r"`num_segments`"),
+        ([0, 0, 1], -1, r"`num_segments`"),
+    ],
+)
+def test_segment_softmax_names_bad_segments(segment_ids, num_segments, match):
+    # A negative id was silently a segment of its own (weight 1), one past
+    # the end TensorFlow's error from inside its segment op.
+    scores = np.array([1.0, 2.0, 3.0], "float32")
+    with pytest.raises(ValueError, match=match):
+        attention_ops.segment_softmax(scores, segment_ids, num_segments)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(
+            attention_ops.segment_softmax(scores, np.array([0, 0, 1]), 2)
+        ),
+        [1 / (1 + np.e), np.e / (1 + np.e), 1.0], rtol=1e-6,
+    )
+
+
+def test_masked_softmax_names_a_mask_that_does_not_broadcast():
+    with pytest.raises(ValueError, match=r"`mask`.*scores.shape=\(1, 3\).*\(1, 4\)"):
+        attention_ops.masked_softmax(np.zeros((1, 3), "float32"), np.ones((1, 4), bool))
+    weights = attention_ops.masked_softmax(
+        np.zeros((2, 1, 3), "float32"), np.array([[True, True, False]])
+    )
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(weights), [[[0.5, 0.5, 0.0]]] * 2
+    )

@@ -7,6 +7,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention._validation import check_known_ids
+
 # A finite "minus infinity": large enough that exp() underflows to 0 in
 # float32, small enough that subtracting two of them never gives inf - inf.
 MASK_VALUE = -1e30
@@ -77,6 +79,7 @@ def masked_softmax(scores, mask=None, axis=-1, float32=True, empty_rows=True):
     dtype = keras.backend.standardize_dtype(scores.dtype)
     x = ops.cast(scores, wide_dtype(dtype)) if float32 else scores
     if mask is not None:
+        _check_broadcasts("mask", mask.shape, "scores", scores.shape)
         mask = ops.cast(mask, "bool")
         # The backend's fused softmax (one pass where the masked loop took
         # five); a fully masked row comes out uniform and is zeroed after.
@@ -95,6 +98,52 @@ def masked_softmax(scores, mask=None, axis=-1, float32=True, empty_rows=True):
     return ops.cast(weights, dtype)
 
 
+def _check_broadcasts(name, shape, other, target):
+    """A ValueError naming `name` unless its static `shape` broadcasts to
+    `other`'s `target` shape (unknown sizes pass)."""
+    shape, target = tuple(shape), tuple(target)
+    fits = len(shape) <= len(target) and all(
+        m is None or s is None or m in (1, s)
+        for m, s in zip(reversed(shape), reversed(target))
+    )
+    if not fits:
+        raise ValueError(
+            f"Received an invalid value for argument `{name}`, expected a "
+            f"shape that broadcasts to {other}.shape={target}. Received: "
+            f"{name}.shape={shape}"
+        )
+
+
+def _check_segments(scores, segment_ids, num_segments):
+    """`segment_ids` one per entry of `scores`, in `[0, num_segments)` where
+    their values are known (TensorFlow raised from inside its segment op;
+    a negative id was silently a segment of its own)."""
+    if isinstance(num_segments, (bool, float)) or (
+        isinstance(num_segments, numbers.Integral) and num_segments < 0
+    ):
+        raise ValueError(
+            "Received an invalid value for argument `num_segments`, expected "
+            f"an int >= 0. Received: num_segments={num_segments!r}"
+        )
+    if isinstance(segment_ids, (list, tuple)):
+        segment_ids = np.asarray(segment_ids)
+    shape = tuple(segment_ids.shape)
+    entries = scores.shape[0] if len(scores.shape) else None
+    if len(shape) != 1 or (
+        shape[0] is not None and entries is not None and shape[0] != entries
+    ):
+        raise ValueError(
+            "Received an invalid value for argument `segment_ids`, expected "
+            f"one id per entry of `scores`, shape ({entries},). Received: "
+            f"segment_ids.shape={shape}"
+        )
+    if isinstance(num_segments, numbers.Integral):  # not a traced size
+        check_known_ids(
+            "segment_ids", segment_ids, num_segments, "segment ids",
+            f"num_segments={num_segments}",
+        )
+
+
 def segment_softmax(scores, segment_ids, num_segments, mask=None):
     """Softmax of `scores` within each segment (e.g. a node's incoming edges).
 
@@ -109,6 +158,7 @@ def segment_softmax(scores, segment_ids, num_segments, mask=None):
         A tensor of `scores`' shape and dtype; the entries of each segment sum
         to 1 (or are all 0 if the segment has no unmasked entry).
     """
+    _check_segments(scores, segment_ids, num_segments)
     dtype = keras.backend.standardize_dtype(scores.dtype)
     x = ops.cast(scores, wide_dtype(dtype))
     if mask is not None:
