@@ -2,6 +2,7 @@
 error naming the argument (or keras's, naming the layer), never a raw
 backend error or a result of the wrong shape."""
 
+import keras
 import numpy as np
 import pytest
 
@@ -59,3 +60,31 @@ def test_an_unbatched_pair_is_named_by_its_rank():
     for layer in (AdditiveAttention(units=4), ScaledDotProductAttention()):
         with pytest.raises(ValueError, match=r"`value`, expected a rank-3"):
             layer([rand(4, 8), rand(6, 8)])
+
+
+def test_local_window_names_an_unknown_height_and_width():
+    from keras_attention.layers import LocalWindowAttention
+
+    layer = LocalWindowAttention(num_heads=2, window_size=4)
+    inputs = keras.Input((None, None, 8))
+    if keras.backend.backend() == "torch":  # keras builds it with made-up sizes
+        pytest.skip("Keras's torch backend traces unknown sizes as known")
+    # Was keras's "Could not automatically infer the output shape" first.
+    with pytest.raises(ValueError, match=r"(?s)^(?!.*Could not automatically).*known height and width"):
+        layer(inputs)
+
+
+@pytest.mark.parametrize("make", [lambda: CBAM(reduction=2), SpatialAttention,
+                                  lambda: ChannelAttention(reduction=2)])
+def test_feature_maps_take_training_in_stateless_call(make):
+    layer = make()
+    x = rand(2, 6, 6, 8)
+    want = layer(x)
+    got, _ = layer.stateless_call(
+        [v.value for v in layer.trainable_variables],
+        [v.value for v in layer.non_trainable_variables],
+        x, training=True,
+    )
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want), rtol=1e-6
+    )

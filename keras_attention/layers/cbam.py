@@ -135,7 +135,8 @@ class ChannelAttention(_ImageAttention):
         """The shared MLP on a `(B, C)` descriptor."""
         return self.output_dense(ops.relu(self.hidden_dense(descriptor)))
 
-    def call(self, inputs, return_attention_scores=False, mask=None):
+    def call(self, inputs, return_attention_scores=False, mask=None,
+             training=None):  # keras's `stateless_call` passes `training`
         inputs = float_inputs(self, inputs)
         mask = check_position_mask(mask, inputs)
         axes = tuple(range(1, len(inputs.shape) - 1))
@@ -234,7 +235,8 @@ class SpatialAttention(_ImageAttention):
     kernel = property(lambda self: self.conv.kernel)
     bias = property(lambda self: self.conv.bias)
 
-    def call(self, inputs, return_attention_scores=False, mask=None):
+    def call(self, inputs, return_attention_scores=False, mask=None,
+             training=None):  # keras's `stateless_call` passes `training`
         inputs = float_inputs(self, inputs)
         mask = check_position_mask(mask, inputs)
         avg = ops.mean(inputs, axis=-1, keepdims=True)  # (B, ..., 1)
@@ -327,7 +329,8 @@ class CBAM(_ImageAttention):
         self.spatial_attention.build(input_shape)
         self.built = True
 
-    def call(self, inputs, return_attention_scores=False, mask=None):
+    def call(self, inputs, return_attention_scores=False, mask=None,
+             training=None):  # keras's `stateless_call` passes `training`
         refined, channel_weights = self.channel_attention(
             inputs, return_attention_scores=True, mask=mask
         )

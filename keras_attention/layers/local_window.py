@@ -149,7 +149,10 @@ class LocalWindowAttention(
     `min(height, width)` and the shift to 0; the bias table keeps its
     `window_size` size and the shrunk window reads its central part. Height
     and width must be known when the layer is called (the windows and masks
-    are static), the batch size need not be.
+    are static), the batch size need not be. (A functional model on
+    `keras.Input((None, None, C))` is refused on TensorFlow and JAX; Keras's
+    torch backend builds it with sizes it makes up and runs it eagerly on
+    each image's own size.)
 
     Shape letters: `B` batch, `H` heads, `D` head size, `w` window,
     `nW` windows per image, `T = w**2` tokens per window.
@@ -252,6 +255,14 @@ class LocalWindowAttention(
                 f"key_dim is None. Received: inputs.shape={shape}"
             )
         return shape
+
+    def compute_output_spec(self, inputs, *args, **kwargs):
+        # keras wraps what `call` raises while it is traced in its "Could
+        # not automatically infer the output shape" text, pointing at the
+        # wrong fix: an unknown height or width gets its own error first.
+        if keras.backend.backend() != "torch":
+            self._check_shape(inputs.shape, need_spatial=True)
+        return super().compute_output_spec(inputs, *args, **kwargs)
 
     @property
     def head_dim(self):
