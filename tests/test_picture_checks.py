@@ -185,3 +185,97 @@ def test_grad_cam_reads_the_logits_before_a_softmax_layer(method):
     np.testing.assert_allclose(cam, expected, atol=1e-5)
     probabilities = keras.ops.convert_to_numpy(with_softmax(IMAGES))
     np.testing.assert_allclose(probabilities.sum(-1), 1.0, rtol=1e-5)  # restored
+
+
+def test_maps_of_a_vit_with_non_square_patches_use_its_grid(tmp_path):
+    # 16 tokens of (2, 8) patches on 16 x 16 are an 8 x 2 grid; the tokens
+    # and the image alone suggested 4 x 4 (square patches), a scrambled map.
+    from keras_attention.visualization import explore
+
+    vit = VisionTransformer(
+        image_size=(16, 16), patch_size=(2, 8), num_classes=3, hidden_dim=8,
+        depth=1, num_heads=2, mlp_dim=8, num_channels=1,
+    )
+    x = np.random.default_rng(1).random((1, 16, 16, 1), "float32")
+    assert attention_rollout(vit, x, upsample=False).shape == (1, 8, 2)
+    assert grad_cam(vit, x, expand=False).shape == (1, 8, 2)
+    page = explore(vit, x, tmp_path / "vit.html", cam_methods=())
+    assert '"grid":[8,2]' in open(page, encoding="utf-8").read()
+
+
+def _two_headed(nested):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6, 10, 1))
+    x = keras.layers.Conv2D(3, 3, padding="same", activation="relu")(inputs)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    dense = keras.layers.Dense(4, activation="softmax")
+    if nested:
+        head = keras.Sequential([keras.Input((3,)), dense], name="head")
+        return keras.Model(inputs, head(x))
+    return keras.Model(inputs, dense(x))
+
+
+@pytest.mark.parametrize("method", ["gradcam", "gradcam++", "scorecam"])
+def test_grad_cam_reads_the_logits_of_a_nested_softmax_head(method):
+    flat, nested = _two_headed(False), _two_headed(True)
+    nested.set_weights(flat.get_weights())
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(nested(IMAGES)),
+        keras.ops.convert_to_numpy(flat(IMAGES)), rtol=1e-6,
+    )
+    # Was computed on the nested head's probabilities (0.28 apart).
+    np.testing.assert_allclose(
+        grad_cam(nested, IMAGES, method=method), grad_cam(flat, IMAGES, method=method),
+        atol=1e-5,
+    )
+
+
+def test_grad_cam_of_a_feature_layer_shared_by_two_models():
+    conv = keras.layers.Conv2D(3, 3, padding="same", activation="relu")
+
+    def classifier():
+        inputs = keras.Input((6, 10, 1))
+        x = keras.layers.GlobalAveragePooling2D()(conv(inputs))
+        return keras.Model(inputs, keras.layers.Dense(4, activation="softmax")(x))
+
+    first, second = classifier(), classifier()
+    assert grad_cam(first, IMAGES).shape == grad_cam(second, IMAGES).shape == (2, 6, 10)
+
+
+def test_score_cam_of_a_single_sigmoid_output_finds_the_patch():
+    # One logit: a softmax over it is 1 for every masked copy (a constant
+    # map); its sigmoid scores the copies.
+    image = np.zeros((1, 12, 20, 1), "float32")
+    image[0, :4, 14:18] = 1.0
+    inputs = keras.Input((12, 20, 1))
+    conv = keras.layers.Conv2D(2, 1, use_bias=False)
+    dense = keras.layers.Dense(1, activation="sigmoid", use_bias=False)
+    model = keras.Model(
+        inputs, dense(keras.layers.GlobalAveragePooling2D()(conv(inputs)))
+    )
+    conv.set_weights([np.array([[[[1.0, -1.0]]]], "float32")])
+    dense.set_weights([np.array([[1.0], [0.0]], "float32")])
+    cam = grad_cam(model, image, method="scorecam")[0]
+    assert cam.max() > 0.9 and cam[:4, 14:18].min() > 0.9
+    assert cam[6:, :10].max() < 0.1
+
+
+def test_explorer_takes_uint8_images_and_shows_every_call_of_a_shared_layer(tmp_path):
+    from keras_attention.layers import CBAM
+    from keras_attention.layers import MultiHeadAttention
+    from keras_attention.visualization import explore
+
+    inputs = keras.Input((6, 10, 3))
+    x = keras.layers.Conv2D(4, 3, padding="same")(inputs)
+    x = keras.layers.GlobalAveragePooling2D()(CBAM(reduction=2)(x))
+    model = keras.Model(inputs, keras.layers.Dense(3)(x))
+    pixels = np.random.default_rng(2).integers(0, 256, (2, 6, 10, 3)).astype("uint8")
+    page = explore(model, pixels, tmp_path / "uint8.html", cam_methods=())
+    assert '"kind":"image"' in open(page, encoding="utf-8").read()
+
+    tokens = keras.Input((5, 8))
+    shared = MultiHeadAttention(2, 4, name="shared")
+    model = keras.Model(tokens, shared(shared(tokens, tokens), shared(tokens, tokens)))
+    page = explore(model, np.random.default_rng(3).random((1, 5, 8)), tmp_path / "s.html")
+    text = open(page, encoding="utf-8").read()
+    assert '"name":"shared (call 3)"' in text and '"name":"shared"' in text

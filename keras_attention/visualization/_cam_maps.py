@@ -31,7 +31,9 @@ def grad_cam_plus_plus(features, grads, scores):
 
 def score_cam(model, images, indices, features, max_channels, batch_size):
     """Score-CAM as tf-keras-vis computes it (softmax of the outputs, which
-    `linear_outputs` makes the logits)."""
+    `linear_outputs` makes the logits). A single output (a sigmoid
+    classifier's one logit) takes its sigmoid: a softmax over one class is
+    1 for every masked copy, a constant map."""
     from scipy.ndimage import zoom
 
     channels = features.shape[-1]
@@ -59,9 +61,8 @@ def score_cam(model, images, indices, features, max_channels, batch_size):
         )
         outputs.append(keras.ops.convert_to_numpy(batch))
     outputs = np.concatenate(outputs).reshape(channels, count, -1)
-    probabilities = keras.ops.convert_to_numpy(
-        keras.ops.softmax(outputs.astype("float32"), axis=-1)
-    )
+    squash = keras.ops.sigmoid if outputs.shape[-1] == 1 else keras.ops.softmax
+    probabilities = keras.ops.convert_to_numpy(squash(outputs.astype("float32")))
     weights = probabilities[:, np.arange(count), indices].T  # (B, K)
     return np.maximum(np.einsum("bhwk,bk->bhw", features, weights), 0.0)
 
@@ -78,7 +79,8 @@ def on_grid(x, images, options):
             f"the class activation map. Received: shape={x.shape}"
         )
     (h, w), has_class_token = _grid.token_grid(
-        x.shape[1], images.shape[1:3], options.grid_shape, options.class_token
+        x.shape[1], images.shape[1:3], options.grid_shape, options.class_token,
+        options.known_grids,
     )
     if has_class_token:
         x = x[:, 1:]

@@ -19,13 +19,20 @@ from keras_attention.visualization import _hooks
 def output_layers(model, images=None):
     """The layers that produce the model's outputs: read from a graph
     model's outputs or, for a subclassed model, the layers whose output the
-    model returns in one eager pass on `images` (empty if unknown)."""
+    model returns in one eager pass on `images` (empty if unknown). A
+    nested graph model there (a `Sequential` head) gives its own output
+    layers (its softmax is the model's)."""
     outputs = getattr(model, "outputs", None) or []
     layers = []
     for tensor in outputs:
         history = getattr(tensor, "_keras_history", None)
-        if history is not None:
-            layers.append(history.operation)
+        if history is None:
+            continue
+        layer = history.operation
+        if isinstance(layer, keras.Model) and getattr(layer, "outputs", None):
+            layers.extend(output_layers(layer))
+        else:
+            layers.append(layer)
     if layers or images is None:
         return layers
     returned = []  # (layer, its output) of every call

@@ -127,6 +127,20 @@ def calls(value):
     return value[0]
 
 
+def each_call(weights):
+    """`(name, weights)` of every call of every layer: the calls of a layer
+    called more than once (shared, as a model reusing one attention layer)
+    each their own entry, `"name (call k)"` from the second on (only the
+    first was shown); one-query decoding calls joined as by `calls`."""
+    for name, value in weights.items():
+        joined = calls(value)
+        if isinstance(value, list) and len(value) > 1 and joined is value[0]:
+            for k, call in enumerate(value):
+                yield (name if k == 0 else f"{name} (call {k + 1})"), call
+        else:
+            yield name, joined
+
+
 def b64(array):
     return base64.b64encode(np.ascontiguousarray(array).tobytes()).decode("ascii")
 

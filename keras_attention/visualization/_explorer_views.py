@@ -90,8 +90,7 @@ def sequence_payload(context, inputs, index, layers, tokens, target_tokens):
     if labels:
         labels["sides"] = decoder_sides(context, inputs, layers, weights)
     entries, longest = [], 0
-    for name, value in weights.items():
-        value = data.calls(value)
+    for name, value in data.each_call(weights):
         if isinstance(value, (tuple, list)):
             context.notes.append(f"{name}: not a token attention; not shown.")
             continue
@@ -200,8 +199,7 @@ def image_payload(context, inputs, index, layers, class_names, cam_methods):
     weights = context.maps(image, layers)
     size = image.shape[1:3]
     entries, spatial, self_attention = [], [], []
-    for name, value in weights.items():
-        value = data.calls(value)
+    for name, value in data.each_call(weights):
         if isinstance(value, tuple):  # CBAM: (channel weights, spatial map)
             value = next(
                 (np.asarray(v) for v in value if v is not None and np.ndim(v) == 4),
@@ -229,7 +227,9 @@ def image_payload(context, inputs, index, layers, class_names, cam_methods):
             )
             continue
         try:
-            (h, w), has_class = _grid.token_grid(value.shape[-1], size)
+            (h, w), has_class = _grid.token_grid(
+                value.shape[-1], size, known_grids=_grid.model_grids(context.model)
+            )
         except ValueError:
             context.notes.append(
                 f"{name}: {value.shape[-1]} tokens do not form a patch grid of "

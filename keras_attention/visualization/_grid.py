@@ -6,13 +6,35 @@ import keras
 import numpy as np
 
 
-def token_grid(num_tokens, image_shape=None, grid_shape=None, class_token="auto"):
+def model_grids(model):
+    """The patch grids `(h, w)` the layers of `model` (and the model) know:
+    a patch embedding's and a ViT's `grid_shape`, a Swin block's, a patch
+    merging's `output_grid_shape`. Non-square patches (`patch_size=(2, 8)`)
+    make a grid that the tokens and the image alone cannot tell."""
+    from keras_attention.visualization._hooks import walk
+
+    grids = []
+    for layer in [model] + [layer for _, layer in walk(model)]:
+        for name in ("grid_shape", "output_grid_shape"):
+            grid = getattr(layer, name, None)
+            if (
+                isinstance(grid, (tuple, list)) and len(grid) == 2
+                and all(isinstance(v, int) for v in grid)
+                and tuple(grid) not in grids
+            ):
+                grids.append(tuple(grid))
+    return grids
+
+
+def token_grid(num_tokens, image_shape=None, grid_shape=None, class_token="auto",
+               known_grids=()):
     """`(grid_shape, has_class_token)` for a sequence of `num_tokens` tokens.
 
     With `grid_shape` given, the class token is there when
-    `num_tokens == h * w + 1`. Otherwise the grid is the one whose cells have
-    the image's aspect ratio (a square for a square image or no image),
-    first without a class token, then with one in front.
+    `num_tokens == h * w + 1`. Otherwise the first of `known_grids` (the
+    model's, `model_grids`) that the tokens fill, else the grid whose
+    cells have the image's aspect ratio (a square for a square image or no
+    image), first without a class token, then with one in front.
 
     Args:
         num_tokens: `N`, the length of the token axis.
@@ -20,6 +42,7 @@ def token_grid(num_tokens, image_shape=None, grid_shape=None, class_token="auto"
         grid_shape: optional `(h, w)`.
         class_token: `"auto"`, `True` (the first token is a class token) or
             `False`.
+        known_grids: `(h, w)` grids to try first.
     """
     if class_token not in ("auto", True, False):
         raise ValueError(
@@ -27,6 +50,12 @@ def token_grid(num_tokens, image_shape=None, grid_shape=None, class_token="auto"
             f"'auto', True or False. Received: class_token={class_token!r}"
         )
     candidates = {"auto": (0, 1), True: (1,), False: (0,)}[class_token]
+    if grid_shape is None:
+        grid_shape = next(
+            (g for extra in candidates for g in known_grids
+             if g[0] * g[1] + extra == num_tokens),
+            None,
+        )
     if grid_shape is not None:
         h, w = (int(v) for v in grid_shape)
         for extra in candidates:

@@ -46,11 +46,12 @@ METHODS = ("gradcam", "gradcam++", "scorecam")
 
 # The options of the maps (`grad_cam`'s arguments of the same names), for
 # both engines: tf-keras-vis (`tf_keras_vis_cam`, which reads the first
-# four) and the `GradientTape` (`tape_cam`).
+# four) and the `GradientTape` (`tape_cam`); `known_grids`: the model's
+# patch grids (`_grid.model_grids`), tried before a token grid is guessed.
 CamOptions = collections.namedtuple(
     "CamOptions",
-    "expand normalize max_channels batch_size class_token grid_shape",
-    defaults=(True, True, None, 32, "auto", None),
+    "expand normalize max_channels batch_size class_token grid_shape known_grids",
+    defaults=(True, True, None, 32, "auto", None, ()),
 )
 
 
@@ -237,8 +238,15 @@ def grad_cam(
         batch_size,
         class_token,
         target.grid_shape if grid_shape is None else grid_shape,
+        _grid.model_grids(model),
     )
-    engine = tf_keras_vis_cam if _tf_keras_vis_applies(model, target) else tape_cam
+    # tf-keras-vis's Score-CAM takes a softmax of a single output too (a
+    # constant map); ours its sigmoid.
+    single = [tuple(o.shape)[-1:] for o in getattr(model, "outputs", None) or []] == [(1,)]
+    applies = _tf_keras_vis_applies(model, target) and not (
+        method == "scorecam" and single
+    )
+    engine = tf_keras_vis_cam if applies else tape_cam
     return engine(model, images, indices, target, method, options)
 
 
@@ -403,10 +411,15 @@ def _tf_keras_vis_applies(model, target):
         return False
     if not any(layer is target.layer for layer in model.layers):
         return False
+    # A layer called more than once, in this model or in another one that
+    # shares it: its `output` is the first call's, maybe of another graph
+    # ("Output with path `1` is not connected to `inputs`").
+    if len(getattr(target.layer, "_inbound_nodes", ())) != 1:
+        return False
     try:
         output = target.layer.output
         return len(output.shape) == 4 and output.dtype == "float32"
-    except (AttributeError, ValueError):  # a layer called more than once
+    except (AttributeError, ValueError):
         return False
 
 

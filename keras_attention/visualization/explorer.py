@@ -81,8 +81,8 @@ def explore(
             half-written page is left behind.
         kind: `"auto"`, `"sequence"`, `"image"`, `"detection"` or
             `"graph"`; `"auto"` picks detection for `DETR`, graph when the
-            model has `GraphAttention` layers, image for 4-D float inputs,
-            sequence otherwise.
+            model has `GraphAttention` layers, image for 4-D inputs (float
+            or integer pixels: a uint8 batch too), sequence otherwise.
         index: which example of the batch to show.
         layers: optional attention layers to show: paths or names, or
             indices into the layers in the order they run.
@@ -235,7 +235,7 @@ def _infer_kind(model, inputs, found):
         return "graph"
     if not isinstance(inputs, (str, list, tuple, dict)):
         array = np.asarray(inputs)
-        if array.ndim == 4 and array.dtype.kind == "f":
+        if array.ndim == 4 and array.dtype.kind in "fiu":  # uint8 pixels too
             return "image"
     return "sequence"
 

@@ -189,7 +189,8 @@ def attention_rollout(
     rollout = rollout_matrices(attentions, head_fusion, discard_ratio)
     num_tokens = rollout.shape[-1]
     (h, w), has_class_token = _grid.token_grid(
-        num_tokens, images.shape[1:3], grid_shape, class_token
+        num_tokens, images.shape[1:3], grid_shape, class_token,
+        _grid.model_grids(model),
     )
     if has_class_token:
         flow = rollout[:, 0, 1:]
