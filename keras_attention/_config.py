@@ -160,6 +160,35 @@ def frozen_layers_config(model):
     return {FROZEN_LAYERS: names} if names else {}
 
 
+class FreezesSublayers:
+    """`layer.trainable = False` set before the layer is built freezes the
+    projections `build` makes too. Keras's setter reaches only the
+    variables and sublayers that exist when it runs, so the `Dense`,
+    `EinsumDense`, `Conv`, `BatchNormalization` sublayers made in `build`
+    stayed trainable and a model trained them (keras's own
+    `MultiHeadAttention` does the same; `Dense` does not, having no
+    sublayers). The same path rebuilds a frozen layer in `from_config`,
+    `clone_model` and `.keras` loading. Keras calls `_post_build` after
+    every `build` (keras 3's `Operation`). Likewise a sublayer frozen
+    before this layer built it (a model's `backbone.trainable = False`
+    before the first call, or `build_with_frozen_layers` in
+    `from_config`): it is frozen again once built, its own new sublayers
+    and variables with it (DETR's backbone stayed trainable)."""
+
+    def _post_build(self):
+        super()._post_build()
+        if not self.trainable:
+            for layer in self._layers:
+                layer.trainable = False
+            return
+        for layer in self._flatten_layers(include_self=False):
+            if not layer.trainable:
+                # The setter itself: on TensorFlow `layer.trainable = False`
+                # on a layer already False returns early (TF's tracking
+                # skips `self.x = self.x`), and reaches nothing.
+                type(layer).trainable.fset(layer, False)
+
+
 def build_with_frozen_layers(build, config):
     """`build(**config)` with the layers that `config` names under
     `"frozen_layers"` (`frozen_layers_config`) frozen again."""

@@ -137,3 +137,26 @@ def test_plot_detections_refuses_boxes_without_four_coordinates():
         plot_detections(image, [[0.5, 0.5, 0.2]], [1])
     with pytest.raises(ValueError, match="`boxes`"):
         plot_detections(image, [0.5, 0.5, 0.2, 0.2, 0.1, 0.1, 0.2, 0.2], [1, 2])
+
+
+def test_a_frozen_backbone_stays_frozen_in_training_and_in_its_file(tmp_path):
+    # Frozen before the first call, the backbone's layers (made in its
+    # `build`) stayed trainable; and a `.keras` file, rebuilt the same way,
+    # unfroze them (and the optimizer's slots no longer matched: its state
+    # was dropped).
+    model = DETR(**SMALLEST)
+    images, y = targets(4, 16)
+    model.backbone.trainable = False  # before the first call
+    model(images[:1])
+    backbone = {id(w) for w in model.backbone.weights}
+    assert not backbone & {id(w) for w in model.trainable_weights}
+    model.compile(optimizer="adam", jit_compile=False)
+    model.fit(images, y, epochs=1, batch_size=4, verbose=0)
+    model.save(tmp_path / "frozen.keras")
+    loaded = keras.models.load_model(tmp_path / "frozen.keras")
+    assert len(loaded.trainable_weights) == len(model.trainable_weights)
+    assert int(loaded.optimizer.iterations) == 1
+    before = [w.copy() for w in loaded.backbone.get_weights()]
+    loaded.fit(images, y, epochs=1, batch_size=4, verbose=0)
+    for old, new in zip(before, loaded.backbone.get_weights()):
+        np.testing.assert_array_equal(new, old)

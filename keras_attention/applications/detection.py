@@ -30,6 +30,7 @@ from keras_attention.applications import presets
 from keras_attention.applications.base import PresetMixin
 from keras_attention.applications.base import QuickQuantize
 from keras_attention._config import ArgumentConfig
+from keras_attention._config import FreezesSublayers
 from keras_attention._config import QUANTIZED_LAYERS
 from keras_attention._config import build_with_frozen_layers
 from keras_attention._config import graph_state_config
@@ -67,7 +68,7 @@ def _check_widths(hidden_dim, num_heads, num_encoder_layers):
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class DETR(
     ArgumentConfig, PresetMixin, DETRConverters, DETRTraining, QuickQuantize,
-    keras.Model,
+    FreezesSublayers, keras.Model,
 ):
     """DETR: end-to-end object detection with transformers (Carion, 2020).
 

@@ -11,6 +11,7 @@ from keras_attention._weights import AllOrNothingWeights
 from keras_attention import registry
 from keras_attention._config import KERAS_OBJECTS
 from keras_attention._config import ArgumentConfig
+from keras_attention._config import FreezesSublayers
 from keras_attention._config import collections_of_new_objects
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
@@ -273,24 +274,6 @@ def keep_seed(layer, seed):
     layer.seed_generator = (
         keras.random.SeedGenerator(seed) if layer.dropout > 0 else None
     )
-
-
-class FreezesSublayers:
-    """`layer.trainable = False` set before the layer is built freezes the
-    projections `build` makes too. Keras's setter reaches only the
-    variables and sublayers that exist when it runs, so the `Dense`,
-    `EinsumDense`, `Conv`, `BatchNormalization` sublayers made in `build`
-    stayed trainable and a model trained them (keras's own
-    `MultiHeadAttention` does the same; `Dense` does not, having no
-    sublayers). The same path rebuilds a frozen layer in `from_config`,
-    `clone_model` and `.keras` loading. Keras calls `_post_build` after
-    every `build` (keras 3's `Operation`)."""
-
-    def _post_build(self):
-        super()._post_build()
-        if not self.trainable:
-            for layer in self._layers:
-                layer.trainable = False
 
 
 class ProjectionMixin(AllOrNothingWeights, ArgumentConfig, FreezesSublayers):
