@@ -349,3 +349,18 @@ def test_generation_traces_again_after_lora_is_enabled():
     eager = model.generate(prompts, max_length=8, jit_compile=False)
     assert (eager != before).any()  # the adapted model decodes otherwise
     np.testing.assert_array_equal(model.generate(prompts, max_length=8), eager)
+
+
+def test_preprocessor_lowercases_unless_told_not_to():
+    # keras-hub's tokenizer lowercases by default: a cased corpus lost its
+    # case silently. The default stays (the presets were trained so).
+    assert CausalLMPreprocessor().decode(
+        CausalLMPreprocessor().encode(["Hello World"])) == ["hello world"]
+    cased = CausalLMPreprocessor(lowercase=False)
+    assert cased.decode(cased.encode(["Hello World"])) == ["Hello World"]
+    again = CausalLMPreprocessor.from_config(cased.get_config())
+    assert again.decode(again.encode(["AbC"])) == ["AbC"]
+    # Files written before the argument lowercase, as they did.
+    assert CausalLMPreprocessor.from_config({"vocabulary_size": 128}).lowercase
+    with pytest.raises(ValueError, match="`lowercase`"):
+        CausalLMPreprocessor(lowercase="no")

@@ -126,3 +126,15 @@ def test_text_classifier_splits_words_on_every_unicode_space():
     np.testing.assert_array_equal(preprocessor(texts), np.repeat(expected, len(texts), 0))
     as_tensor = preprocessor(tf.constant(texts))  # a tf.data pipeline's path
     np.testing.assert_array_equal(as_tensor, np.repeat(expected, len(texts), 0))
+
+
+def test_texts_given_to_predict_point_to_predict_texts():
+    model = TextClassifier(
+        vocabulary_size=30, sequence_length=8, num_classes=2,
+        hidden_dim=8, num_layers=1, num_heads=2, intermediate_dim=8,
+    )
+    # Was "expected integer ids of shape (None, 8). Received: (3,)".
+    for texts in (np.array(["a b", "c", "d e f"]), np.array(["a"], dtype=object)):
+        with pytest.raises(ValueError, match="not text.*predict_texts"):
+            model.predict(texts, verbose=0)
+    assert model.predict(np.ones((2, 8), "int32"), verbose=0).shape == (2, 2)

@@ -518,6 +518,21 @@ def test_corpus_bleu():
         corpus_bleu(["a"], [])
 
 
+def test_corpus_bleu_takes_sentences_with_other_numbers_of_references():
+    # Was keras-hub's "Can't convert non-rectangular Python sequence".
+    hypotheses = ["a b c d", "w x y z"]
+    # The second sentence matches only its second reference: 100 if both
+    # are read.
+    assert corpus_bleu(
+        ["a b c d", ["e f g h", "w x y z"]], hypotheses
+    ) == pytest.approx(100.0)
+    assert corpus_bleu(
+        [["a b c d"], ["e f g h", "w x y z", "w x y q"]], hypotheses
+    ) == pytest.approx(100.0)
+    with pytest.raises(ValueError, match=r"references\[0\]=\[\]"):
+        corpus_bleu([[], "w x y z"], hypotheses)
+
+
 def test_corpus_bleu_equals_sacrebleu_unsmoothed():
     # Values of sacrebleu 2.x: corpus_bleu(hypotheses, [references]).score
     # (13a tokenisation), here with its default smoothing irrelevant...

@@ -29,6 +29,9 @@ class CausalLMPreprocessor(ArgumentConfig):
         vocabulary_size: code points below `vocabulary_size - 1` are their
             own id; the rest are unknown (`vocabulary_size - 1`). 128 keeps
             ASCII.
+        lowercase: lowercase the text first (keras-hub's default; the
+            presets were trained so, and their `generate_text` returns the
+            prompt lowercased). `False` keeps the case, for a cased corpus.
 
     Example:
 
@@ -41,10 +44,13 @@ class CausalLMPreprocessor(ArgumentConfig):
     ```
     """
 
-    def __init__(self, vocabulary_size=128):
+    def __init__(self, vocabulary_size=128, lowercase=True):
         self.vocabulary_size = check_positive_int(
             "vocabulary_size", vocabulary_size
         )
+        if not isinstance(lowercase, (bool, np.bool_)):
+            raise invalid("lowercase", "True or False", lowercase)
+        self.lowercase = bool(lowercase)
         if vocabulary_size <= _FIRST_PRINTABLE:
             raise invalid(
                 "vocabulary_size", f"an integer above {_FIRST_PRINTABLE}",
@@ -56,6 +62,7 @@ class CausalLMPreprocessor(ArgumentConfig):
             vocabulary_size=vocabulary_size,
             errors="replace",
             replacement_char=vocabulary_size - 1,
+            lowercase=self.lowercase,
         )
 
     @property

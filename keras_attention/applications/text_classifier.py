@@ -140,6 +140,15 @@ def _batches(inputs, batch_size):
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
+def _holds_text(value):
+    """Whether `value` is strings: a NumPy array of `str`/`bytes`/objects,
+    or a TensorFlow string tensor or spec."""
+    dtype = getattr(value, "dtype", None)
+    if isinstance(dtype, np.dtype):
+        return dtype.kind in "USO"
+    return getattr(dtype, "name", str(dtype)) == "string"
+
+
 class TextClassifierBackbone(app_base.Backbone):
     """Transformer encoder with attention pooling over token ids.
 
@@ -288,6 +297,14 @@ class TextClassifierBackbone(app_base.Backbone):
         expected = (None, self.sequence_length)
         for name, value in items:
             shape = tuple(value.shape)
+            if _holds_text(value):
+                raise ValueError(
+                    f"Received an invalid value for argument `{name}`, "
+                    f"expected integer ids of shape {expected}, not text. "
+                    "Texts go to `predict_texts` / `explain`, or through "
+                    "the preprocessor first (`model.preprocessor(texts)`). "
+                    f"Received: {name}.shape={shape} of strings"
+                )
             if len(shape) != 2 or shape[1] not in (None, self.sequence_length):
                 raise ValueError(
                     f"Received an invalid value for argument `{name}`, "

@@ -418,7 +418,7 @@ def corpus_bleu(references, hypotheses):
 
     Args:
         references: one reference string per sentence (or a list of
-            references per sentence).
+            references per sentence, as many for each as you have).
         hypotheses: the translations, one string per sentence.
 
     Returns:
@@ -435,6 +435,17 @@ def corpus_bleu(references, hypotheses):
     if not hypotheses:
         return 0.0
     refs = [[r] if isinstance(r, str) else list(r) for r in references]
+    for i, sentence in enumerate(refs):
+        if not sentence or not all(isinstance(r, str) for r in sentence):
+            raise ValueError(
+                "Received an invalid value for argument `references`, expected "
+                "a string or a non-empty list of strings per sentence. "
+                f"Received: references[{i}]={references[i]!r}"
+            )
+    # keras-hub takes a rectangle: a sentence with fewer references repeats
+    # its last one (the clipped counts and the closest length do not change).
+    most = max(len(sentence) for sentence in refs)
+    refs = [sentence + [sentence[-1]] * (most - len(sentence)) for sentence in refs]
     metric = keras_hub.metrics.Bleu()
     metric.update_state(refs, list(hypotheses))
     return 100.0 * float(keras.ops.convert_to_numpy(metric.result()))
