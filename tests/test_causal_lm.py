@@ -364,3 +364,18 @@ def test_preprocessor_lowercases_unless_told_not_to():
     assert CausalLMPreprocessor.from_config({"vocabulary_size": 128}).lowercase
     with pytest.raises(ValueError, match="`lowercase`"):
         CausalLMPreprocessor(lowercase="no")
+
+
+def test_beam_search_gives_each_row_its_result_alone():
+    # keras-hub's beam search ranks the beams before putting a prompt's
+    # next id back: a short row beside a longer one got duplicate beams and
+    # another result than alone (the longer row here: '...2011-12-25 197'
+    # against '... the', of lower probability). Rows of each length now
+    # run on their own.
+    model = CausalLM.from_preset("causal_lm_dates")
+    rows = model.preprocessor.encode(["7/8/09 = ", "december 25, 2011 = "])
+    beam = keras_hub.samplers.BeamSampler(num_beams=3)
+    batched = model.generate(rows, 34, sampler=beam, jit_compile=False)
+    for row, got in zip(rows, batched):
+        alone = model.generate(row, 34, sampler=beam, jit_compile=False)
+        np.testing.assert_array_equal(got, alone)

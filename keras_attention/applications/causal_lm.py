@@ -208,6 +208,12 @@ class CausalLMBackbone(app_base.Backbone):
         return self.get_layer("final_norm")(x), tuple(new_cache)
 
 
+def _is_beam(sampler):
+    import keras_hub
+
+    return isinstance(sampler, keras_hub.samplers.BeamSampler)
+
+
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class CausalLM(
     app_base.TaskConfig, app_base.PresetMixin, compiling.CompileDefaults,
@@ -359,7 +365,9 @@ class CausalLM(
             max_length: the total length of each row, prompt included.
             sampler: `"greedy"`, `"top_k"`, `"top_p"`, `"random"` or a
                 `keras_hub.samplers.Sampler` (its settings: temperature,
-                `k`, `p`, seed; `BeamSampler` too, not `ContrastiveSampler`).
+                `k`, `p`, seed; `BeamSampler` too, not `ContrastiveSampler`;
+                a beam search runs the prompts of each length on their own,
+                so a row's result does not depend on the others').
                 A named sampler draws its seed at each call from Python's
                 `random`: `keras.utils.set_random_seed` repeats its ids.
             stop_token_ids: ids that end a row; the ids after the first
@@ -376,6 +384,19 @@ class CausalLM(
         """
         sampler = self._sampler(sampler)
         ids, mask, lengths, single = self._check_prompts(prompt_ids, max_length)
+        if _is_beam(sampler) and len(set(lengths)) > 1:
+            # keras-hub's beam search ranks the beams before it puts a
+            # prompt's next id back: a row still inside its prompt while
+            # others generate got duplicate beams, and another (worse)
+            # result than alone. Each prompt length runs on its own.
+            out = np.zeros_like(ids)
+            for length in sorted(set(lengths)):
+                rows = [i for i, n in enumerate(lengths) if n == length]
+                out[rows] = self.generate(
+                    ids[rows, :length], max_length, sampler, stop_token_ids,
+                    use_cache, jit_compile,
+                )
+            return out
         stop = None if stop_token_ids is None else tuple(
             int(i) for i in np.ravel(stop_token_ids)
         )
