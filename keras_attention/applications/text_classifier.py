@@ -139,7 +139,6 @@ def _batches(inputs, batch_size):
         yield keras.tree.map_structure(lambda a: a[i : i + batch_size], inputs)
 
 
-@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 def _holds_text(value):
     """Whether `value` is strings: a NumPy array of `str`/`bytes`/objects,
     or a TensorFlow string tensor or spec."""
@@ -149,6 +148,7 @@ def _holds_text(value):
     return getattr(dtype, "name", str(dtype)) == "string"
 
 
+@keras.saving.register_keras_serializable(package=app_base.PACKAGE)
 class TextClassifierBackbone(app_base.Backbone):
     """Transformer encoder with attention pooling over token ids.
 
