@@ -314,6 +314,10 @@ def test_other_architectures_and_options_are_refused():
         VisionTransformer.from_timm(_timm_vit(dynamic_img_pad=True))
     with pytest.raises(ValueError, match="qk_norm|q_norm"):
         VisionTransformer.from_timm(_timm_vit(qk_norm=True))
+    # timm drops the pixels past the last whole patch (was an error about
+    # VisionTransformer's own `patch_size`).
+    with pytest.raises(ValueError, match=r"timm model's option img_size=\(36, 50\)"):
+        VisionTransformer.from_timm(_timm_vit(img_size=(36, 50)))
     swin = dict(img_size=32, window_size=2, embed_dim=16, depths=(2, 2),
                 num_heads=(2, 4))
     with pytest.raises(ValueError, match="global_pool"):
@@ -322,7 +326,9 @@ def test_other_architectures_and_options_are_refused():
                 "swin_tiny_patch4_window7_224", global_pool="max", **swin
             )
         )
-    with pytest.raises(ValueError, match="window_size"):  # grid 4 < window 8
+    # Grid 4 < window 8: the window given is named (timm's shrunk (4, 4)
+    # was).
+    with pytest.raises(ValueError, match=r"window_size=\(8, 8\).*4 x 4 patch grid"):
         VisionTransformer.from_timm(
             timm.create_model(
                 "swin_tiny_patch4_window7_224", **{**swin, "window_size": 8}

@@ -64,12 +64,15 @@ def swin_arguments(model):
                 raise _unsupported("always_partition", True, where)
             size = tuple(block.window_size)
             window = window or size
-            if size != window or size[0] != size[1]:
-                raise _unsupported(
-                    "window_size", size, where + " (the grid is smaller than "
-                    "the window, or windows differ)"
-                )
             grid = tuple(block.input_resolution)
+            if size != window or size[0] != size[1]:
+                # timm shrinks a window to a grid smaller than it: the size
+                # it was given is the first stage's.
+                raise _unsupported(
+                    "window_size", window, f"{where} (its {grid[0]} x "
+                    f"{grid[1]} patch grid is smaller than the window, which "
+                    f"timm shrinks to {size}; or the windows differ)"
+                )
             if grid[0] % size[0] or grid[1] % size[1]:
                 # timm pads such a grid with zeros that are attended to;
                 # LocalWindowAttention masks its padding out.

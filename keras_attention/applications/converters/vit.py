@@ -168,6 +168,17 @@ def _unsupported(option, value, hint=""):
     )
 
 
+def _check_patches_tile(patch_embed):
+    """timm drops the pixels past the last whole patch; the Keras model's
+    patches tile its image."""
+    image, patch = tuple(patch_embed.img_size or ()), tuple(patch_embed.patch_size)
+    if len(image) == 2 and any(i % p for i, p in zip(image, patch)):
+        raise _unsupported(
+            "img_size", image, f" with patch_size={patch} (not a multiple: "
+            "timm drops the remainder)",
+        )
+
+
 def timm_arguments(model):
     """`(arguments, num_classes, qkv_bias)` of a timm `VisionTransformer`.
 
@@ -219,6 +230,7 @@ def timm_arguments(model):
         raise _unsupported("embed_norm_layer", type(patch_embed.norm).__name__)
     if patch_embed.proj.bias is None:
         raise _unsupported("patch_embed bias", False)
+    _check_patches_tile(patch_embed)
     epsilons = set()
     for index, block in enumerate(model.blocks):
         where = f" (blocks.{index})"
