@@ -19,6 +19,7 @@ from keras_attention._validation import traced_by_torch
 from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.layers._graph_inputs import check_graph_inputs
+from keras_attention.ops.masks import segment_softmax_of_checked_ids
 from keras_attention.layers._graph_inputs import shape_or_none
 from keras_attention.layers._graph_inputs import split_graph_shapes
 from keras_attention.ops import hash_dropout
@@ -453,7 +454,8 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
                 z = z + edge_term
             z = ops.leaky_relu(z, self.negative_slope)
             scores = ops.sum(z * self.attention_kernel, axis=-1)  # (E', H)
-        alpha = attention_ops.segment_softmax(
+        # The edges were checked (`check_graph_inputs`): the ids are not.
+        alpha = segment_softmax_of_checked_ids(
             scores, target, num_segments=num_nodes, mask=mask
         )
         weights = self._coefficient_dropout(alpha, training)

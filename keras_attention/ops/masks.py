@@ -8,6 +8,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention._validation import check_known_ids
+from keras_attention.ops.shapes import broadcasts
 
 # A finite "minus infinity": large enough that exp() underflows to 0 in
 # float32, small enough that subtracting two of them never gives inf - inf.
@@ -79,7 +80,12 @@ def masked_softmax(scores, mask=None, axis=-1, float32=True, empty_rows=True):
     dtype = keras.backend.standardize_dtype(scores.dtype)
     x = ops.cast(scores, wide_dtype(dtype)) if float32 else scores
     if mask is not None:
-        _check_broadcasts("mask", mask.shape, "scores", scores.shape)
+        if not broadcasts(mask.shape, scores.shape):
+            raise ValueError(
+                "Received an invalid value for argument `mask`, expected a "
+                "shape that broadcasts to scores.shape="
+                f"{tuple(scores.shape)}. Received: mask.shape={tuple(mask.shape)}"
+            )
         mask = ops.cast(mask, "bool")
         # The backend's fused softmax (one pass where the masked loop took
         # five); a fully masked row comes out uniform and is zeroed after.
@@ -96,22 +102,6 @@ def masked_softmax(scores, mask=None, axis=-1, float32=True, empty_rows=True):
     if mask is not None and empty_rows:
         weights = ops.where(mask, weights, ops.cast(0.0, weights.dtype))
     return ops.cast(weights, dtype)
-
-
-def _check_broadcasts(name, shape, other, target):
-    """A ValueError naming `name` unless its static `shape` broadcasts to
-    `other`'s `target` shape (unknown sizes pass)."""
-    shape, target = tuple(shape), tuple(target)
-    fits = len(shape) <= len(target) and all(
-        m is None or s is None or m in (1, s)
-        for m, s in zip(reversed(shape), reversed(target))
-    )
-    if not fits:
-        raise ValueError(
-            f"Received an invalid value for argument `{name}`, expected a "
-            f"shape that broadcasts to {other}.shape={target}. Received: "
-            f"{name}.shape={shape}"
-        )
 
 
 def _check_segments(scores, segment_ids, num_segments):
@@ -159,6 +149,13 @@ def segment_softmax(scores, segment_ids, num_segments, mask=None):
         to 1 (or are all 0 if the segment has no unmasked entry).
     """
     _check_segments(scores, segment_ids, num_segments)
+    return segment_softmax_of_checked_ids(scores, segment_ids, num_segments, mask)
+
+
+def segment_softmax_of_checked_ids(scores, segment_ids, num_segments, mask=None):
+    """`segment_softmax` without the checks of `segment_ids`, for a caller
+    that has checked them (`GraphAttention` checks its edges): their values
+    are not read back from the device on every eager call."""
     dtype = keras.backend.standardize_dtype(scores.dtype)
     x = ops.cast(scores, wide_dtype(dtype))
     if mask is not None:

@@ -17,6 +17,17 @@ def _disagree(a, b):
     return None not in (a, b) and a != b
 
 
+def broadcasts(shape, target):
+    """Whether a static `shape` broadcasts to `target` (aligned on the
+    right) wherever both sizes are known: the one rule of the masks' and
+    biases' checks."""
+    shape, target = tuple(shape), tuple(target)
+    return len(shape) <= len(target) and all(
+        not _disagree(d, e) or known_dim(d) == 1
+        for d, e in zip(reversed(shape), reversed(target))
+    )
+
+
 def check_attention_inputs(query, key, value):
     """Raise unless `query` `(B, T, H, D)`, `key` `(B, S, K, D)` and
     `value` `(B, S, K, Dv)` are float tensors that agree wherever their
@@ -73,10 +84,7 @@ def check_attention_mask(attention_mask, mask, query, key):
     if mask is None:
         return
     scores = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
-    if any(
-        d is not None and e is not None and d not in (1, e)
-        for d, e in zip(mask.shape, scores)
-    ):
+    if not broadcasts(mask.shape, scores):
         raise ValueError(
             "Received an invalid value for argument `attention_mask`, "
             "expected a boolean tensor that broadcasts to the scores "
@@ -92,10 +100,7 @@ def check_bias(bias, query, key):
         return
     scores = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
     shape = tuple(getattr(bias, "shape", ()))
-    if len(shape) > 4 or any(
-        _disagree(d, e) and known_dim(d) != 1
-        for d, e in zip(reversed(shape), reversed(scores))
-    ):
+    if not broadcasts(shape, scores):
         raise ValueError(
             "Received an invalid value for argument `bias`, expected a tensor "
             f"that broadcasts to the scores (B, H, T, S) = {scores}. "

@@ -198,6 +198,7 @@ def image_payload(context, inputs, index, layers, class_names, cam_methods):
     image = data.one_image(inputs, index)
     weights = context.maps(image, layers)
     size = image.shape[1:3]
+    grids = _grid.model_grids(context.model)  # the model's own patch grids
     entries, spatial, self_attention = [], [], []
     for name, value in data.each_call(weights):
         if isinstance(value, tuple):  # CBAM: (channel weights, spatial map)
@@ -228,7 +229,7 @@ def image_payload(context, inputs, index, layers, class_names, cam_methods):
             continue
         try:
             (h, w), has_class = _grid.token_grid(
-                value.shape[-1], size, known_grids=_grid.model_grids(context.model)
+                value.shape[-1], size, known_grids=grids
             )
         except ValueError:
             context.notes.append(
