@@ -1,5 +1,10 @@
 """GraphAttention: GAT and GATv2 on an edge list or a dense adjacency.
 
+This file holds the layer (arguments, weights, shapes, the call's checks);
+its two paths are in `_graph_paths.py` (`edge_list_path`, `adjacency_path`,
+and `with_self_loops`, re-exported here) and its input checks in
+`_graph_inputs.py`.
+
 Dropout on the coefficients is the counter-based `keras_attention.ops.
 hash_dropout` (`keras_attention.layers.HashDropout` for the inputs): under
 TensorFlow's XLA on CPU, a GAT epoch on Cora with it takes about as long as
@@ -7,54 +12,25 @@ without dropout, and some 80 times longer with `keras.random.dropout`
 (`benchmarks/bench_gat.py`).
 """
 
-import math
-
 import keras
 from keras import ops
 
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import check_rate
 from keras_attention._validation import invalid
-from keras_attention._validation import traced_by_torch
-from keras_attention import ops as attention_ops
 from keras_attention.layers import base
 from keras_attention.layers._graph_inputs import check_graph_inputs
-from keras_attention.ops.masks import segment_softmax_of_checked_ids
 from keras_attention.layers._graph_inputs import shape_or_none
 from keras_attention.layers._graph_inputs import split_graph_shapes
+from keras_attention.layers._graph_paths import adjacency_path
+from keras_attention.layers._graph_paths import edge_list_path
+from keras_attention.layers._graph_paths import with_self_loops  # noqa: F401
 from keras_attention.ops import hash_dropout
 from keras_attention.registry import register
-
-# ------------------------------------------------------------ graphs
-
-
-def with_self_loops(edges, num_nodes):
-    """The edge list `(2, E + N)` that `GraphAttention` attends over.
-
-    The edges `(2, E)` followed by one self loop `(i, i)` per node, in node
-    order: the rows of the coefficients that `GraphAttention` returns for an
-    edge list when `add_self_loops=True`. (Self loops already in `edges` keep
-    their row there, with coefficient 0.)
-    """
-    loops = ops.arange(num_nodes, dtype=edges.dtype)
-    return ops.concatenate([edges, ops.stack([loops, loops])], axis=1)
 
 
 def _kernel_of(sublayer):
     return None if sublayer is None else sublayer.kernel
-
-
-def _rows(x, index):
-    """`x[index]` for `x` `(N, ...)` and `index` `(E,)`: `(E, ...)`.
-
-    Gathered as a matrix `(N, prod(...))`: keras's torch `take` of a rank-3
-    tensor goes through `ravel`, which torch's ONNX export cannot write.
-    """
-    rest = tuple(x.shape[1:])
-    if len(rest) < 2:
-        return ops.take(x, index, axis=0)
-    flat = ops.reshape(x, (-1, math.prod(rest)))
-    return ops.reshape(ops.take(flat, index, axis=0), (-1,) + rest)
 
 
 @register("graph", input_kind="graph")
@@ -394,154 +370,6 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
             out = out + self.bias
         return self.activation(out)
 
-    def _sparse(self, features, edges, edge_features, training):
-        num_nodes = features.shape[0]
-        if num_nodes is None:
-            num_nodes = ops.shape(features)[0]
-        dtype = keras.backend.standardize_dtype(edges.dtype)
-        if dtype not in ("int32", "int64"):
-            # Gathers and segment sums take int32 or int64 indices only.
-            wide = dtype in ("uint32", "uint64")
-            edges = ops.cast(edges, "int64" if wide else "int32")
-        if traced_by_torch(num_nodes):
-            # keras's ONNX export traces an unknown size as 1 with inputs of
-            # ones: one node and the edge 1 -> 1, which a gather refuses.
-            # Clamped as XLA does; valid edges are unchanged.
-            edges = ops.clip(edges, 0, num_nodes - 1)
-        source, target = edges[0], edges[1]
-        mask = None
-        if self.add_self_loops:
-            mask = ops.concatenate(
-                [
-                    ops.not_equal(source, target),
-                    ops.ones((num_nodes,), "bool"),
-                ]
-            )
-            if edge_features is not None:
-                # A self loop's features: the mean over the node's incoming
-                # non-loop edges (PyG's fill_value="mean").
-                valid = ops.cast(ops.not_equal(source, target), edge_features.dtype)
-                total = ops.segment_sum(
-                    edge_features * valid[:, None], target, num_segments=num_nodes
-                )
-                count = ops.segment_sum(valid, target, num_segments=num_nodes)
-                loop_features = total / ops.maximum(count, 1.0)[:, None]
-                edge_features = ops.concatenate(
-                    [edge_features, loop_features], axis=0
-                )
-            edges = with_self_loops(edges, num_nodes)
-            source, target = edges[0], edges[1]
-        edge_term = None
-        if edge_features is not None:
-            edge_term = self._heads(edge_features, self.edge_projection)  # (E', H, C)
-        if self.version == "v1":
-            h = self._heads(features, self.projection)  # (N, H, C)
-            score_source = ops.sum(h * self.attention_source, axis=-1)  # (N, H)
-            score_target = ops.sum(h * self.attention_target, axis=-1)
-            scores = _rows(score_source, source) + _rows(
-                score_target, target
-            )  # (E', H)
-            if edge_term is not None:
-                scores = scores + ops.sum(edge_term * self.attention_edge, axis=-1)
-            scores = ops.leaky_relu(scores, self.negative_slope)
-            values, messages = h, None
-        else:
-            values = self._heads(features, self.source)  # (N, H, C)
-            h_target = self._heads(features, self.target)
-            messages = _rows(values, source)  # (E', H, C)
-            z = messages + _rows(h_target, target)
-            if edge_term is not None:
-                z = z + edge_term
-            z = ops.leaky_relu(z, self.negative_slope)
-            scores = ops.sum(z * self.attention_kernel, axis=-1)  # (E', H)
-        # The edges were checked (`check_graph_inputs`): the ids are not.
-        alpha = segment_softmax_of_checked_ids(
-            scores, target, num_segments=num_nodes, mask=mask
-        )
-        weights = self._coefficient_dropout(alpha, training)
-        dropped = self._message_dropout(values, training)
-        if messages is None or dropped is not values:
-            messages = _rows(dropped, source)  # (E', H, C)
-        weighted = messages * ops.cast(weights, messages.dtype)[..., None]
-        heads = ops.segment_sum(weighted, target, num_segments=num_nodes)
-        return self._finish(heads), alpha  # (N, out), (E', H)
-
-    def _dense(self, features, adjacency, edge_features, training):
-        unbatched = len(features.shape) == 2
-        if unbatched:
-            features = features[None]
-            adjacency = adjacency[None]
-            if edge_features is not None:
-                edge_features = edge_features[None]
-        elif len(adjacency.shape) == 2:
-            adjacency = adjacency[None]
-            if edge_features is not None:
-                edge_features = edge_features[None]
-        n = features.shape[1] or ops.shape(features)[1]
-        # (B|1, N, N) boolean, [b, i, j] for the edge j -> i.
-        mask = ops.not_equal(adjacency, ops.zeros((), adjacency.dtype))
-        if self.add_self_loops:
-            eye = ops.cast(ops.eye(n), "bool")[None]
-            if edge_features is not None:
-                others = ops.cast(
-                    ops.logical_and(mask, ops.logical_not(eye)),
-                    edge_features.dtype,
-                )
-                total = ops.sum(edge_features * others[..., None], axis=-2)
-                count = ops.sum(others, axis=-1)[..., None]
-                loop_features = total / ops.maximum(count, 1.0)  # (B, N, F_e)
-                edge_features = ops.where(
-                    eye[..., None], loop_features[:, :, None, :], edge_features
-                )
-            mask = ops.logical_or(mask, eye)
-        edge_term = None
-        if edge_features is not None:
-            edge_term = self._heads(edge_features, self.edge_projection)  # (B, N, N, H, C)
-        if self.version == "v1":
-            h = self._heads(features, self.projection)  # (B, N, H, C)
-            score_source = ops.sum(h * self.attention_source, axis=-1)  # (B, N, H)
-            score_target = ops.sum(h * self.attention_target, axis=-1)
-            score_source = ops.transpose(score_source, (0, 2, 1))[:, :, None, :]
-            score_target = ops.transpose(score_target, (0, 2, 1))[:, :, :, None]
-            scores = score_target + score_source  # (B, H, N, N)
-            if edge_term is not None:
-                scores = scores + ops.transpose(
-                    ops.sum(edge_term * self.attention_edge, axis=-1), (0, 3, 1, 2)
-                )
-            scores = ops.leaky_relu(scores, self.negative_slope)
-            values = h
-        else:
-            values = self._heads(features, self.source)  # (B, N, H, C)
-            h_target = self._heads(features, self.target)
-            # (B, N_target, N_source, H, C)
-            z = values[:, None, :, :, :] + h_target[:, :, None, :, :]
-            if edge_term is not None:
-                z = z + edge_term
-            z = ops.leaky_relu(z, self.negative_slope)
-            scores = ops.transpose(
-                ops.sum(z * self.attention_kernel, axis=-1), (0, 3, 1, 2)
-            )
-        values = self._message_dropout(values, training)
-        # softmax, dropout and the weighted sum on the shared core: the
-        # scores enter as its bias (the dot-product term is zero, heads of
-        # size one); the coefficients come back before dropout.
-        zeros = ops.zeros_like(values[..., :1])  # (B, N, H, 1)
-        heads, alpha = base.attend(
-            self,
-            zeros,
-            zeros,
-            values,
-            mask[:, None, :, :],
-            training,
-            return_weights=True,
-            bias=scores,
-        )  # (B, N, H, C), (B, H, N, N)
-        alpha = ops.cast(alpha, scores.dtype)
-        out = self._finish(heads)
-        if unbatched:
-            return out[0], alpha[0]
-        return out, alpha
-
     def call(self, inputs, return_attention_scores=False, training=None):
         if not isinstance(inputs, (list, tuple)) or not 2 <= len(inputs) <= 3:
             raise ValueError(
@@ -560,9 +388,9 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
                 f"edge_features.shape={shape_or_none(edge_features)}"
             )
         if mode == "edge_list":
-            out, alpha = self._sparse(features, edges, edge_features, training)
+            out, alpha = edge_list_path(self, features, edges, edge_features, training)
         else:
-            out, alpha = self._dense(features, edges, edge_features, training)
+            out, alpha = adjacency_path(self, features, edges, edge_features, training)
         if return_attention_scores:
             return out, alpha
         return out
