@@ -88,3 +88,17 @@ def test_feature_maps_take_training_in_stateless_call(make):
     np.testing.assert_allclose(
         keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want), rtol=1e-6
     )
+
+
+def test_build_takes_a_tensorflow_shape():
+    # MultiHeadAttention.build(tf.TensorShape(...)) read the shape as a list
+    # of shapes ("'int' object is not iterable"); keras's layer takes it.
+    import tensorflow as tf
+
+    from keras_attention.layers import MultiHeadAttention
+
+    layer = MultiHeadAttention(2, 8)
+    layer.build(tf.TensorShape([1, 10, 32]))
+    assert layer.built
+    out = layer(np.zeros((1, 10, 32), "float32"))
+    assert tuple(out.shape) == (1, 10, 32)

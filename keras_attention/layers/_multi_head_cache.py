@@ -8,12 +8,14 @@ from operator import attrgetter
 import keras
 from keras import ops
 # No public API sets a tensor's Keras mask; keras's own layer uses this.
+from keras.src.backend import get_keras_mask
 from keras.src.backend import set_keras_mask
 
 from keras_attention import ops as attention_ops
 from keras_attention._validation import invalid
 from keras_attention._validation import is_symbolic
 from keras_attention._validation import shape_fits
+from keras_attention.ops import positions
 
 
 class KVCache:
@@ -68,6 +70,25 @@ class KVCache:
                         f"{name}.shape={tuple(x.shape)}"
                     )
         self._check_cache_index(cache_update_index, query.shape[1], shape[2])
+
+    @staticmethod
+    def _refuse_masks_in_cached_call(tensors, masks):
+        """`query_mask`, `value_mask`, `key_mask` given by hand in a cached
+        call raise (they were dropped silently); Keras's own masks, which
+        Keras passes in the same arguments, are not read there, as
+        documented. The cache does not keep earlier tokens' padding: only
+        `attention_mask` over its slots says it."""
+        for name, x, mask in zip(("query", "value", "key"), tensors, masks):
+            if mask is None or isinstance(x, (list, tuple)):
+                continue
+            if x is not None and mask is get_keras_mask(x):
+                continue  # Keras's mask of the tensor, filled in by Keras
+            raise ValueError(
+                f"`{name}_mask` is not read in a cached call (`cache=`): "
+                "pass `attention_mask` (B, T, S_max), True where a query may "
+                "attend to a cache slot. Received: "
+                f"{name}_mask.shape={tuple(getattr(mask, 'shape', ()))}"
+            )
 
     def _check_cache_index(self, index, t_len, s_max):
         """`cache_update_index`: an integer or an integer scalar tensor with
@@ -192,11 +213,19 @@ class KVCache:
                 if k.shape[1] != s_max else " (S: the cache's S_max slots)",
             )
             mask = ops.logical_and(ops.cast(attention_mask, "bool"), mask)
-        bias = None
-        if self.position_encoding == "alibi":
+        bias = slopes = None
+        if self.position_encoding == "alibi" and k.shape[1] != s_max:
+            # A ring's keys do not sit at their slots' positions.
             bias = self._alibi_bias(distance)
+        elif self.position_encoding == "alibi":
+            # The core's `slope * (s - t)` is `slope * (k_pos - q_pos)` plus
+            # `slope * index`, the same over a row: the same softmax, added
+            # block by block on the long paths (a bias would be `(H, T, S)`
+            # and the dense path's scores; a prompt of 8,192 tokens took
+            # 4 GB, 0.9 uncached).
+            slopes = positions.alibi_slopes(self._num_heads, self.alibi_bias_max)
         heads = attention_ops.dot_product_attention(
-            q, k, v, attention_mask=mask, bias=bias,
+            q, k, v, attention_mask=mask, bias=bias, alibi_slopes=slopes,
             scale=self._inverse_sqrt_key_dim, dropout_rate=self._dropout,
             seed=getattr(self._dropout_layer, "seed_generator", None),
             training=training,

@@ -21,6 +21,10 @@ from keras_attention.layers._projections import sublayer_kwargs  # noqa: F401
 
 
 def is_shape(x):
+    """One shape: a tuple or list of ints and `None`s, or a
+    `tf.TensorShape` (anything with `as_list`)."""
+    if hasattr(x, "as_list"):
+        return True
     return isinstance(x, (tuple, list)) and all(
         d is None or isinstance(d, int) for d in x
     )

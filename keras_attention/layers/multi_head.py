@@ -166,12 +166,17 @@ class MultiHeadAttention(
             `CachedMultiHeadAttention` convention; value_dim == key_dim):
             the call then returns `(output, cache)`. A cache of exactly
             `sliding_window` entries is a ring (memory stays flat however
-            long the decoding). Keras masks are not read in a cached call;
-            `attention_mask` `(B, T, S_max)` is.
+            long the decoding). Keras masks are not read in a cached call,
+            and `query_mask`, `value_mask`, `key_mask` are refused;
+            `attention_mask` `(B, T, S_max)` is read.
         cache_update_index: where the new tokens' keys and values go (an int
             or a scalar tensor); the queries sit at positions
             `cache_update_index + arange(T)`. `None` reads the cache as it
-            is.
+            is. `index + T <= S_max` (a ring takes any index) is checked
+            where the index's value is known (eager calls); inside
+            `tf.function` or `jax.jit` it cannot be, and a write past the
+            end lands on the last slots, so the outputs are wrong without an
+            error: size the cache for the whole decoding.
 
     Returns:
         `(B, T, *output_shape)`, and the attention weights if
@@ -417,6 +422,10 @@ class MultiHeadAttention(
         cache=None,
         cache_update_index=None,
     ):
+        if cache is not None or cache_update_index is not None:
+            self._refuse_masks_in_cached_call(
+                (query, value, key), (query_mask, value_mask, key_mask)
+            )
         query, value, key, query_mask, value_mask, key_mask = (
             base.SequenceAttention.flatten_inputs(
                 query, value, key, query_mask, value_mask, key_mask, mask
