@@ -145,8 +145,15 @@ def check_image_inputs(inputs, image_shape, argument="images"):
 
     Dimensions unknown while tracing are not compared.
     """
-    shape = tuple(inputs.shape)
     expected = (None,) + tuple(image_shape)
+    if not hasattr(inputs, "shape"):  # a list or dict of several arrays
+        raise ValueError(
+            f"Received an invalid value for argument `{argument}`, expected "
+            f"one batch of images of shape {expected} (batch, height, width, "
+            f"channels). Received: a {type(inputs).__name__}"
+            + (f" of {len(inputs)} arrays" if hasattr(inputs, "__len__") else "")
+        )
+    shape = tuple(inputs.shape)
     if not shape_fits(shape, expected):
         raise ValueError(
             f"Received an invalid value for argument `{argument}`, expected "

@@ -152,16 +152,31 @@ def command_run(args):
     from keras_attention import reports
 
     recipe = recipes.TASKS[args.task]
-    result = recipe.run(
-        model_name=args.model or recipe.models[0],
-        data=args.data,
-        epochs=args.epochs,
-        out=args.out,
-        seed=args.seed,
-        quick=args.quick,
-    )
+    try:
+        result = recipe.run(
+            model_name=args.model or recipe.models[0],
+            data=args.data,
+            epochs=args.epochs,
+            out=args.out,
+            seed=args.seed,
+            quick=args.quick,
+        )
+    except ValueError as error:
+        raise _name_the_data_option(error, args.data) from None
     print(reports.format_result(result))
     return EXIT_OK
+
+
+def _name_the_data_option(error, data):
+    """A loader's error about its own argument (`path`, `texts`), which a
+    `run` was given as `--data`, naming the option."""
+    text = str(error)
+    for name in ("path", "texts"):
+        received = f"{name}={data!r}"
+        if data is not None and f"argument `{name}`" in text and received in text:
+            text = text.replace(f"argument `{name}`", "`--data`")
+            return ValueError(text.replace(received, f"--data {data}"))
+    return error
 
 
 def command_demo(args):

@@ -17,6 +17,11 @@ import numpy as np
 
 from keras_attention._cli_arguments import DEMO_TASKS
 from keras_attention._cli_arguments import TASK_MODELS
+from keras_attention._run_data import check_causal_lm_text
+from keras_attention._run_data import image_data
+from keras_attention._run_data import planetoid_name
+from keras_attention._run_data import quick_slice
+from keras_attention._run_data import translation_test_split
 from keras_attention._writing import write_atomically
 
 
@@ -57,7 +62,12 @@ class EpochProgress(keras.callbacks.Callback):
     def __init__(self, epochs):
         super().__init__()
         self.epochs = epochs
-        self.bar = keras.utils.Progbar(epochs, verbose=1, unit_name="epoch")
+        # Each epoch's own figures (without `stateful_metrics` the bar
+        # showed their running means over the epochs so far).
+        self.bar = keras.utils.Progbar(
+            epochs, verbose=1, unit_name="epoch",
+            stateful_metrics=("loss", "val_loss", "val_accuracy"),
+        )
         self.every = max(1, epochs // 10)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -104,19 +114,6 @@ def _explore(model, inputs, out, name, **kwargs):
 # Translation -----------------------------------------------------------------
 
 
-def quick_slice(corpus, train=2000, other=200):
-    """`--quick` on a user's corpus, "a small slice of the data": the first
-    `train` examples of its train split and `other` of the others, a split
-    being `(sources, targets)` (translation) or text, a line an example."""
-    def head(split, value):
-        n = train if split == "train" else other
-        if isinstance(value, str):
-            return "\n".join(value.split("\n")[:n])
-        return tuple(list(side)[:n] for side in value)
-
-    return {split: head(split, value) for split, value in corpus.items()}
-
-
 def run_translation(model_name, data, epochs, out, seed, quick=False):
     from keras_attention import visualization
     from keras_attention import applications
@@ -142,6 +139,7 @@ def run_translation(model_name, data, epochs, out, seed, quick=False):
     else:
         corpus = translation.load_translation_corpus(data)
         corpus = quick_slice(corpus) if quick else corpus
+        translation_test_split(corpus, data)  # before any training
         sources, targets = corpus["train"]
         preprocessor = applications.TranslationPreprocessor.from_corpus(
             sources, targets, vocabulary_size=8000
@@ -166,7 +164,7 @@ def run_translation(model_name, data, epochs, out, seed, quick=False):
         x, y, validation_data=validation, epochs=epochs, batch_size=64,
         verbose=_verbose(),
     )
-    test_split = next(s for s in ("test", "test2016", "val") if s in corpus)
+    test_split = translation_test_split(corpus, data)
     sources, references = corpus[test_split]
     sources, references = list(sources)[:500], list(references)[:500]
     metrics = model.evaluate_translations(sources, references)
@@ -198,25 +196,6 @@ def run_translation(model_name, data, epochs, out, seed, quick=False):
 # Classification --------------------------------------------------------------
 
 
-def _image_data(data, seed, quick, image_size):
-    from keras_attention import datasets
-
-    if data is None:
-        # Digits are 8x8; a preset made for 16x16 inputs gets them resized.
-        (x_train, y_train), (x_test, y_test) = datasets.load_digits_images(
-            seed=seed, image_size=None if image_size == 8 else image_size
-        )
-        name = "scikit-learn digits (embedded)"
-        if image_size != 8:
-            name += f", resized to {image_size}x{image_size}"
-    else:
-        (x_train, y_train), (x_test, y_test) = datasets.load_mnist_t10k_split(data)
-        name = data
-    if quick:
-        x_train, y_train = x_train[:256], y_train[:256]
-    return (x_train, y_train), (x_test, y_test), name
-
-
 def run_classification(model_name, data, epochs, out, seed, quick=False):
     from keras_attention import visualization
     from keras_attention.applications import CBAMResNet, VisionTransformer
@@ -231,7 +210,7 @@ def run_classification(model_name, data, epochs, out, seed, quick=False):
     )
     preset = f"{stem}_{'digits' if data is None else 'mnist'}"
     image_size = presets.get_preset(preset).config["image_size"]
-    (x_train, y_train), (x_test, y_test), data_name = _image_data(
+    (x_train, y_train), (x_test, y_test), data_name = image_data(
         data, seed, quick, image_size
     )
     model = cls.from_preset(preset, load_weights=False)
@@ -347,29 +326,6 @@ def run_detection(model_name, data, epochs, out, seed, quick=False):
 # Node classification ---------------------------------------------------------
 
 
-def _planetoid_name(data):
-    """`(folder, name)` of `--data`: a Planetoid folder (its first set of
-    Cora, CiteSeer, PubMed) or one of a set's files, `ind.<name>.graph`."""
-    names = ("cora", "citeseer", "pubmed")
-    if os.path.isfile(data):
-        parts = os.path.basename(data).split(".")
-        if len(parts) >= 3 and parts[0] == "ind" and parts[1] in names:
-            return os.path.dirname(os.path.abspath(data)), parts[1]
-    else:
-        found = [n for n in names if os.path.exists(os.path.join(data, f"ind.{n}.graph"))]
-        if found:
-            if len(found) > 1:
-                print(f"--data {data} holds {', '.join(found)}: {found[0]} taken "
-                      f"(pass {os.path.join(data, f'ind.{found[1]}.graph')} for "
-                      f"{found[1]})", flush=True)
-            return data, found[0]
-    raise ValueError(
-        f"--data {data}: expected a Planetoid folder with "
-        "ind.<cora|citeseer|pubmed>.{x,y,tx,ty,allx,ally,graph,test.index}, "
-        "or one of those files (ind.citeseer.graph: CiteSeer)"
-    )
-
-
 def run_node_classification(model_name, data, epochs, out, seed, quick=False):
     from keras_attention import datasets, visualization
     from keras_attention.applications import node_classification as nc
@@ -380,7 +336,7 @@ def run_node_classification(model_name, data, epochs, out, seed, quick=False):
         graph = datasets.load_karate_club(seed=seed)
         data_name = "Zachary's karate club (networkx, embedded)"
     else:
-        folder, name = _planetoid_name(data)
+        folder, name = planetoid_name(data)
         graph = datasets.load_planetoid(folder, name, normalize_features=True)
         data_name = f"{name} ({data})"
     prepared = nc.node_classification_data(graph)
@@ -482,6 +438,7 @@ def run_causal_lm(model_name, data, epochs, out, seed, quick=False):
     else:
         corpus, data_name = datasets.load_text_corpus(data), data
         corpus = quick_slice(corpus) if quick else corpus
+        check_causal_lm_text(corpus, data, recipe["sequence_length"], quick)
     model = CausalLM.from_preset(
         "causal_lm_dates", load_weights=pretrained,
         position_encoding="alibi" if model_name == "alibi" else "rope",
@@ -495,7 +452,9 @@ def run_causal_lm(model_name, data, epochs, out, seed, quick=False):
         model, corpus["train"], validation_text=corpus["val"],
         verbose=_verbose(), **recipe,
     )
-    x_val, y_val = model.preprocessor.sequences(corpus["val"], 128)
+    x_val, y_val = model.preprocessor.sequences(
+        corpus["val"], recipe["sequence_length"]
+    )
     loss = model.evaluate(x_val, y_val, verbose=0, return_dict=True)["loss"]
     metrics = {"val_bits_per_char": round(float(loss / np.log(2)), 4)}
     prompts = ["14 july 1989 = ", "march 3rd, 2001 = ", "the 2nd of may 1977 = "]

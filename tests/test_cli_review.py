@@ -167,3 +167,51 @@ def test_output_into_a_closed_pipe_ends_quietly(monkeypatch, capsys):
     monkeypatch.setattr(cli, "command_list", closed_pipe)
     assert cli.main(["list"]) == cli.EXIT_FAILED
     assert capsys.readouterr().err == ""
+
+
+def test_run_data_errors_name_the_option_and_come_before_training(
+    tmp_path, capsys, monkeypatch
+):
+    # The loaders named their own `path`/`texts`; a translation folder
+    # without a test or val split and a causal-LM text too short for one
+    # validation window failed after training (a StopIteration traceback,
+    # an error naming neither --data nor the split).
+    from keras_attention import recipes
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained before the data was checked")
+
+    monkeypatch.setattr(keras.Model, "fit", no_training)
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    for side in ("en", "de"):
+        (folder / f"train.{side}").write_text("a b\nc d\n" * 50)
+    text = tmp_path / "short.txt"
+    text.write_text("twenty-two characters\n" * 100)  # 2,200: 110 for val
+    for argv, expected in (
+        (["causal-lm", "--data", str(folder)], "`--data`, expected a text file"),
+        (["translation", "--data", str(text)], "`--data`, expected a corpus folder"),
+        (["translation", "--data", str(folder)], "no split to score the run on"),
+        (["causal-lm", "--data", str(text)], "the val text (the last 5 %"),
+    ):
+        code = cli.main(["run", *argv, "--quick", "--out", str(tmp_path / "o")])
+        err = capsys.readouterr().err
+        assert code == cli.EXIT_FAILED, (argv, err)
+        assert "--data" in err and expected in err, (argv, err)
+        assert "Traceback" not in err
+    # The evaluated split: test, else the one test* split, else val.
+    pick = recipes.translation_test_split
+    assert pick({"train": 0, "test_2016_flickr": 0, "val": 0}, "d") == "test_2016_flickr"
+    assert pick({"train": 0, "test": 0, "test2017": 0}, "d") == "test"
+    assert pick({"train": 0, "val": 0}, "d") == "val"
+    with pytest.raises(ValueError, match="several test splits"):
+        pick({"train": 0, "test2016": 0, "test2017": 0}, "d")
+
+
+def test_an_image_model_refuses_several_arrays_by_name():
+    # explore with an .npz of several arrays ended in an AttributeError
+    # traceback (`tuple(inputs.shape)` of a list).
+    from keras_attention import _validation
+
+    with pytest.raises(ValueError, match=r"argument `images`.*a list of 2 arrays"):
+        _validation.check_image_inputs([np.zeros((1, 8)), np.zeros((1, 2))], (8, 8, 1))

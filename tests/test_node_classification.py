@@ -155,19 +155,19 @@ def test_an_empty_split_raises_instead_of_scoring_zero(karate):
     assert 0 <= masked_accuracy(np.zeros((34, 2)), labels, labels >= 0) <= 1
 
 
-def test_planetoid_data_names_its_set_and_the_run_shows_progress(tmp_path, capsys):
+def test_planetoid_data_names_its_set_and_the_run_shows_progress(tmp_path, capsys, monkeypatch):
     # A folder of several sets took the first silently, and 300 epochs of a
     # full-graph run printed nothing.
     from keras_attention import recipes
 
     for name in ("cora", "citeseer"):
         (tmp_path / f"ind.{name}.graph").write_text("")
-    assert recipes._planetoid_name(str(tmp_path)) == (str(tmp_path), "cora")
+    assert recipes.planetoid_name(str(tmp_path)) == (str(tmp_path), "cora")
     assert "citeseer" in capsys.readouterr().out  # what else it holds
     citeseer = str(tmp_path / "ind.citeseer.graph")
-    assert recipes._planetoid_name(citeseer) == (str(tmp_path), "citeseer")
+    assert recipes.planetoid_name(citeseer) == (str(tmp_path), "citeseer")
     with pytest.raises(ValueError, match="--data"):
-        recipes._planetoid_name(str(tmp_path / "elsewhere"))
+        recipes.planetoid_name(str(tmp_path / "elsewhere"))
     progress = recipes.EpochProgress(20)
     for epoch in range(7):
         progress.on_epoch_end(epoch, {"loss": 1.0 / (epoch + 1), "val_accuracy": 0.5})
@@ -176,3 +176,11 @@ def test_planetoid_data_names_its_set_and_the_run_shows_progress(tmp_path, capsy
     assert [line.split(" - ")[0] for line in lines] == [
         "epoch 2/20", "epoch 4/20", "epoch 6/20", "epoch 7/20"]
     assert "val_accuracy: 0.5000" in lines[-1]
+    # On a terminal the bar shows each epoch's own figures, not their
+    # running means (epoch 2 showed the mean loss of epochs 1 and 2).
+    monkeypatch.setattr(recipes.sys.stdout, "isatty", lambda: True, raising=False)
+    progress = recipes.EpochProgress(5)
+    progress.bar.interval = 0  # every epoch drawn, however quick
+    for epoch, loss in enumerate([3.0, 1.0, 5.0]):  # mean 3
+        progress.on_epoch_end(epoch, {"loss": loss})
+    assert "loss: 5.0000" in capsys.readouterr().out.split("\r")[-1]
