@@ -202,3 +202,17 @@ def test_cached_alibi_gives_the_core_its_slopes_not_a_dense_bias(monkeypatch):
         bias is None and slopes is not None and implementation == "auto"
         for bias, slopes, implementation in calls
     )
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="tf.function")
+def test_a_traced_write_past_the_end_gives_nan_not_wrong_numbers():
+    # Inside tf.function the index is unknown when the call is checked; the
+    # write was clamped onto the last slot and the output silently wrong.
+    layer, x = make()
+    call = tf.function(
+        lambda q, cache, index: layer(q, cache=cache, cache_update_index=index)
+    )
+    cache = np.zeros((2, 2, 4, 2, 8), "float32")
+    for i in range(6):
+        out, cache = call(x[:, i : i + 1], cache, tf.constant(i))
+        assert np.isnan(keras.ops.convert_to_numpy(out)).all() == (i >= 4), i

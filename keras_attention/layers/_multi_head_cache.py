@@ -233,7 +233,14 @@ class KVCache:
         )
         if self._use_gate:
             heads = ops.multiply(heads, gate)
-        return self._output_dense(heads), cache
+        out = self._output_dense(heads)
+        if cache_update_index is not None and not self._is_ring(s_max):
+            # Inside a traced function the index is not known when the
+            # call is checked, and a write past the end lands on the last
+            # slots: NaN outputs then, not wrong numbers without a sign.
+            past_end = ops.cast(index, "int32") + t_len > s_max
+            out = ops.where(past_end, ops.full_like(out, float("nan")), out)
+        return out, cache
 
     def _ring_update(self, key_cache, value_cache, new_k, new_v, index):
         """Keys/values to attend to and the new ring, for a ring cache.

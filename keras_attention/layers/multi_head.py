@@ -174,9 +174,10 @@ class MultiHeadAttention(
             `cache_update_index + arange(T)`. `None` reads the cache as it
             is. `index + T <= S_max` (a ring takes any index) is checked
             where the index's value is known (eager calls); inside
-            `tf.function` or `jax.jit` it cannot be, and a write past the
-            end lands on the last slots, so the outputs are wrong without an
-            error: size the cache for the whole decoding.
+            `tf.function` or `jax.jit` it cannot be: a write past the end
+            lands on the last slots, and the outputs of that call are NaN
+            (no error can be raised there): size the cache for the whole
+            decoding.
 
     Returns:
         `(B, T, *output_shape)`, and the attention weights if
