@@ -183,7 +183,8 @@ def test_masks_given_by_hand_in_a_cached_call_raise_keras_masks_do_not():
 
 def test_cached_alibi_gives_the_core_its_slopes_not_a_dense_bias(monkeypatch):
     # A prompt of 8,192 tokens took 4 GB through the cache with ALiBi (a
-    # dense (1, H, T, S) bias and the dense path), 0.9 uncached.
+    # dense (1, H, T, S) bias and the dense path), 0.9 uncached; a ring
+    # cache too (its keys' positions are not its slots').
     from keras_attention.layers import _multi_head_cache
 
     layer, x = make(position_encoding="alibi")
@@ -192,12 +193,21 @@ def test_cached_alibi_gives_the_core_its_slopes_not_a_dense_bias(monkeypatch):
     core = _multi_head_cache.attention_ops.dot_product_attention
 
     def spy(*args, **kwargs):
-        calls.append((kwargs["bias"], kwargs["alibi_slopes"], kwargs["implementation"]))
+        calls.append((kwargs.get("bias"), kwargs["alibi_slopes"],
+                      kwargs.get("implementation", "auto")))
         return core(*args, **kwargs)
 
     monkeypatch.setattr(_multi_head_cache.attention_ops, "dot_product_attention", spy)
     got = decode(layer, x, cache_len=16, prefill=5, step=2)
     np.testing.assert_allclose(got, want, atol=2e-5)
+    # A ring's slots are put in the order of their positions first.
+    ring, _ = make(position_encoding="alibi", sliding_window=4)
+    ring.build(x.shape)
+    ring.set_weights(layer.get_weights())
+    want_ring = keras.ops.convert_to_numpy(ring(x))
+    for prefill, step in [(0, 1), (5, 1), (2, 3), (7, 2)]:
+        got = decode(ring, x, cache_len=4, prefill=prefill, step=step)
+        np.testing.assert_allclose(got, want_ring, atol=2e-5)
     assert calls and all(
         bias is None and slopes is not None and implementation == "auto"
         for bias, slopes, implementation in calls
@@ -216,3 +226,27 @@ def test_a_traced_write_past_the_end_gives_nan_not_wrong_numbers():
     for i in range(6):
         out, cache = call(x[:, i : i + 1], cache, tf.constant(i))
         assert np.isnan(keras.ops.convert_to_numpy(out)).all() == (i >= 4), i
+
+
+@pytest.mark.parametrize("encoding", [None, "alibi"])
+def test_a_ring_mask_names_slots_in_slot_order(encoding):
+    # ALiBi puts a ring's slots in position order for the core: the
+    # caller's attention_mask (over the slots, then the new tokens) must
+    # follow them. At index 6 a ring of 4 holds positions 4, 5, 2, 3 in
+    # slots 0-3; masking slot 1 is masking position 5.
+    layer, x = make(position_encoding=encoding, sliding_window=4)
+    cache = np.zeros((2, 2, 4, 2, 8), "float32")
+    for i in range(6):
+        _, cache = layer(x[:, i : i + 1], cache=cache, cache_update_index=i)
+    slots = np.ones((2, 1, 5), bool)
+    slots[:, :, 1] = False
+    got, _ = layer(x[:, 6:7], cache=cache, cache_update_index=6,
+                   attention_mask=slots)
+    rows = np.arange(7)
+    allowed = (rows[:, None] >= rows) & (rows[:, None] - rows < 4)
+    allowed[6, 5] = False
+    want = layer(x[:, :7], attention_mask=np.broadcast_to(allowed, (2, 7, 7)))
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(got)[:, 0],
+        keras.ops.convert_to_numpy(want)[:, 6], atol=2e-5,
+    )

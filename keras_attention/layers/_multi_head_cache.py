@@ -213,23 +213,22 @@ class KVCache:
                 if k.shape[1] != s_max else " (S: the cache's S_max slots)",
             )
             mask = ops.logical_and(ops.cast(attention_mask, "bool"), mask)
-        bias = slopes = None
-        if self.position_encoding == "alibi" and k.shape[1] != s_max:
-            # A ring's keys do not sit at their slots' positions.
-            bias = self._alibi_bias(distance)
-        elif self.position_encoding == "alibi":
-            # The core's `slope * (s - t)` is `slope * (k_pos - q_pos)` plus
-            # `slope * index`, the same over a row: the same softmax, added
-            # block by block on the long paths (a bias would be `(H, T, S)`
-            # and the dense path's scores; a prompt of 8,192 tokens took
-            # 4 GB, 0.9 uncached).
+        slopes = None
+        if self.position_encoding == "alibi":
+            if k.shape[1] != s_max:  # a ring: its slots put in position order
+                k, v, mask = self._in_position_order(k, v, mask, index)
+            # Keys at positions `start + s` (0, `index - W` for a ring):
+            # the core's `slope * (s - t)` is `slope * (k_pos - q_pos)` plus
+            # a constant, the same over a row, so the same softmax, added
+            # block by block on the long paths (as a dense `(H, T, S)` bias
+            # on the dense path, a prompt of 8,192 tokens took 4 GB, 0.9
+            # uncached).
             slopes = positions.alibi_slopes(self._num_heads, self.alibi_bias_max)
         heads = attention_ops.dot_product_attention(
-            q, k, v, attention_mask=mask, bias=bias, alibi_slopes=slopes,
+            q, k, v, attention_mask=mask, alibi_slopes=slopes,
             scale=self._inverse_sqrt_key_dim, dropout_rate=self._dropout,
             seed=getattr(self._dropout_layer, "seed_generator", None),
             training=training,
-            implementation="auto" if bias is None else "dense",
         )
         if self._use_gate:
             heads = ops.multiply(heads, gate)
@@ -241,6 +240,21 @@ class KVCache:
             past_end = ops.cast(index, "int32") + t_len > s_max
             out = ops.where(past_end, ops.full_like(out, float("nan")), out)
         return out, cache
+
+    def _in_position_order(self, k, v, mask, index):
+        """A ring's keys, values and mask `(..., S)` with its `W` slots in
+        the order of their positions (`index - W + s`, the slot `(index +
+        s) % W`), then the new tokens: every key at `index - W + s`."""
+        window = self._sliding_window
+        order = ops.concatenate([
+            ops.mod(ops.cast(index, "int32") + ops.arange(window), window),
+            window + ops.arange(ops.shape(k)[1] - window),
+        ])
+        return (
+            ops.take(k, order, axis=1),
+            ops.take(v, order, axis=1),
+            ops.take(mask, order, axis=-1),
+        )
 
     def _ring_update(self, key_cache, value_cache, new_k, new_v, index):
         """Keys/values to attend to and the new ring, for a ring cache.

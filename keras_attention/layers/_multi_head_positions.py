@@ -5,7 +5,6 @@ from keras import ops
 
 from keras_attention._validation import invalid
 from keras_attention.ops import positions
-from keras_attention.ops.masks import wide_dtype
 
 POSITION_ENCODINGS = (None, "rope", "alibi")
 
@@ -67,12 +66,3 @@ class PositionEncodings:
                 self._num_heads, self.alibi_bias_max
             )
         return q, k, extra
-
-    def _alibi_bias(self, distance):
-        """ALiBi's bias `(1, H, T, S)` for query-minus-key `distance` `(T, S)`."""
-        # float64 for a float64 layer, float32 otherwise (as the core's).
-        wide = wide_dtype(self.compute_dtype)
-        slopes = ops.convert_to_tensor(
-            positions.alibi_slopes(self._num_heads, self.alibi_bias_max), wide
-        )
-        return slopes[None, :, None, None] * ops.cast(-distance, wide)[None, None]
