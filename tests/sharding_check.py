@@ -7,7 +7,7 @@ number of virtual devices are fixed before JAX initialises:
         python tests/sharding_check.py OUT.json [CASE ...]
 
 For each case (a Sequential around each sequence layer of the registry,
-grouped-query heads, a tiny ViT) the same initial weights run a forward
+grouped-query heads, the non-local block, local windows, a tiny ViT) the same initial weights run a forward
 pass and one SGD step on one device, under `DataParallel` over the 8
 devices and under `ModelParallel` on a `(2, 4)` mesh ("data", "model")
 with `keras_attention.distribution.layout_map`. OUT.json gets the largest
@@ -48,6 +48,21 @@ def sequence_model(name, **kwargs):
     return build, x
 
 
+def feature_map_model(name, **kwargs):
+    def build():
+        return keras.Sequential(
+            [
+                keras.Input((4, 4, 16)),
+                keras_attention.registry.get(name, **kwargs),
+                keras.layers.GlobalAveragePooling2D(),
+                keras.layers.Dense(3),
+            ]
+        )
+
+    rng = np.random.default_rng(2)
+    return build, rng.normal(size=(BATCH, 4, 4, 16)).astype("float32")
+
+
 def vit():
     def build():
         return keras_attention.applications.VisionTransformer(
@@ -66,6 +81,10 @@ CASES = {
     ),
     "additive": lambda: sequence_model("additive", units=8),
     "scaled_dot_product": lambda: sequence_model("scaled_dot_product"),
+    "non_local": lambda: feature_map_model("non_local"),
+    "local_window": lambda: feature_map_model(
+        "local_window", num_heads=4, window_size=2
+    ),
     "vit": vit,
 }
 

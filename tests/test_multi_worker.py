@@ -203,6 +203,18 @@ def test_malformed_tf_config_is_a_value_error(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", "{not json")
     with pytest.raises(ValueError, match="TF_CONFIG"):
         multi_worker_strategy()
+    # A string for the worker list (its characters were its addresses), two
+    # workers at one address and a port past 65535 (both failed only after
+    # the timeout, or with TensorFlow's gRPC error naming no port).
+    for workers, match in (
+        ("localhost:1", "'worker' is a str, not a list"),
+        (["localhost:1", "localhost:1"], "worker 0 and worker 1 at the same"),
+        (["localhost:99999"], "a port in 1-65535"),
+    ):
+        monkeypatch.setenv("TF_CONFIG", json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": 0}}))
+        with pytest.raises(ValueError, match=match):
+            multi_worker_strategy()
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["localhost:1"]},
                                                 "task": {"type": "worker", "index": 0}}))
     for timeout in (float("nan"), 0, -1.0, True, "60"):  # NaN passed before

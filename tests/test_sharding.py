@@ -25,6 +25,8 @@ KERNELS = {
     "multi_head_grouped": 4,
     "additive": 2,
     "scaled_dot_product": 0,
+    "non_local": 4,  # theta, phi, g, output
+    "local_window": 2,  # the fused qkv, output
     "vit": 4,
 }
 
@@ -79,19 +81,35 @@ def test_every_projection_kernel_is_sharded(results, case):
         assert spec is None or all(s is None for s in spec), (path, spec)
 
 
-def test_layout_map_rejects_a_missing_axis_and_indivisible_heads():
+def test_layout_map_errors_and_what_it_cannot_split():
+    # A missing axis and an unbuilt model raise (the map was empty, and
+    # ModelParallel replicated everything without a word); kernels the
+    # axis divides nowhere (3 heads on 4 devices, the non-local block's 3
+    # channels) are replicated with a warning naming them, where a model
+    # holding one was refused whole ("divides the number of heads" of a
+    # layer without heads).
     script = (
-        "import keras, keras_attention\n"
+        "import warnings, keras, keras_attention\n"
         "from keras_attention.distribution import layout_map\n"
         "devices = keras.distribution.list_devices()\n"
-        "model = keras.Sequential([keras.Input((4, 6)), keras_attention.registry.get("
-        "'multi_head', num_heads=3, key_dim=3)])\n"
         "mesh = keras.distribution.DeviceMesh((2, 4), ['data', 'model'], devices)\n"
-        "for axis in ('heads', 'model'):\n"
+        "heads = keras.Sequential([keras.Input((4, 6)), keras_attention.registry.get("
+        "'multi_head', num_heads=3, key_dim=3)])\n"
+        "unbuilt = keras.Sequential([keras_attention.registry.get("
+        "'multi_head', num_heads=4, key_dim=4)])\n"
+        "for model, axis in ((heads, 'heads'), (unbuilt, 'model')):\n"
         "    try:\n"
         "        layout_map(model, mesh, model_axis=axis)\n"
         "    except ValueError as e:\n"
         "        print('ERROR', e)\n"
+        "blocks = keras.Sequential([keras.Input((4, 4, 6)), keras_attention."
+        "registry.get('non_local'), keras_attention.registry.get('multi_head', "
+        "num_heads=4, key_dim=4, attention_axes=(1, 2))])\n"
+        "for model in (heads, blocks):\n"
+        "    with warnings.catch_warnings(record=True) as caught:\n"
+        "        warnings.simplefilter('always')\n"
+        "        layouts = layout_map(model, mesh)\n"
+        "    print('WARNING', len(layouts.keys()), *[str(w.message) for w in caught])\n"
     )
     env = dict(
         os.environ,
@@ -106,7 +124,18 @@ def test_layout_map_rejects_a_missing_axis_and_indivisible_heads():
         timeout=300,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    errors = [line for line in completed.stdout.splitlines() if line.startswith("ERROR")]
+    lines = completed.stdout.splitlines()
+    errors = [line for line in lines if line.startswith("ERROR")]
     assert len(errors) == 2, completed.stdout
     assert "`model_axis`" in errors[0] and "model_axis='heads'" in errors[0]
-    assert ("query_kernel" in errors[1] or "query/kernel" in errors[1]) and "(6, 3, 3)" in errors[1]
+    assert "expected a built model" in errors[1] and "0 variables" in errors[1]
+    warned = [line for line in lines if line.startswith("WARNING")]
+    assert len(warned) == 2, completed.stdout
+    # Three heads of 3 on 4 devices: query, key, value, output replicated.
+    assert warned[0].startswith("WARNING 0 ") and "4 projection kernel(s)" in warned[0]
+    assert "query/kernel (6, 3, 3)" in warned[0]
+    # The non-local block (6 channels, 3 inside) replicated; the
+    # multi-head layer after it sharded, biases of its heads too.
+    assert "non_local_block/theta/kernel (6, 3)" in warned[1]
+    assert "multi_head_attention" not in warned[1]
+    assert warned[1].startswith("WARNING 7 "), warned[1]  # q, k, v, output + 3 biases

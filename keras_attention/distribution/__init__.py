@@ -1,8 +1,9 @@
 """Distribution helpers: layout maps for `keras.distribution` (JAX backend).
 
-`layout_map(model, mesh)` shards the projection kernels of every registry
+`layout_map(model, mesh)` shards the projections of every registry
 attention layer of a model over the mesh's model axis (attention heads,
-Megatron style: query/key/value column-parallel, output row-parallel), in
+Megatron style: the input projections column-parallel, the output
+row-parallel), in
 the manner of keras-hub's `Backbone.get_layout_map`; with
 `keras.distribution.ModelParallel(layout_map=..., batch_dim_name="data")`
 the batch is split over the data axis. Tested on 8 virtual CPU devices

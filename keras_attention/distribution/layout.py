@@ -1,16 +1,26 @@
 """Layout maps that shard attention projections over a model axis."""
 
 import re
+import warnings
 
 import keras
 
 from keras_attention import registry
 
 # A projection's role, from the variable's path inside its layer: a path
-# segment (or `_`-separated part of one) naming query/key/value/output,
-# e.g. `query_kernel`, `query/kernel`, `attention_output/kernel`.
-_ROLE = re.compile(r"(?:^|[/_])(query|key|value|output)(?=[/_]|$)")
+# segment (or `_`-separated part of one) naming it, e.g. `query_kernel`,
+# `query/kernel`, `attention_output/kernel`, `output_dense/kernel`. The
+# input projections split their outputs (column-parallel): query, key,
+# value and gate (MultiHeadAttention), qkv (LocalWindowAttention), theta,
+# phi and g (NonLocalBlock), hidden (CBAM's channel MLP), projection,
+# source and target (GraphAttention), general (Luong's); `output` splits
+# its input side (row-parallel).
+_ROLE = re.compile(
+    r"(?:^|[/_])(query|key|value|gate|qkv|theta|phi|g|hidden|projection|"
+    r"source|target|general|output)(?=[/_]|$)"
+)
 _KERNEL = re.compile(r"(?:^|[/_])kernel$")
+_BIAS = re.compile(r"(?:^|[/_])bias$")
 
 
 def _registry_classes():
@@ -51,15 +61,7 @@ def _sharded_axis(role, shape, size):
     return None
 
 
-def projection_kernels(model):
-    """The projection kernels of the model's registry layers.
-
-    Returns:
-        A list of `(layer, variable, role, relative_path)`, `role` one of
-        `"query"`, `"key"`, `"value"`, `"output"`, for every kernel (a
-        variable whose path ends with `kernel`) of a registry layer whose
-        path names a role.
-    """
+def _projection_variables(model, pattern):
     classes = _registry_classes()
     found, seen = [], set()
     for layer in model._flatten_layers(include_self=True):
@@ -70,10 +72,24 @@ def projection_kernels(model):
             if relative is None or id(variable) in seen:
                 continue
             role = _ROLE.search(relative)
-            if role and _KERNEL.search(relative):
+            if role and pattern.search(relative):
                 seen.add(id(variable))
                 found.append((layer, variable, role.group(1), relative))
     return found
+
+
+def projection_kernels(model):
+    """The projection kernels of the model's registry layers.
+
+    Returns:
+        A list of `(layer, variable, role, relative_path)`, `role` the
+        projection's name in the path (`"query"`, `"key"`, `"value"`,
+        `"gate"`, `"qkv"`, `"theta"`, `"phi"`, `"g"`, `"hidden"`,
+        `"projection"`, `"source"`, `"target"`, `"general"` or
+        `"output"`), for every kernel (a variable whose path ends with
+        `kernel`) of a registry layer whose path names one.
+    """
+    return _projection_variables(model, _KERNEL)
 
 
 def _key(layer, relative):
@@ -90,10 +106,16 @@ def _key(layer, relative):
 def layout_map(model, mesh, model_axis="model"):
     """A `keras.distribution.LayoutMap` sharding the model's attention heads.
 
-    Every projection kernel (query, key, value, output) of every registry
-    layer in `model` is split over the mesh axis `model_axis`
-    (`_sharded_axis`: heads, else head size or units); other variables are
-    replicated. Keys are regexes on variable paths that ignore Keras's
+    Every projection of every registry layer in `model` is split over the
+    mesh axis `model_axis`, Megatron style: the input projections (query,
+    key, value, gate, a fused qkv, non-local's theta/phi/g, CBAM's hidden
+    layer, GAT's projections) split their outputs — heads, else head size
+    or units (`_sharded_axis`) — and their biases the same way; the output
+    projections split their input side, so each device computes its heads
+    end to end and one all-reduce sums the output. A projection with no
+    dimension the axis size divides (CBAM's one hidden unit, three heads
+    on four devices) is replicated, and a warning names it. Other variables
+    are replicated. Keys are regexes on variable paths that ignore Keras's
     `_<n>` name suffixes, so the map built from one instance applies to
     another instance of the same model, created in the distribution's
     scope, as `ModelParallel` requires:
@@ -116,10 +138,9 @@ def layout_map(model, mesh, model_axis="model"):
         A `keras.distribution.LayoutMap`.
 
     Raises:
-        ValueError: `model_axis` is not an axis of `mesh`; a projection
-            kernel has no dimension divisible by the axis size (the message
-            names the variable); or two layers sharing a key need different
-            layouts.
+        ValueError: `model_axis` is not an axis of `mesh`; `model` is not
+            built (it has no variables yet: the map would be empty); or two
+            layers sharing a key need different layouts.
     """
     if model_axis not in mesh.axis_names:
         raise ValueError(
@@ -127,28 +148,55 @@ def layout_map(model, mesh, model_axis="model"):
             f"one of the mesh's axes {list(mesh.axis_names)}. Received: "
             f"model_axis={model_axis!r}"
         )
+    if not getattr(model, "built", False) or not model.weights:
+        raise ValueError(
+            "Received an invalid value for argument `model`, expected a "
+            "built model (call it on a batch, or give it an `Input`): its "
+            f"variables are what the map shards. Received: {model!r}, "
+            f"built={getattr(model, 'built', None)}, with "
+            f"{len(getattr(model, 'weights', []))} variables"
+        )
     size = mesh.shape[list(mesh.axis_names).index(model_axis)]
     layouts = keras.distribution.LayoutMap(mesh)
-    chosen = {}
+    chosen, replicated = {}, []
+    kernels = {}  # a column-parallel layer's kernel axis, for its bias
     for layer, variable, role, relative in projection_kernels(model):
         shape = tuple(variable.shape)
         axis = _sharded_axis(role, shape, size)
         if axis is None:
-            raise ValueError(
-                f"Cannot shard {variable.path} {shape} over the {size} devices "
-                f"of the mesh axis {model_axis!r}: no dimension that "
-                "holds heads or units is divisible by it. Choose a mesh "
-                "axis size that divides the number of heads."
-            )
-        spec = tuple(model_axis if i == axis else None for i in range(len(shape)))
-        key = _key(layer, relative)
-        if key in chosen and chosen[key] != spec:
-            raise ValueError(
-                f"Layers named like {layer.name!r} need different layouts for "
-                f"{relative} ({chosen[key]} and {spec}); give them distinct "
-                "names."
-            )
-        chosen[key] = spec
+            replicated.append(f"{variable.path} {shape}")
+            continue
+        if role != "output":
+            kernels[(id(layer), relative.rsplit("kernel", 1)[0])] = axis - 1
+        _choose(chosen, layer, relative, _spec(axis, len(shape), model_axis))
+    for layer, variable, role, relative in _projection_variables(model, _BIAS):
+        axis = kernels.get((id(layer), relative.rsplit("bias", 1)[0]))
+        if axis is not None and axis < len(variable.shape):
+            spec = _spec(axis, len(variable.shape), model_axis)
+            _choose(chosen, layer, relative, spec)
+    if replicated:
+        warnings.warn(
+            f"layout_map: {len(replicated)} projection kernel(s) have no "
+            f"dimension of heads or units divisible by the {size} devices of "
+            f"the mesh axis {model_axis!r} and stay replicated: "
+            + ", ".join(replicated),
+            stacklevel=2,
+        )
     for key, spec in chosen.items():
         layouts[key] = spec
     return layouts
+
+
+def _spec(axis, rank, model_axis):
+    return tuple(model_axis if i == axis else None for i in range(rank))
+
+
+def _choose(chosen, layer, relative, spec):
+    key = _key(layer, relative)
+    if key in chosen and chosen[key] != spec:
+        raise ValueError(
+            f"Layers named like {layer.name!r} need different layouts for "
+            f"{relative} ({chosen[key]} and {spec}); give them distinct "
+            "names."
+        )
+    chosen[key] = spec

@@ -49,6 +49,13 @@ def _read_tf_config():
     try:
         config = json.loads(raw)
         cluster, task = config["cluster"], config["task"]
+        for job, members in cluster.items():
+            if not isinstance(members, list):
+                # A string's characters were read as its addresses.
+                raise TypeError(
+                    f"the cluster's {job!r} is a {type(members).__name__}, "
+                    "not a list of addresses"
+                )
         addresses = {
             (job, i): address
             for job, members in cluster.items()
@@ -66,13 +73,24 @@ def _read_tf_config():
             f"TF_CONFIG's task {me[0]} {me[1]} is not in its cluster "
             f"{cluster}. Received: TF_CONFIG={raw!r}"
         )
+    seen = {}
     for key, address in addresses.items():
         host, _, port = str(address).rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(
                 f"TF_CONFIG names {key[0]} {key[1]} at {address!r}, expected "
-                f"'host:port'. Received: TF_CONFIG={raw!r}"
+                f"'host:port' with a port in 1-65535. Received: TF_CONFIG={raw!r}"
             )
+        if address in seen:
+            # One of the two could not start its server; the other waited
+            # for the whole timeout.
+            other = seen[address]
+            raise ValueError(
+                f"TF_CONFIG names {other[0]} {other[1]} and {key[0]} {key[1]} "
+                f"at the same address {address!r}: each task needs its own. "
+                f"Received: TF_CONFIG={raw!r}"
+            )
+        seen[address] = key
     return addresses, me
 
 
