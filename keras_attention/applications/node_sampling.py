@@ -25,6 +25,7 @@ from keras_attention.datasets.sampling import check_edges
 from keras_attention.datasets.sampling import check_fanouts
 from keras_attention.datasets.sampling import check_seeds
 from keras_attention.datasets.sampling import csr_by_target
+from keras_attention.datasets.sampling import sorted_unique
 from keras_attention._validation import invalid
 
 
@@ -131,6 +132,9 @@ def sampled_node_dataset(
     labels = np.asarray(graph.labels)
     num_nodes = len(features)
     _check_count("batch_size", batch_size)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        # Else it failed inside `fit`, in the dataset's generator.
+        raise invalid("seed", "a non-negative integer", seed)
     sampler = _sampler_of(graph, num_nodes, fanouts, sampler)
     seeds = _seed_ids(seeds, num_nodes)
     if len(seeds) == 0:
@@ -201,7 +205,7 @@ def _chunk_subgraph(indptr, indices, start, stop):
     degrees = np.diff(indptr[start : stop + 1])
     local_targets = np.repeat(np.arange(stop - start), degrees)
     inside = (sources >= start) & (sources < stop)
-    outside = np.unique(sources[~inside])
+    outside = sorted_unique(sources[~inside])
     local_sources = np.where(
         inside, sources - start, (stop - start) + np.searchsorted(outside, sources)
     )

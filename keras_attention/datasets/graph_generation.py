@@ -76,7 +76,8 @@ def make_graph(
         kind: `"sbm"` (stochastic block model, Poisson-like degrees) or
             `"power_law"` (degree-corrected, Pareto weights with tail
             exponent 2.5, as in web and citation graphs).
-        homophily: probability that an edge stays within a class.
+        homophily: the chance an edge's second end is drawn in its first
+            end's class, else anywhere (`h + (1 - h) / C` stay in class).
         feature_noise: standard deviation of the noise added to the class
             means (which are standard normal).
         train_fraction, val_fraction: sizes of the random splits (test:
@@ -163,11 +164,6 @@ def make_graph(
         num_nodes, train_fraction, val_fraction, rng
     )
     return GraphData(
-        features=features,
-        edges=edges,
-        labels=labels,
-        train_mask=train_mask,
-        val_mask=val_mask,
-        test_mask=test_mask,
-        num_classes=num_classes,
+        features=features, edges=edges, labels=labels, train_mask=train_mask,
+        val_mask=val_mask, test_mask=test_mask, num_classes=num_classes,
     )

@@ -22,6 +22,7 @@ import numpy as np
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
 from keras_attention.datasets._files import missing_file_error
+from keras_attention.datasets.sampling import sorted_unique
 
 GraphData = collections.namedtuple(
     "GraphData",
@@ -53,7 +54,7 @@ def _edges_from_pairs(pairs, num_nodes):
     both = np.concatenate([pairs, pairs[:, ::-1]], axis=0)
     both = both[both[:, 0] != both[:, 1]]
     # One int64 key per pair, target-major, to dedupe and sort at once.
-    keys = np.unique(both[:, 1] * num_nodes + both[:, 0])
+    keys = sorted_unique(both[:, 1] * num_nodes + both[:, 0])
     return np.stack([keys % num_nodes, keys // num_nodes]).astype("int32")
 
 
