@@ -394,9 +394,11 @@ class Translator(
         Its `generate` endpoint maps source ids `(B, S)` (int32, `S` the
         preprocessor's `source_length`) to target ids `(B, L)`, the same
         ids `generate_ids` returns: encoder, cached decoder steps and the
-        search loop in one graph, served without Python (TF Serving,
-        `tf.saved_model.load(path).generate(ids)`). Tokenisation stays
-        outside (`preprocessor.encode_sources`, `preprocessor.decode`).
+        search loop in one graph, served without Python (TF Serving, or
+        `loaded = tf.saved_model.load(path)` then `loaded.generate(ids)`:
+        keep the loaded object while calling it, TensorFlow drops its
+        variables with it). Tokenisation stays outside
+        (`preprocessor.encode_sources`, `preprocessor.decode`).
 
         Args:
             path: the SavedModel folder to write.
@@ -411,8 +413,11 @@ class Translator(
         Example:
 
         ```python
+        translator = TransformerTranslator.from_preset("transformer_dates")
         translator.export_generator("dates_generator")
-        ids = tf.saved_model.load("dates_generator").generate(source_ids)
+        source_ids = translator.preprocessor.encode_sources(["3 march 1998"])
+        loaded = tf.saved_model.load("dates_generator")  # kept: its variables
+        ids = loaded.generate(source_ids)  # (1, L), as generate_ids
         ```
         """
         if keras.backend.backend() != "tensorflow":

@@ -48,6 +48,13 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
     Returns:
         The context vectors `(B, T, Dv)` (`(B, Dv)` for a `(B, Dq)` query).
 
+    Raises:
+        ValueError: naming the argument: `units` not a positive integer,
+            `dropout` outside `[0, 1)`; inputs that are not `[query,
+            value(, key)]` sequences, or masks of other shapes;
+            `projected_key` of another shape than `project_key(key)`, or
+            `project_key` before the layer is built.
+
     Example:
 
     ```python

@@ -89,6 +89,11 @@ class ChannelAttention(_ImageAttention):
         The refined feature map, of the input's shape, and the channel
         weights `M_c` `(B, C)` in `(0, 1)` if `return_attention_scores=True`.
 
+    Raises:
+        ValueError: naming the argument: `reduction` not a positive
+            integer or not dividing the channels; inputs that are not
+            channels-last feature maps, or once built of other channels.
+
     Example:
 
     ```python
@@ -205,6 +210,11 @@ class SpatialAttention(_ImageAttention):
         `M_s` `(B, ..., 1)` (e.g. `(B, H, W, 1)`) in `(0, 1)` if
         `return_attention_scores=True`.
 
+    Raises:
+        ValueError: naming the argument: `kernel_size` not a positive odd
+            integer; inputs that are not channels-last feature maps, or
+            once built of another rank.
+
     Example:
 
     ```python
@@ -286,6 +296,12 @@ class CBAM(_ImageAttention):
         `(F'', (channel_weights, spatial_map))`: the channel weights `M_c`
         `(B, C)` and the spatial map `M_s` `(B, ..., 1)`, in the order they
         are applied.
+
+    Raises:
+        ValueError: naming the argument: `reduction` not a positive
+            integer or not dividing the channels, `kernel_size` not a
+            positive odd integer; inputs that are not channels-last feature
+            maps or, once built, a map of other channels or rank.
 
     Example:
 

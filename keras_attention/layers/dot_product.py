@@ -46,6 +46,13 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
     Returns:
         `(B, T, Dv)`, and the weights if `return_attention_scores=True`.
 
+    Raises:
+        ValueError: naming the argument: `score_mode` not one of
+            `SCORE_MODES`, `dropout` outside `[0, 1)`; `"dot"` and
+            `"scaled_dot"` scores of a query and a key of other sizes (use
+            `"general"`); inputs that are not sequences, or masks of other
+            shapes.
+
     Example:
 
     ```python

@@ -26,6 +26,9 @@ class HashDropout(ArgumentConfig, keras.layers.Layer):
     Returns:
         A tensor of the shape and dtype of `inputs`.
 
+    Raises:
+        ValueError: `rate` outside `[0, 1)`, naming it.
+
     Example:
 
     ```python

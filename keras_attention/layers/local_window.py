@@ -186,6 +186,13 @@ class LocalWindowAttention(
         (windows row-major, tokens row-major inside a window; masked
         entries are exactly 0).
 
+    Raises:
+        ValueError: naming the argument: `num_heads`, `window_size` or
+            `key_dim` not positive integers, `shift_size` outside `[0,
+            window_size)`, `dropout` outside `[0, 1)`; inputs that are not
+            channels-last maps with a known height and width, or whose
+            channels `num_heads` does not divide (without `key_dim`).
+
     Example:
 
     ```python

@@ -134,6 +134,13 @@ class NonLocalBlock(FeatureMapAttention):
         `z`, of the input's shape, and the weights `(B, 1, T, S)` if
         `return_attention_scores=True`.
 
+    Raises:
+        ValueError: naming the argument: `mode` not one of `MODES`,
+            `inter_channels` not a positive integer, `sub_sample` not a
+            pool size (or one per spatial axis of the inputs); inputs that
+            are not channels-last maps of 1 to 3 spatial axes, a `mask` of
+            another shape, or once built a map of other channels or rank.
+
     Example:
 
     ```python
