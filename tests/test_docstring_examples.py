@@ -1,6 +1,7 @@
 """The `>>>` examples in the package's docstrings run and print what they
 say, each in its module's namespace, as `pytest --doctest-modules` runs
-them (the longer examples, in ```python blocks, are not run here)."""
+them; the layer classes' longer examples, in ```python blocks, run too (the
+applications' train models and are not run here)."""
 
 import doctest
 import importlib
@@ -38,3 +39,42 @@ def test_docstring_examples(name):
         runner.run(test)
     failed, attempted = runner.summarize(verbose=False)
     assert failed == 0, f"{failed} of {attempted} examples failed in {name} (output above)"
+
+
+def _python_blocks(text):
+    """The ```python blocks of a docstring, dedented."""
+    import re
+    import textwrap
+
+    return [
+        textwrap.dedent(block)
+        for block in re.findall(r"```python\n(.*?)```", text or "", re.S)
+    ]
+
+
+def _layer_classes():
+    from keras_attention import layers
+
+    return [
+        getattr(layers, name) for name in sorted(dir(layers))
+        if isinstance(getattr(layers, name), type) and _python_blocks(
+            getattr(layers, name).__doc__
+        )
+    ]
+
+
+@pytest.mark.parametrize("cls", _layer_classes(), ids=lambda c: c.__name__)
+def test_layer_class_examples_run_as_written(cls, tmp_path, monkeypatch):
+    # The layers' ```python examples (not `>>>` ones), each in a namespace
+    # of keras, NumPy and the layers, as a user pastes them after the
+    # README's imports; files they write land in tmp_path.
+    import keras
+    import numpy as np
+
+    from keras_attention import layers
+
+    monkeypatch.chdir(tmp_path)
+    for block in _python_blocks(cls.__doc__):
+        namespace = {"keras": keras, "np": np, "ops": keras.ops}
+        namespace.update({n: getattr(layers, n) for n in dir(layers) if not n.startswith("_")})
+        exec(compile(block, f"<{cls.__name__} example>", "exec"), namespace)
