@@ -262,7 +262,21 @@ def origins():
 
 
 def get_class(name):
-    """The layer class registered under `name`."""
+    """The layer class registered under `name` (plugins discovered first).
+
+    Args:
+        name: a registered name (`names()` lists them), or a
+            `keras.layers.Layer` subclass, returned as it is.
+
+    Raises:
+        ValueError: `name` is neither, or no layer is registered under it
+            (the message lists the names).
+
+    Example:
+
+    >>> get_class("multi_head").__name__
+    'MultiHeadAttention'
+    """
     discover_plugins()
     if isinstance(name, type) and issubclass(name, keras.layers.Layer):
         return name

@@ -146,6 +146,11 @@ def test_fit_lowers_the_loss_on_text():
     figures = training.fit_causal_lm(model, text, sequence_length=32, epochs=2)
     losses = figures["history"]["loss"]
     assert losses[-1] < losses[0]
+    # A validation text shorter than one window was skipped without a word
+    # (no val_loss came back); it is refused before training now.
+    with pytest.raises(ValueError, match=r"`validation_text`.*33 characters"):
+        training.fit_causal_lm(model, text, sequence_length=32,
+                               validation_text="too short")
 
 
 def test_preset_is_registered_and_loads_its_weights():

@@ -147,6 +147,19 @@ def segment_softmax(scores, segment_ids, num_segments, mask=None):
     Returns:
         A tensor of `scores`' shape and dtype; the entries of each segment sum
         to 1 (or are all 0 if the segment has no unmasked entry).
+
+    Raises:
+        ValueError: `num_segments` not an int >= 0, `segment_ids` not one
+            per entry of `scores`, or (where their values are known) ids
+            outside `[0, num_segments)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> weights = segment_softmax(
+    ...     np.zeros(3, "float32"), np.array([0, 0, 1]), num_segments=2)
+    >>> ops.convert_to_numpy(weights).tolist()
+    [0.5, 0.5, 1.0]
     """
     _check_segments(scores, segment_ids, num_segments)
     return segment_softmax_of_checked_ids(scores, segment_ids, num_segments, mask)

@@ -39,6 +39,14 @@ def rotary_embedding(x, positions=None, start_index=0, max_wavelength=10000,
         `(x1 cos - x2 sin, x2 cos + x1 sin)` at angles
         `position / scaling_factor * max_wavelength ** (-2i / D)`, computed
         in float32 (float64 for float64 heads).
+
+    Example:
+
+    >>> import numpy as np
+    >>> heads = np.ones((1, 4, 2, 8), "float32")  # (B, T, H, D)
+    >>> rotated = ops.convert_to_numpy(rotary_embedding(heads))
+    >>> rotated.shape, bool((rotated[0, 0] == 1).all())  # position 0 stays
+    ((1, 4, 2, 8), True)
     """
     x = ops.convert_to_tensor(x)  # NumPy heads: `x * cos` on torch
     dim = x.shape[-1]

@@ -12,6 +12,7 @@ import time
 import keras
 
 from keras_attention._validation import check_positive_int
+from keras_attention._validation import invalid
 from keras_attention._validation import check_positive_number
 from keras_attention.training.budget import TimeBudget
 from keras_attention.training.budget import cpu_seconds
@@ -39,8 +40,39 @@ def fit_causal_lm(
     """Fits `model` (a `CausalLM` with a preprocessor) on `text`.
 
     Windows of `sequence_length` characters (half overlapping), AdamW with
-    a warm-up and cosine decay over the epochs, XLA. Returns the figures
-    `{"wall", "cpu", "load", "history"}` (seconds of `fit`, load average).
+    a warm-up and cosine decay over the epochs, XLA.
+
+    Args:
+        model: a `CausalLM` with a `preprocessor` (it cuts the text).
+        text: the training text (a string).
+        sequence_length: characters a window; `text` needs one more.
+        batch_size, epochs, learning_rate: of the fit (the peak rate of
+            the schedule).
+        validation_text: optional text scored after each epoch
+            (`val_loss`), in windows of `sequence_length` (none
+            overlapping); it needs `sequence_length + 1` characters.
+        cpu_budget: optional CPU seconds after which training stops
+            (`TimeBudget`).
+        verbose: Keras's `verbose` of `fit`.
+
+    Returns:
+        `{"wall", "cpu", "load", "history"}`: seconds of `fit` (wall and
+        CPU), the load average, and Keras's history.
+
+    Raises:
+        ValueError: a model without a preprocessor, a bad number (naming
+            it), or a `text` or `validation_text` shorter than one window.
+
+    Example:
+
+    ```python
+    corpus = load_text_corpus(num_train=500, num_val=50, num_test=50)
+    lm = CausalLM(preprocessor=CausalLMPreprocessor(), hidden_dim=32,
+                  depth=2, num_heads=4)
+    figures = fit_causal_lm(lm, corpus["train"], sequence_length=64,
+                            validation_text=corpus["val"])
+    figures["history"]["val_loss"]  # one value an epoch
+    ```
     """
     if getattr(model, "preprocessor", None) is None:
         raise ValueError(
@@ -54,7 +86,15 @@ def fit_causal_lm(
         text, sequence_length, stride=sequence_length // 2 or 1
     )
     validation = None
-    if validation_text and len(validation_text) > sequence_length + 1:
+    if validation_text is not None:
+        if len(validation_text) < sequence_length + 1:
+            # It was skipped without a word, and no val_loss came back.
+            raise invalid(
+                "validation_text",
+                f"at least sequence_length + 1 = {sequence_length + 1} "
+                "characters (one window)",
+                f"<text of {len(validation_text)} characters>",
+            )
         validation = model.preprocessor.sequences(validation_text, sequence_length)
     steps = max(1, epochs * (len(x) // batch_size))
     schedule = keras.optimizers.schedules.CosineDecay(
