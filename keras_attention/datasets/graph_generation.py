@@ -8,7 +8,7 @@ within the same class with probability `homophily`, else anywhere, again
 in proportion to the weights. Features are the class's mean vector plus
 Gaussian noise, so both the features and the neighbourhood carry the
 class. Vectorised NumPy: a million nodes and twenty million edges take
-seconds.
+about 14 s on two cores (`benchmarks/bench_graph_scale.py`).
 """
 
 import numpy as np
