@@ -42,6 +42,8 @@ def numpy(x):
         {},
         {"sliding_window": 4},  # a ring cache of 4 entries
         {"position_encoding": "alibi", "num_key_value_heads": None},
+        # ALiBi's ring: its slots put in position order for the core
+        {"position_encoding": "alibi", "sliding_window": 4},
         {"tie_weights": False, "sliding_window": 20},  # window > length
     ],
 )
@@ -61,9 +63,9 @@ def test_cached_steps_give_the_logits_of_the_full_causal_forward(options):
                                      .attention_layer.kv_heads, 4)
 
 
-@pytest.mark.parametrize("window", [None, 3])
-def test_cached_generation_gives_the_tokens_of_recomputing_the_prefix(window):
-    model = tiny(sliding_window=window)
+@pytest.mark.parametrize("window, encoding", [(None, "rope"), (3, "rope"), (3, "alibi")])
+def test_cached_generation_gives_the_tokens_of_recomputing_the_prefix(window, encoding):
+    model = tiny(sliding_window=window, position_encoding=encoding)
     prompts = [ids(1, 3, seed=1)[0], ids(1, 6, seed=2)[0]]  # ragged
     cached = model.generate(prompts, max_length=24)
     recomputed = model.generate(prompts, max_length=24, use_cache=False)
