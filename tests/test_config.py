@@ -232,8 +232,14 @@ def _dtype_cases():
     from keras_attention.applications import VisionTransformer
     import numpy as np
 
+    from keras_attention.applications import Seq2SeqTranslator
+    from keras_attention.applications import TranslationPreprocessor
+    from keras_attention.applications import TransformerTranslator
+
     image = np.zeros((2, 8, 8, 1), "float32")
     ids = np.ones((2, 6), "int32")
+    words = TranslationPreprocessor(source_length=4, target_length=5)
+    pairs = words.encode_pairs(["abc", "de"], ["abc", "de"])[0]
     return {
         "vit": (lambda **k: VisionTransformer(
             image_size=8, patch_size=4, hidden_dim=8, depth=1, num_heads=2,
@@ -249,10 +255,21 @@ def _dtype_cases():
             mlp_dim=8, **k), ids),
         "gat": (lambda **k: GATNodeClassifier(
             num_features=3, num_classes=2, hidden_units=4, **k), None),
+        # Subclassed models: their sublayers took the global policy in
+        # force when built or loaded (a mixed_bfloat16 translator computed
+        # in float32, a loaded mixed_float16 one too).
+        "transformer_translator": (lambda **k: TransformerTranslator(
+            words, num_layers=1, hidden_dim=8, num_heads=2,
+            intermediate_dim=8, **k), pairs),
+        "seq2seq_translator": (lambda **k: Seq2SeqTranslator(
+            words, embedding_dim=8, hidden_dim=8, **k), pairs),
     }
 
 
-@pytest.mark.parametrize("name", ["vit", "cbam_resnet", "text", "causal_lm", "gat"])
+@pytest.mark.parametrize("name", [
+    "vit", "cbam_resnet", "text", "causal_lm", "gat", "transformer_translator",
+    "seq2seq_translator",
+])
 def test_dtype_argument_of_an_application_is_honoured_and_saved(name, tmp_path):
     """`dtype=` reaches every layer (it was silently ignored: keras's
     functional constructor does not pass it on), the global policy is left

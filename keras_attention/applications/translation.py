@@ -39,6 +39,7 @@ from keras_attention.applications.compiling import CompiledLoops
 from keras_attention.applications.base import deserialize_preprocessor
 from keras_attention.applications.input_checks import InputChecks
 from keras_attention._config import ArgumentConfig
+from keras_attention._config import DTypeArgument
 from keras_attention._config import build_with_graph_state
 from keras_attention._config import graph_state_config
 from keras_attention.applications.base import PresetMixin
@@ -132,8 +133,8 @@ def _check_token_ids(argument, ids, size):
 
 
 class Translator(
-    ArgumentConfig, PresetMixin, CompileDefaults, InputChecks, SearchDecoding,
-    QuickQuantize, keras.Model,
+    DTypeArgument, ArgumentConfig, PresetMixin, CompileDefaults, InputChecks,
+    SearchDecoding, QuickQuantize, keras.Model,
 ):
     """Base of the translators: preprocessing, training defaults, decoding.
 
