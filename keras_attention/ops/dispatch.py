@@ -113,8 +113,10 @@ def dot_product_attention(
 ):
     """Scaled dot-product attention (Vaswani et al., 2017).
 
-    `softmax(Q K^T * scale + bias, masked) V`, the softmax in float32 whatever
-    the inputs' dtype. A query whose keys are all masked outputs zeros.
+    `softmax(Q K^T * scale + bias, masked) V`, softmax accumulated in float32
+    (float16 scores too; bfloat16 heads keep bfloat16 scores on the dense
+    and chunked paths, as Keras's op on TensorFlow: faster, less exact for
+    large logits, BENCHMARKS.md); a fully masked query outputs zeros.
 
     Args:
         query: `(B, T, H, D)`.
