@@ -38,7 +38,7 @@ class AllOrNothingWeights:
         optimizer = getattr(self, "optimizer", None)
         if optimizer is not None and hasattr(optimizer, "variables"):
             variables += list(optimizer.variables)
-        before = [v.numpy() for v in variables]  # 4x faster than convert_to_numpy on TF
+        before = [v.numpy() for v in variables]  # faster on TF than convert_to_numpy
         try:
             return super().load_weights(filepath, *args, **kwargs)
         except Exception:

@@ -134,12 +134,13 @@ def run_translation(model_name, data, epochs, out, seed, quick=False):
         )
         preprocessor = translation.date_task_preprocessor()
         preset, data_name = f"{prefix}_dates", "generated dates (embedded)"
+        test_split = "test"
         epochs = epochs or 1
         learning_rate = 1e-4
     else:
         corpus = translation.load_translation_corpus(data)
         corpus = quick_slice(corpus) if quick else corpus
-        translation_test_split(corpus, data)  # before any training
+        test_split = translation_test_split(corpus, data)  # before training
         sources, targets = corpus["train"]
         preprocessor = applications.TranslationPreprocessor.from_corpus(
             sources, targets, vocabulary_size=8000
@@ -164,7 +165,6 @@ def run_translation(model_name, data, epochs, out, seed, quick=False):
         x, y, validation_data=validation, epochs=epochs, batch_size=64,
         verbose=_verbose(),
     )
-    test_split = translation_test_split(corpus, data)
     sources, references = corpus[test_split]
     sources, references = list(sources)[:500], list(references)[:500]
     metrics = model.evaluate_translations(sources, references)

@@ -79,8 +79,8 @@ def check_edges(edges, num_nodes, argument="edges"):
 
 def sorted_unique(keys):
     """`np.unique(keys)` of a 1-D integer array, by a sort and a mask:
-    NumPy 2.4's `np.unique` took 10 s on 10 M int64 keys where this takes
-    0.12 s (the same array)."""
+    NumPy 2.4's `np.unique` was most of `make_graph`'s time at a million
+    nodes (BENCHMARKS.md, "Sampled epochs on generated graphs")."""
     keys = np.sort(keys)
     if len(keys) < 2:
         return keys
