@@ -73,6 +73,7 @@ def products(length, repeats):
     q, k, v, d_out = heads(), heads(), heads(), heads()
     p = tf.constant(rng.random((8, 8, length, length)).astype("float32"))
     d_s = tf.constant(rng.random((8, 8, length, length)).astype("float32"))
+    p_t = tf.constant(rng.random((8, 8, length, length)).astype("float32"))
     cases = {
         "S = Q K^T": lambda: ops.einsum("bhtd,bhsd->bhts", q, k),
         "O = P V": lambda: ops.matmul(p, v),
@@ -88,6 +89,16 @@ def products(length, repeats):
         ),
         "dV = (materialised P^T) dO": lambda: ops.matmul(
             ops.swapaxes(p, -1, -2), d_out
+        ),
+        # The scores kept transposed, `(B, H, S, T)` (`K Q^T` is the same
+        # product as `Q K^T`): the keys' products take them on the left,
+        # and the forward's `O` and `dQ` move to the right.
+        "P^T kept: dV = P^T dO (and dK)": lambda: ops.matmul(p_t, d_out),
+        "P^T kept: O^T = V^T P^T (and dQ^T)": lambda: ops.einsum(
+            "bhsd,bhst->bhdt", v, p_t
+        ),
+        "P^T kept: O = (P^T)^T V": lambda: ops.einsum(
+            "bhst,bhsd->bhtd", p_t, v
         ),
     }
     print(f"\n## Products alone, T = {length} (CPU-ms)\n")
