@@ -78,3 +78,32 @@ def test_layer_class_examples_run_as_written(cls, tmp_path, monkeypatch):
         namespace = {"keras": keras, "np": np, "ops": keras.ops}
         namespace.update({n: getattr(layers, n) for n in dir(layers) if not n.startswith("_")})
         exec(compile(block, f"<{cls.__name__} example>", "exec"), namespace)
+
+
+def _documented_classes():
+    """The registry's layers and the applications' models: what a user
+    constructs by name."""
+    import keras
+
+    from keras_attention import applications, layers
+
+    classes = [getattr(layers, n) for n in dir(layers)]
+    classes += [getattr(applications, n) for n in dir(applications)]
+    return sorted(
+        {
+            c for c in classes
+            if isinstance(c, type) and issubclass(c, keras.layers.Layer)
+            and c.__module__.startswith("keras_attention")
+            and not c.__name__.startswith("_")
+        },
+        key=lambda c: c.__name__,
+    )
+
+
+@pytest.mark.parametrize("cls", _documented_classes(), ids=lambda c: c.__name__)
+def test_public_classes_say_what_they_raise(cls):
+    # Every layer and model a user builds says what bad arguments and inputs
+    # raise (a "Raises:" section), as keras's own layers do.
+    assert "Raises:" in (cls.__doc__ or ""), (
+        f"{cls.__module__}.{cls.__name__} has no Raises: section"
+    )

@@ -67,6 +67,16 @@ class CausalLMBackbone(app_base.Backbone):
             generation, `cache=`).
         attention_kwargs: extra constructor arguments of that layer.
 
+    Raises:
+        ValueError: naming the argument: `vocabulary_size`,
+            `hidden_dim`, `depth`, `num_heads`, `mlp_dim` or
+            `num_key_value_heads` not positive integers; `dropout`
+            outside `[0, 1)`; `sliding_window`, `position_encoding` or
+            `tie_weights` not one of theirs; an `attention` the registry
+            lacks, or whose constructor does not take a causal mask,
+            position encodings, a sliding window and key/value heads;
+            token ids outside `[0, vocabulary_size)`.
+
     Example:
 
     ```python
@@ -242,6 +252,17 @@ class CausalLM(
 
     Returns:
         Logits `(B, T, V)`: position `t` predicts token `t + 1`.
+
+    Raises:
+        ValueError: naming the argument: `backbone` not a
+            `CausalLMBackbone` (or given with backbone arguments), an
+            argument `CausalLMBackbone` does not take, or one it refuses
+            (as it checks them); `preprocessor` not a
+            `CausalLMPreprocessor`; in `fit` and `evaluate`, next-token
+            labels outside `[0, vocabulary_size)`; in `generate`, a
+            `sampler` it cannot run (or its settings out of range), empty
+            or all-padding `prompt_ids`, or a `max_length` not above the
+            longest prompt.
 
     Example:
 

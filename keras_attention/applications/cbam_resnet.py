@@ -48,6 +48,15 @@ class CBAMResNetBackbone(app_base.ImageBackbone):
     Returns:
         Features `(B, filters[-1])`.
 
+    Raises:
+        ValueError: naming the argument: `image_size`, `num_channels`,
+            `stem_strides`, `stem_filters`, `filters` or
+            `blocks_per_stage` not positive integers (`filters` empty, or
+            `blocks_per_stage` a list of another length); an `attention`
+            the registry lacks or that does not refine a feature map;
+            `weight_decay` negative; images of another shape than
+            `(B, *image_size, num_channels)`.
+
     Example:
 
     ```python
@@ -164,6 +173,15 @@ class CBAMResNet(app_base.Classifier):
 
     Returns:
         Logits `(B, num_classes)`.
+
+    Raises:
+        ValueError: naming the argument: `num_classes` not a positive
+            integer, `head_dropout` outside `[0, 1)`, `backbone` not a
+            `CBAMResNetBackbone`, or, without one, the backbone's arguments
+            as `CBAMResNetBackbone` checks them (required ones missing too);
+            inputs of another shape than the backbone's; in `fit` and
+            `evaluate`, labels that are not one class id in `[0,
+            num_classes)` per example (checked before anything is traced).
 
     Example:
 

@@ -148,6 +148,18 @@ class DETR(
         `"aux_boxes"` `(B, L - 1, N, 4)`; with `return_attention_scores`,
         `"cross_attention"` `(B, H, N, h, w)`.
 
+    Raises:
+        ValueError: naming the argument: sizes and layer counts not
+            positive integers (`num_encoder_layers` may be 0),
+            `hidden_dim` not a multiple of 4 and of `num_heads`;
+            `dropout` outside `[0, 1)`; backbone options or loss weights
+            not one of theirs; `attention_module` or
+            `transformer_attention` not a registered layer of the right
+            kind; images not `(B, height, width, channels)` with known
+            sizes; in `fit` and `evaluate`, targets that are not
+            `{"boxes": (B, M, 4), "labels": (B, M)}` with a known `M` of
+            at most `num_queries`, or a `sample_weight`.
+
     Example:
 
     ```python

@@ -47,6 +47,14 @@ class MaskedLanguageModel(
     Returns:
         Logits `(B, P, vocabulary_size)` at the masked positions.
 
+    Raises:
+        ValueError: naming the argument: `backbone` not a
+            `TextClassifierBackbone`; `mask_length` not a positive
+            integer; inputs that are not a dict of `token_ids` (as the
+            backbone checks them) and `mask_positions` `(B, mask_length)`
+            in `[0, sequence_length)`; in `fit` and `evaluate`, labels
+            outside the backbone's vocabulary.
+
     Example:
 
     ```python

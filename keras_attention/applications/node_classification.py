@@ -210,6 +210,18 @@ class GATNodeClassifier(
     over replicas. Training then matches one device
     (`tests/test_distributed.py`).
 
+    Raises:
+        ValueError: naming the argument: `num_features`,
+            `num_classes`, `hidden_units`, `num_heads` or `output_heads`
+            not positive integers; a dropout rate outside `[0, 1)`;
+            `weight_decay` negative; an `attention` the registry lacks or
+            that is not a graph layer; features of another width than
+            `num_features`, edges that are not integer node ids in
+            `[0, N)`, or a batch of more than one graph; in `fit` and
+            `evaluate`, labels outside `[0, num_classes)` or a
+            `sample_weight` (a split's mask) of another length than the
+            nodes.
+
     Example:
 
     ```python

@@ -190,6 +190,15 @@ class TextClassifierBackbone(app_base.Backbone):
         Features `(B, hidden_dim)`; `token_features(inputs)` gives the
         tokens `(B, T, hidden_dim)` before pooling.
 
+    Raises:
+        ValueError: naming the argument: `vocabulary_size`,
+            `sequence_length`, `hidden_dim` or `depth` not positive
+            integers; `dropout` outside `[0, 1)`; an `attention` the
+            registry lacks; `pooling` not one of its names; token ids
+            that are not integers `(B, sequence_length)` (or text, which
+            goes through the preprocessor), or outside
+            `[0, vocabulary_size)`.
+
     Example:
 
     ```python
@@ -392,6 +401,17 @@ class TextClassifier(app_base.Classifier):
 
     Returns:
         Logits `(B, num_classes)`.
+
+    Raises:
+        ValueError: naming the argument: `num_classes` not a positive
+            integer, `head_dropout` outside `[0, 1)`, `backbone` not a
+            `TextClassifierBackbone`, or, without one, the backbone's
+            arguments as `TextClassifierBackbone` checks them (required ones
+            missing too); inputs of another shape than the backbone's; in
+            `fit` and `evaluate`, labels that are not one class id in `[0,
+            num_classes)` per example (checked before anything is traced); a
+            `preprocessor` of another `sequence_length` or a larger
+            vocabulary than the backbone's.
 
     Example:
 

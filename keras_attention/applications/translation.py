@@ -143,6 +143,14 @@ class Translator(
     Args:
         preprocessor: a `TranslationPreprocessor` (or its config); defaults
             to `date_task_preprocessor()`.
+
+    Raises:
+        ValueError: naming the argument: `preprocessor` not a
+            `TranslationPreprocessor`; inputs that are not `(B, S)` source
+            and `(B, T)` target ids in its vocabularies; in `fit` and
+            `evaluate`, labels outside the target vocabulary; in
+            `translate` and `generate_ids`, a `search` other than
+            `"greedy"` or `"beam"`, or decoding settings out of range.
     """
 
     default_learning_rate = 1e-3

@@ -59,6 +59,17 @@ class Seq2SeqTranslator(Translator):
     Returns:
         Next-token logits `(B, T, V)`.
 
+    Raises:
+        ValueError: naming the argument: `preprocessor` not a
+            `TranslationPreprocessor`; `embedding_dim`, `hidden_dim` or
+            `attention_units` not positive integers; `cell` not one of
+            its names; an `attention` the registry lacks or that does not
+            attend over tokens; `attention_kwargs` not a dict; `dropout`
+            outside `[0, 1)`; inputs that are not `(B, S)` source and
+            `(B, T)` target ids in the preprocessor's vocabularies, or,
+            in `fit` and `evaluate`, labels outside the target
+            vocabulary.
+
     Example:
 
     ```python

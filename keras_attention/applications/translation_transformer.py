@@ -64,6 +64,17 @@ class TransformerTranslator(Translator):
     Returns:
         Next-token logits `(B, T, V)`.
 
+    Raises:
+        ValueError: naming the argument: `preprocessor` not a
+            `TranslationPreprocessor`; `num_layers`, `hidden_dim`,
+            `num_heads` or `intermediate_dim` not positive integers
+            (`num_heads` a divisor of
+            `hidden_dim`); `dropout` outside `[0, 1)`; an `attention` the
+            registry lacks or that does not take tokens; inputs that are
+            not `(B, S)` source and `(B, T)` target ids in the
+            preprocessor's vocabularies, or longer than its lengths; in
+            `fit` and `evaluate`, labels outside the target vocabulary.
+
     Example:
 
     ```python

@@ -118,6 +118,18 @@ class VisionTransformerBackbone(app_base.ImageBackbone):
     Returns:
         Features `(B, C_last)`.
 
+    Raises:
+        ValueError: naming the argument: `patch_size` not dividing
+            `image_size`; sizes, `depth`, `num_heads` or `mlp_dim` not
+            positive integers (or per-stage lists of another length than
+            `depth`); `dropout` outside `[0, 1)`; an `attention` the
+            registry lacks or that takes neither tokens nor a grid;
+            `attention_kwargs` with `window_size`, `shift_size` or
+            `grid_shape` (the model sets them); `pooling` or `final_norm`
+            not one of theirs (`"cls"` with a grid attention or patch
+            merging); images of another shape than
+            `(B, *image_size, num_channels)`.
+
     Example:
 
     ```python
@@ -287,6 +299,16 @@ class VisionTransformer(app_base.Classifier):
 
     Returns:
         Logits (or `activation` outputs) `(B, num_classes)`.
+
+    Raises:
+        ValueError: naming the argument: `num_classes` not a positive
+            integer, `head_dropout` outside `[0, 1)`, `backbone` not a
+            `VisionTransformerBackbone`, or, without one, the backbone's
+            arguments as `VisionTransformerBackbone` checks them (required
+            ones missing too); inputs of another shape than the backbone's;
+            in `fit` and `evaluate`, labels that are not one class id in
+            `[0, num_classes)` per example (checked before anything is
+            traced).
 
     Example:
 

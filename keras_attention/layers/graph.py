@@ -152,6 +152,16 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         unbatched) for an adjacency, `[..., i, j]` for `j -> i`. Each
         node's incoming coefficients sum to 1.
 
+    Raises:
+        ValueError: naming the argument: `units` or `num_heads` not
+            positive integers; `negative_slope` negative; a dropout rate
+            outside `[0, 1)`; `concat_heads` or `add_self_loops` not a
+            boolean; `version` not `"v1"` or `"v2"`; inputs that are not
+            `[node_features, edges(, edge_features)]`, edges neither an
+            integer edge list `(2, E)` nor a dense adjacency `(N, N)`,
+            edge features not one row per edge, or edge features given
+            to a layer built without them (or the reverse).
+
     Example:
 
     ```python

@@ -183,6 +183,21 @@ class MultiHeadAttention(
         `(B, T, *output_shape)`, and the attention weights if
         `return_attention_scores=True`.
 
+    Raises:
+        ValueError: naming the argument: `dropout` outside `[0, 1)`;
+            `output_shape` not positive integers; `num_key_value_heads`
+            not a divisor of `num_heads`; `implementation`,
+            `position_encoding` (or its wavelength, scaling and ALiBi
+            settings) or `sliding_window` not one of theirs; inputs of
+            rank below 3, of another width than the layer was built for,
+            or `value` and `key` of other shapes; padding masks of
+            another shape than their inputs' positions;
+            `return_attention_scores` with flash attention; in a cached
+            call (`cache=`), a
+            cache of another shape or dtype than the layer's, a
+            `cache_update_index` out of range or without a `cache`, or
+            `query_mask`/`value_mask`/`key_mask` given by hand.
+
     Example:
 
     ```python
