@@ -369,10 +369,10 @@ class GATNodeClassifier(
         only, and `val_accuracy` in `fit` counts the validation nodes only.
         (Keras 3 updates `metrics=` without `sample_weight`, so an accuracy
         there would count every node of the graph.) And the split's mean
-        cross-entropy, `cross_entropy`: Keras's `loss` divides the split's
-        summed cross-entropy by every node of the graph and adds the L2
-        penalty, so `val_cross_entropy` is the validation loss of the
-        paper's early stopping (`GATEarlyStopping`)."""
+        cross-entropy, `cross_entropy`: Keras's `loss` is that mean (the
+        split's weights have mean 1 over the nodes) plus the L2 penalty,
+        and the paper's early stopping watches the cross-entropy alone, so
+        `val_cross_entropy` is its validation loss (`GATEarlyStopping`)."""
         return {
             "optimizer": keras.optimizers.Adam(learning_rate=0.005),
             "loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
