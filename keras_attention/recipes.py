@@ -57,7 +57,11 @@ class EpochProgress(keras.callbacks.Callback):
     """One progress bar over a run's epochs, for the short epochs (one
     step each: the whole graph) that Keras would give a bar each: its loss
     and validation figures at every epoch on a terminal, a line every
-    tenth of the run in logs."""
+    tenth of the run in logs. The validation loss shown is what
+    `GATEarlyStopping` watches, `val_cross_entropy` (Keras's `val_loss`
+    adds the L2 penalty)."""
+
+    shown = ("loss", "val_cross_entropy", "val_accuracy")
 
     def __init__(self, epochs):
         super().__init__()
@@ -65,14 +69,13 @@ class EpochProgress(keras.callbacks.Callback):
         # Each epoch's own figures (without `stateful_metrics` the bar
         # showed their running means over the epochs so far).
         self.bar = keras.utils.Progbar(
-            epochs, verbose=1, unit_name="epoch",
-            stateful_metrics=("loss", "val_loss", "val_accuracy"),
+            epochs, verbose=1, unit_name="epoch", stateful_metrics=self.shown,
         )
         self.every = max(1, epochs // 10)
 
     def on_epoch_end(self, epoch, logs=None):
         values = [(k, float(v)) for k, v in (logs or {}).items()
-                  if k in ("loss", "val_loss", "val_accuracy")]
+                  if k in self.shown]
         if sys.stdout.isatty():
             self.bar.update(epoch + 1, values=values)
         elif (epoch + 1) % self.every == 0 or epoch + 1 == self.epochs:
@@ -479,8 +482,10 @@ def run_causal_lm(model_name, data, epochs, out, seed, quick=False):
         ))
         files.append(path)
     files.append(_explore(model, ids, out, "causal_lm", tokens=tokens))
-    notes = [f"val_bits_per_char on the {len(corpus['val'])} characters "
-             "of the validation text"]
+    notes = [f"val_bits_per_char: the next-character predictions of "
+             f"{y_val.size} characters of the {len(corpus['val'])}-character "
+             f"validation text (windows of {recipe['sequence_length']}, not "
+             "overlapping; the rest of the text is not scored)"]
     if data is None:
         notes.append("date_accuracy: greedy completions of 100 test lines "
                      "(calendar days never trained on)")

@@ -170,12 +170,17 @@ def test_planetoid_data_names_its_set_and_the_run_shows_progress(tmp_path, capsy
         recipes.planetoid_name(str(tmp_path / "elsewhere"))
     progress = recipes.EpochProgress(20)
     for epoch in range(7):
-        progress.on_epoch_end(epoch, {"loss": 1.0 / (epoch + 1), "val_accuracy": 0.5})
+        progress.on_epoch_end(epoch, {
+            "loss": 1.0 / (epoch + 1), "val_loss": 9.0,
+            "val_cross_entropy": 0.25, "val_accuracy": 0.5,
+        })
     progress.on_train_end()  # stopped early, at epoch 7
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(" - ")[0] for line in lines] == [
         "epoch 2/20", "epoch 4/20", "epoch 6/20", "epoch 7/20"]
     assert "val_accuracy: 0.5000" in lines[-1]
+    # The validation loss early stopping watches, not Keras's with the L2.
+    assert "val_cross_entropy: 0.2500" in lines[-1] and "val_loss" not in lines[-1]
     # On a terminal the bar shows each epoch's own figures, not their
     # running means (epoch 2 showed the mean loss of epochs 1 and 2).
     monkeypatch.setattr(recipes.sys.stdout, "isatty", lambda: True, raising=False)

@@ -88,16 +88,39 @@ def _keep_figures_only(monkeypatch, figures):
     monkeypatch.setattr(recipes, "_close", figures.append)
 
 
+def _recording(calls, result):
+    """A stand-in for a training or scoring method: records its inputs."""
+    def method(*args, **kwargs):
+        calls.append((args, kwargs))
+        return result
+    return method
+
+
 def test_classification_pictures_say_they_show_test_images(monkeypatch, tmp_path):
-    # The recipe without its training: the pictures are what is checked.
-    figures = []
-    monkeypatch.setattr(keras.Model, "fit", lambda self, *a, **k: None)
-    monkeypatch.setattr(keras.Model, "evaluate", lambda self, *a, **k: [1.0, 0.5])
+    # The recipe without its training: the pictures, and which split is
+    # trained on and which scored (a recipe scoring its training images
+    # would publish a wrong accuracy), are what is checked.
+    from keras_attention import _run_data
+    from keras_attention.applications import presets
+
+    figures, fitted, scored = [], [], []
+    monkeypatch.setattr(keras.Model, "fit", _recording(fitted, None))
+    monkeypatch.setattr(keras.Model, "evaluate", _recording(scored, [1.0, 0.5]))
     _keep_figures_only(monkeypatch, figures)
-    recipes.run_classification("cbam_resnet", None, 1, str(tmp_path), 0, quick=True)
+    result = recipes.run_classification(
+        "cbam_resnet", None, 1, str(tmp_path), 0, quick=True
+    )
     assert len(figures) == 4
     for i, fig in enumerate(figures):
         assert f"test image {i}" in _titles(fig)
+    size = presets.get_preset("cbam_resnet_digits").config["image_size"]
+    (x_train, y_train), (x_test, y_test), _ = _run_data.image_data(None, 0, True, size)
+    (_, x, y), _ = fitted[0]
+    np.testing.assert_array_equal(x, x_train)
+    (_, x, y), _ = scored[0]
+    np.testing.assert_array_equal(x, x_test)
+    np.testing.assert_array_equal(y, y_test)
+    assert result.metrics["accuracy"] == 0.5
 
 
 def test_graph_picture_and_notes_say_which_nodes(monkeypatch, tmp_path):
@@ -144,16 +167,29 @@ def test_rollout_of_a_windowed_attention_names_the_layer():
 def test_detection_pictures_say_they_show_test_canvases(monkeypatch, tmp_path):
     from keras_attention import applications
 
-    figures = []
-    monkeypatch.setattr(keras.Model, "fit", lambda self, *a, **k: None)
+    from keras_attention import datasets
+
+    figures, fitted, scored = [], [], []
+    monkeypatch.setattr(keras.Model, "fit", _recording(fitted, None))
     monkeypatch.setattr(
-        applications, "evaluate_detections", lambda *a, **k: {"map50": 0.5}
+        applications, "evaluate_detections", _recording(scored, {"map50": 0.5})
     )
     _keep_figures_only(monkeypatch, figures)
     recipes.run_detection("detr", None, 1, str(tmp_path), 0, quick=True)
     assert len(figures) == 3
     for i, fig in enumerate(figures):
         assert f"test canvas {i}" in _titles(fig)
+    # Scored on the canvases of the digits' test split, trained on others.
+    test = datasets.make_detection_set(64, seed=1000, digit_split="test")
+    (_, images, boxes, labels), _ = scored[0]
+    np.testing.assert_array_equal(images, test.images)
+    np.testing.assert_array_equal(boxes, test.boxes)
+    np.testing.assert_array_equal(labels, test.labels)
+    (_, train_images, _), _ = fitted[0]
+    assert train_images.shape[0] == 256
+    assert not any(
+        np.array_equal(image, test.images[0]) for image in train_images
+    )
 
 
 @pytest.mark.parametrize("method", ["gradcam", "gradcam++", "scorecam"])
