@@ -27,8 +27,10 @@ never at `import keras_attention`: a plain Keras model holding a plugin's
 layer loads from `.keras` after `discover_plugins()` (or the plugin's own
 import). A plugin that fails to import, or whose entry point names neither a
 module nor a layer class, is reported with a warning naming it and the
-library keeps working; a plugin never takes over the name of one of
-keras_attention's own layers.
+library keeps working, with none of the names a plugin that failed
+halfway had registered; a plugin never takes over the name of one of
+keras_attention's own layers, and a name two plugins claim is refused
+(`get_class` raises, naming both) until the user chooses.
 """
 
 import contextlib
@@ -47,6 +49,9 @@ _REGISTRY = {}
 _ORIGINS = {}
 # name -> "tokens" | "grid" | "graph"
 _INPUT_KINDS = {}
+# name -> [(origin, class), ...]: two plugins claimed it while discovered, so
+# `get_class` refuses it (which one a saved application meant is unknown).
+_CLASHES = {}
 INPUT_KINDS = ("tokens", "grid", "graph")
 _plugins_discovered = False
 _lock = threading.RLock()
@@ -56,6 +61,11 @@ _current_origin = [None]
 
 def _default_origin(cls):
     return cls.__module__.split(".")[0]
+
+
+def _is_plugin(origin):
+    """Whether `origin` is a plugin being discovered (`plugin 'ep' (dist)`)."""
+    return isinstance(origin, str) and origin.startswith("plugin ")
 
 
 def _declared_kind(cls):
@@ -79,7 +89,10 @@ def register(name, package=None, input_kind=None):
             string. Registering a name that is already taken by another
             class warns and replaces it, except a name of keras_attention's
             own layers: another package's class warns and the built-in
-            stays (`unregister` it first to replace it).
+            stays (`unregister` it first to replace it); and a name two
+            plugins claim as they are discovered: that warns and the name
+            is refused (`get_class` raises, naming both) until one is
+            uninstalled or a `register` call outside discovery chooses.
         package: the Keras serialization package, a non-empty string;
             defaults to the top-level package of the class's module, so
             plugin classes never collide with keras_attention's own. Two
@@ -134,15 +147,22 @@ def register(name, package=None, input_kind=None):
                     f"The layer class {cls.__qualname__} declares "
                     f"input_kind={kind!r}; expected one of {INPUT_KINDS}."
                 )
-            _register_serializable(cls, package or _default_origin(cls))
-            # Kept on the class too: a re-registration and subclasses read it.
-            cls.input_kind = kind
             previous = _REGISTRY.get(name)
-            if previous is not None and previous is not cls:
-                kept = (
-                    _ORIGINS.get(name) == "keras_attention"
-                    and _default_origin(cls) != "keras_attention"
-                )
+            replacing = previous is not None and previous is not cls
+            kept = replacing and (
+                _ORIGINS.get(name) == "keras_attention"
+                and _default_origin(cls) != "keras_attention"
+            )
+            # Serializable even when its name is refused: a model that
+            # holds the class itself still loads from `.keras`.
+            _register_serializable(cls, package or _default_origin(cls))
+            # Kept on the class too: re-registrations and subclasses read it.
+            cls.input_kind = kind
+            if replacing and not kept and _is_plugin(origin) and (
+                _ORIGINS.get(name) != origin
+            ):
+                return _refuse_clash(name, previous, cls, origin)
+            if replacing:
                 warnings.warn(
                     f"keras_attention: the layer name {name!r} is registered "
                     f"twice: {_qualified(previous)} (from "
@@ -158,12 +178,36 @@ def register(name, package=None, input_kind=None):
                 )
                 if kept:
                     return cls
+            _CLASHES.pop(name, None)  # chosen by this registration
             _REGISTRY[name] = cls
             _ORIGINS[name] = origin
             _INPUT_KINDS[name] = kind
         return cls
 
     return decorator
+
+
+def _refuse_clash(name, previous, cls, origin):
+    """A second plugin claims `name` during discovery: which class a saved
+    application's `attention=name` meant cannot be told (the one found
+    first would win by the order of `sys.path`), so the name is refused
+    until the user chooses."""
+    claims = _CLASHES.setdefault(name, [(_ORIGINS.get(name), previous)])
+    claims.append((origin, cls))
+    warnings.warn(
+        f"keras_attention: the layer name {name!r} is claimed by two "
+        f"plugins: {_claimants(name)}. The name is refused until one is "
+        f"uninstalled, or `keras_attention.register({name!r})(cls)` is "
+        "called outside discovery to choose.",
+        stacklevel=3,
+    )
+    return cls
+
+
+def _claimants(name):
+    return " and ".join(
+        f"{_qualified(cls)} (from {origin})" for origin, cls in _CLASHES[name]
+    )
 
 
 def _qualified(cls):
@@ -224,6 +268,9 @@ def discover_plugins(force=False):
             dist = getattr(entry_point, "dist", None)
             dist_name = getattr(dist, "name", None) or "unknown distribution"
             origin = f"plugin {entry_point.name!r} ({dist_name})"
+            # A plugin that fails halfway leaves none of its names behind.
+            before = [dict(d) for d in (_REGISTRY, _ORIGINS, _INPUT_KINDS)]
+            clashes = {k: list(v) for k, v in _CLASHES.items()}
             try:
                 with _origin(origin), warnings.catch_warnings():
                     warnings.simplefilter("always")
@@ -239,6 +286,11 @@ def discover_plugins(force=False):
                     if is_layer and obj not in _REGISTRY.values():
                         register(entry_point.name)(obj)
             except Exception as error:  # a broken plugin must not break us
+                for table, saved in zip((_REGISTRY, _ORIGINS, _INPUT_KINDS), before):
+                    table.clear()
+                    table.update(saved)
+                _CLASHES.clear()
+                _CLASHES.update(clashes)
                 warnings.warn(
                     f"keras_attention: could not load {origin} "
                     f"= {entry_point.value!r}: {type(error).__name__}: {error}",
@@ -286,6 +338,12 @@ def get_class(name):
             "registered layer name (a string) or a keras.layers.Layer "
             f"subclass. Received: name={name!r}"
         )
+    if name in _CLASHES:
+        raise ValueError(
+            f"Received an ambiguous attention layer name: {name!r}, claimed "
+            f"by two plugins: {_claimants(name)}. Uninstall one, or choose "
+            f"with `keras_attention.register({name!r})(cls)`."
+        )
     if name not in _REGISTRY:
         raise ValueError(
             f"Received an unknown attention layer name: {name!r}. "
@@ -326,6 +384,7 @@ def unregister(name):
         _REGISTRY.pop(name, None)
         _ORIGINS.pop(name, None)
         _INPUT_KINDS.pop(name, None)
+        _CLASHES.pop(name, None)
 
 
 def check_name(value, argument="attention", allow_none=False, kinds=None):

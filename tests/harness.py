@@ -9,6 +9,8 @@ Each layer's case (constructor arguments, inputs, NumPy reference) lives in a
 import dataclasses
 import glob
 import importlib
+import importlib.util
+import inspect
 import os
 from typing import Callable, Optional
 
@@ -57,13 +59,31 @@ class LayerCase:
     scores: Optional[ScoreContract] = None
 
 
+CASES_VARIABLE = "KERAS_ATTENTION_CASES"
+
+
 def load_cases():
+    """Every `CASES` of `tests/cases_*.py`, then of the files that the
+    environment variable `KERAS_ATTENTION_CASES` lists (separated by
+    `os.pathsep`): a plugin's own cases, so that its author can run this
+    harness on its layers from a checkout of this repository (README,
+    "Tests")."""
     cases = {}
     here = os.path.dirname(__file__)
     for path in sorted(glob.glob(os.path.join(here, "cases_*.py"))):
         module = importlib.import_module(
             "tests." + os.path.splitext(os.path.basename(path))[0]
         )
+        cases.update(module.CASES)
+    for path in filter(None, os.environ.get(CASES_VARIABLE, "").split(os.pathsep)):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"{CASES_VARIABLE} names {path!r}, which is not a file"
+            )
+        name = "keras_attention_cases_" + os.path.splitext(os.path.basename(path))[0]
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
         cases.update(module.CASES)
     return cases
 
@@ -161,6 +181,25 @@ def make_layer(name, case, **overrides):
 
 def call(layer, inputs, case, **kwargs):
     return layer(inputs, **{**case.call_kwargs, **kwargs})
+
+
+def mask_arguments(layer, inputs, mask):
+    """A padding mask as `layer.call` takes it: Keras's `mask=` (one per
+    input of a list, `None` for an unmasked one), or, for a layer whose
+    `call` declares no `mask` (Keras passes it only to one that does), the
+    sequence contract's `query_mask`/`value_mask`/`key_mask`
+    (docs/design.md, "The attention factory"); a single input attends to
+    itself, its mask masks the values too."""
+    parameters = inspect.signature(layer.call).parameters
+    if "mask" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    ):
+        return {"mask": mask}
+    masks = list(mask) if isinstance(mask, (list, tuple)) else [mask]
+    if not isinstance(inputs, (list, tuple)) or len(inputs) == 1:
+        masks = masks[:1] * 2
+    names = ("query_mask", "value_mask", "key_mask")
+    return {n: m for n, m in zip(names, masks) if m is not None and n in parameters}
 
 
 def symbolic_model(layer, inputs, case):

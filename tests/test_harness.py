@@ -13,6 +13,7 @@ from tests.harness import (
     first,
     load_cases,
     make_layer,
+    mask_arguments,
     numpy,
     symbolic_model,
     to_list,
@@ -141,13 +142,13 @@ def test_masked_values_do_not_matter(name):
     items = to_list(inputs)
     masks = [mask] + [None] * (len(items) - 1)
     keras_mask = masks if isinstance(inputs, (list, tuple)) else mask
-    out = numpy(first(call(layer, inputs, case, mask=keras_mask)))
+    out = numpy(first(call(layer, inputs, case, **mask_arguments(layer, inputs, keras_mask))))
     noisy = items[0].copy()
     noisy[~mask] = rng.normal(size=noisy[~mask].shape) * 100
     changed = [noisy] + items[1:] if isinstance(inputs, (list, tuple)) else noisy
     if isinstance(inputs, (list, tuple)) and len(items) == 1:
         changed = [noisy]
-    out2 = numpy(first(call(layer, changed, case, mask=keras_mask)))
+    out2 = numpy(first(call(layer, changed, case, **mask_arguments(layer, inputs, keras_mask))))
     np.testing.assert_allclose(out[mask], out2[mask], atol=1e-5, rtol=1e-5)
 
 
@@ -194,3 +195,37 @@ def test_score_contract(name):
         seen = np.ones(sums.shape, bool)
         seen[index] = False
         np.testing.assert_allclose(sums[seen], 1.0, atol=1e-5)
+
+
+def test_a_plugin_following_the_call_contract_gets_its_masks(tmp_path, monkeypatch):
+    # A layer written to the documented sequence contract (query_mask,
+    # value_mask; no `mask`, which Keras passes only to a call declaring
+    # it) is masked the contract's way; and a plugin's own cases, in a file
+    # `KERAS_ATTENTION_CASES` names, join the harness.
+    from tests import harness
+    from tests.test_plugins import TokenPlugin
+
+    layer = TokenPlugin(num_heads=2, key_dim=4)
+    x = np.ones((1, 3, 4), "float32")
+    mask = np.array([[True, True, False]])
+    assert mask_arguments(layer, x, mask) == {"query_mask": mask, "value_mask": mask}
+    assert mask_arguments(layer, [x, x], [mask, None]) == {"query_mask": mask}
+    assert mask_arguments(layer, [x, x], [None, mask]) == {"value_mask": mask}
+    own = keras_attention.get("multi_head", num_heads=1, key_dim=2)
+    assert mask_arguments(own, x, mask) == {"mask": mask}
+    out = numpy(layer(x, **mask_arguments(layer, x, mask)))
+    noisy = x.copy()
+    noisy[0, 2] = 100.0
+    np.testing.assert_allclose(
+        numpy(layer(noisy, **mask_arguments(layer, noisy, mask)))[mask], out[mask]
+    )
+    cases = tmp_path / "cases_mine.py"
+    cases.write_text(
+        "from tests.harness import LayerCase\n"
+        "CASES = {'test_mine': LayerCase(kwargs={}, make_inputs=None)}\n"
+    )
+    monkeypatch.setenv(harness.CASES_VARIABLE, str(cases))
+    assert "test_mine" in harness.load_cases() and "multi_head" in harness.load_cases()
+    monkeypatch.setenv(harness.CASES_VARIABLE, str(tmp_path / "missing.py"))
+    with pytest.raises(FileNotFoundError, match="KERAS_ATTENTION_CASES.*missing.py"):
+        harness.load_cases()

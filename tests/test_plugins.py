@@ -63,8 +63,9 @@ class TokenPlugin(keras.layers.Layer):
         return_attention_scores=False,
         training=None,
     ):
-        if value is None:
-            value, value_mask = query, query_mask
+        if value is None:  # self-attention: the queries' mask masks the keys
+            value = query
+            value_mask = query_mask if value_mask is None else value_mask
         key = value if key is None else key
         q = self._heads(self.query_dense(query))
         k = self._heads(self.key_dense(key))

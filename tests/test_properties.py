@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import keras_attention
-from tests.harness import first, load_cases, numpy, to_list
+from tests.harness import first, load_cases, mask_arguments, numpy, to_list
 
 EXAMPLES = 10
 CASES = load_cases()
@@ -266,12 +266,13 @@ def test_outputs_are_finite(name):
         kwargs, inputs, masked = data.draw(configurations(space))
         factor = 10.0 ** data.draw(st.integers(-3, 3))
         inputs = scaled(inputs, factor)
-        extra = {}
+        mask = None
         if masked and data.draw(st.booleans()):
-            extra["mask"] = random_mask(data.draw, to_list(inputs)[0].shape[:2])
+            mask = random_mask(data.draw, to_list(inputs)[0].shape[:2])
             if isinstance(inputs, (list, tuple)):
-                extra["mask"] = [extra["mask"]] + [None] * (len(inputs) - 1)
+                mask = [mask] + [None] * (len(inputs) - 1)
         layer = keras_attention.get(name, **kwargs)
+        extra = {} if mask is None else mask_arguments(layer, inputs, mask)
         out, scores = run(layer, inputs, name, **extra)
         assert np.all(np.isfinite(out)), (kwargs, factor)
         for item in keras.tree.flatten(scores):
@@ -298,7 +299,7 @@ def test_masked_values_do_not_change_kept_outputs(name):
         mask = random_mask(data.draw, items[0].shape[:2])
         keras_mask = [mask] + [None] * (len(items) - 1) if len(items) > 1 else mask
         layer = keras_attention.get(name, **kwargs)
-        kwargs_call = {**call_kwargs(name), "mask": keras_mask}
+        kwargs_call = {**call_kwargs(name), **mask_arguments(layer, inputs, keras_mask)}
         out = numpy(first(layer(inputs, **kwargs_call)))
         noisy = items[0].copy()
         noise = np.random.default_rng(0).normal(size=noisy.shape) * 1e3

@@ -233,3 +233,62 @@ def test_plugins_are_not_imported_with_the_library(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "ok" in result.stdout
+
+
+CLAIMANT = """
+    import keras
+    import keras_attention
+
+    @keras_attention.register("test_claimed")
+    class Claimant(keras.layers.Layer):
+        def call(self, x):
+            return x * {factor}
+"""
+
+
+def test_a_name_two_plugins_claim_is_refused_until_chosen(tmp_path, monkeypatch):
+    # Which plugin's class a saved application's `attention="test_claimed"`
+    # meant cannot be told: neither wins by the order of sys.path.
+    for dist, factor in (("ka_claim_one", 2.0), ("ka_claim_two", 3.0)):
+        root = tmp_path / dist
+        root.mkdir()
+        write_plugin(root, dist, dist, CLAIMANT.format(factor=factor), {dist: dist})
+        monkeypatch.syspath_prepend(str(root))
+    try:
+        with pytest.warns(UserWarning, match="claimed by two plugins.*ka_claim_"):
+            keras_attention.discover_plugins(force=True)
+        with pytest.raises(ValueError, match="ambiguous.*'test_claimed'") as raised:
+            keras_attention.get("test_claimed")
+        assert "ka_claim_one" in str(raised.value) and "ka_claim_two" in str(raised.value)
+        with pytest.raises(ValueError, match="ambiguous"):
+            registry.build("test_claimed")
+        # A registration outside discovery chooses.
+        import ka_claim_two
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "replaced", if it was not first
+            keras_attention.register("test_claimed")(ka_claim_two.Claimant)
+        x = np.ones((1, 2), "float32")
+        np.testing.assert_allclose(keras_attention.get("test_claimed")(x), 3.0)
+    finally:
+        registry.unregister("test_claimed")
+
+
+def test_a_plugin_that_fails_halfway_leaves_no_name(tmp_path, monkeypatch):
+    source = """
+        import keras
+        import keras_attention
+
+        @keras_attention.register("test_half_first")
+        class First(keras.layers.Layer):
+            pass
+
+        raise ImportError("a dependency is missing")
+    """
+    write_plugin(tmp_path, "ka_half", "ka_half", source, {"half": "ka_half"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.warns(UserWarning, match="could not load.*half.*dependency"):
+        loaded = keras_attention.discover_plugins(force=True)
+    assert "half" not in loaded
+    assert "test_half_first" not in keras_attention.names()
+    assert "test_half_first" not in registry.origins()
