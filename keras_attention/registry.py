@@ -412,6 +412,11 @@ def check_name(value, argument="attention", allow_none=False, kinds=None):
             f"a registered attention name{kind_text}, one of: "
             f"{', '.join(known)}{' or None' if allow_none else ''}. "
             f"Received: {argument}={value!r}"
+            + (
+                " (a layer of a plugin that is not installed? Plugins are "
+                f"found through the entry-point group {ENTRY_POINT_GROUP!r})"
+                if isinstance(value, str) and value not in _REGISTRY else ""
+            )
         )
     return value
 

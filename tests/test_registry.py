@@ -292,3 +292,13 @@ def test_a_plugin_that_fails_halfway_leaves_no_name(tmp_path, monkeypatch):
     assert "half" not in loaded
     assert "test_half_first" not in keras_attention.names()
     assert "test_half_first" not in registry.origins()
+
+
+def test_an_unknown_name_in_an_application_points_at_plugins():
+    # A saved application whose plugin is not installed names the cause.
+    from keras_attention.applications import VisionTransformer
+
+    with pytest.raises(ValueError, match="attention='test_gone'.*plugin.*keras_attention.layers"):
+        VisionTransformer(image_size=8, patch_size=4, num_classes=2, attention="test_gone")
+    with pytest.raises(ValueError, match="attention='graph'$"):
+        VisionTransformer(image_size=8, patch_size=4, num_classes=2, attention="graph")
