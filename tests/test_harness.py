@@ -229,3 +229,38 @@ def test_a_plugin_following_the_call_contract_gets_its_masks(tmp_path, monkeypat
     monkeypatch.setenv(harness.CASES_VARIABLE, str(tmp_path / "missing.py"))
     with pytest.raises(FileNotFoundError, match="KERAS_ATTENTION_CASES.*missing.py"):
         harness.load_cases()
+
+
+def test_multi_head_attention_leaves_the_callers_masks_in_place():
+    # keras's MultiHeadAttention clears the Keras masks of the tensors it is
+    # given; another layer reading the same tensor afterwards then attended
+    # to padding. Ours sets them aside for its projections only.
+    from keras_attention.layers import MultiHeadAttention
+    from keras_attention.layers import ScaledDotProductAttention
+
+    embed = keras.layers.Embedding(20, 8, mask_zero=True)
+    ids = np.array([[1, 2, 3, 4], [1, 2, 0, 0]])
+    x = embed(ids)
+    mask = keras.ops.convert_to_numpy(keras.src.backend.get_keras_mask(x))
+    other = ScaledDotProductAttention()
+    before = numpy(other(x))
+    MultiHeadAttention(num_heads=2, key_dim=4)(x)
+    after_mask = keras.src.backend.get_keras_mask(x)
+    assert after_mask is not None
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(after_mask), mask)
+    np.testing.assert_allclose(numpy(other(x)), before, atol=1e-6)
+    # In a functional model: the attention built on the same (q, v) before
+    # it sees the values' padding mask too.
+    q_ids, v_ids = keras.Input((4,), dtype="int32"), keras.Input((4,), dtype="int32")
+    embed_values = keras.layers.Embedding(20, 8, mask_zero=True)
+    q, v = embed(q_ids), embed_values(v_ids)
+    a = other([q, v])
+    b = MultiHeadAttention(num_heads=2, key_dim=4)(q, v)
+    model = keras.Model([q_ids, v_ids], [a, b])
+    v_ids_value = np.array([[5, 6, 0, 0], [7, 0, 0, 0]])
+    got = numpy(model([ids, v_ids_value])[0])
+    q_value, v_value = embed(ids), embed_values(v_ids_value)
+    expected = numpy(other(
+        [q_value, v_value], query_mask=ids > 0, value_mask=v_ids_value > 0
+    ))
+    np.testing.assert_allclose(got, expected, atol=1e-6)

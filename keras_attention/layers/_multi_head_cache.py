@@ -9,7 +9,6 @@ import keras
 from keras import ops
 # No public API sets a tensor's Keras mask; keras's own layer uses this.
 from keras.src.backend import get_keras_mask
-from keras.src.backend import set_keras_mask
 
 from keras_attention import ops as attention_ops
 from keras_attention._validation import invalid
@@ -158,8 +157,6 @@ class KVCache:
             )
         causal = self.use_causal_mask if use_causal_mask is None else use_causal_mask
         key = value if key is None else key
-        for x in (query, value, key):
-            set_keras_mask(x, None)
         if self._use_gate:
             gate = self._gate_dense(query)
         q = self._query_dense(query)

@@ -3,10 +3,13 @@ a layer's dropout, and (from `_projections`, named here for every layer)
 their keras projection sublayers' weight arguments, configs, LoRA
 (`ProjectionMixin`, `enable_lora`) and quantization."""
 
+import contextlib
 import numbers
 
 import keras
 from keras import ops
+from keras.src.backend import get_keras_mask
+from keras.src.backend import set_keras_mask
 
 from keras_attention import ops as attention_ops
 from keras_attention._validation import shape_fits
@@ -18,6 +21,30 @@ from keras_attention.layers._projections import enable_lora  # noqa: F401
 from keras_attention.layers._projections import keep_weight_arguments  # noqa: F401
 from keras_attention.layers._projections import projection_sublayers  # noqa: F401
 from keras_attention.layers._projections import sublayer_kwargs  # noqa: F401
+
+
+@contextlib.contextmanager
+def keras_masks_set_aside(*inputs):
+    """The Keras masks of `inputs` (tensors, lists of them, `None`s)
+    cleared while the block runs, then given back.
+
+    A layer that has read its inputs' masks into its mask arguments calls
+    its projections inside the block: they take no mask (Keras would warn
+    that they drop it). keras's `MultiHeadAttention` clears them for good,
+    and another layer reading the same tensor afterwards (a second
+    attention on `value`) then ran unmasked; here the caller's tensors get
+    their masks back.
+    """
+    tensors = [x for x in keras.tree.flatten(inputs) if x is not None]
+    saved = [(x, get_keras_mask(x)) for x in tensors]
+    for x, _ in saved:
+        set_keras_mask(x, None)
+    try:
+        yield
+    finally:
+        for x, mask in saved:
+            if mask is not None:
+                set_keras_mask(x, mask)
 
 
 def is_shape(x):

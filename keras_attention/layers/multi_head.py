@@ -19,7 +19,6 @@ from operator import attrgetter
 import keras
 from keras import ops
 # No public API sets a tensor's Keras mask; keras's own layer uses this.
-from keras.src.backend import set_keras_mask
 
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import check_rate
@@ -448,6 +447,20 @@ class MultiHeadAttention(
             )
         )
         attention_mask = base.as_mask(attention_mask)
+        # The masks are in the mask arguments now; the projections take
+        # none, and the caller's tensors keep theirs.
+        with base.keras_masks_set_aside(query, value, key):
+            return self._call_unmasked(
+                query, value, key, query_mask, value_mask, key_mask,
+                attention_mask, return_attention_scores, training,
+                use_causal_mask, cache, cache_update_index,
+            )
+
+    def _call_unmasked(
+        self, query, value, key, query_mask, value_mask, key_mask,
+        attention_mask, return_attention_scores, training, use_causal_mask,
+        cache, cache_update_index,
+    ):
         if cache is not None or cache_update_index is not None:
             return self._call_cached(
                 query,
@@ -503,10 +516,6 @@ class MultiHeadAttention(
             use_causal_mask=causal and not core_causal,
             use_sliding_window=core_window is None,
         )
-        # The masks are in `attention_mask` now; the projections take none
-        # (as in keras's layer, which clears them the same way).
-        for x in (query, value, key):
-            set_keras_mask(x, None)
         if self._use_gate:
             gate = self._gate_dense(query)
         q = projection(self._query_dense, query)
