@@ -85,6 +85,9 @@ class MultiHeadAttention(
     - called on **one** tensor it is self-attention, so it stacks in a
       `keras.Sequential`; `[query, value(, key)]` lists work too;
     - `use_causal_mask` can be set once in the constructor;
+    - the Keras masks of the tensors it is given stay on them (keras's layer
+      clears them, and another layer reading the same tensor afterwards
+      attends to its padding);
     - `num_key_value_heads < num_heads` shares key and value heads between
       groups of query heads (grouped-query attention, Ainslie et al., 2023);
       the key and value kernels are then `(dim, K, D)`;
