@@ -106,6 +106,16 @@ def test_translators(kind):
     x, y = model.prepare(words, words)
     fits(model, x, y, batch_size=8)
     assert len(model.translate(words[:2])) == 2
+    # A per-sentence weight (B,) weighs every token of its sentence (on
+    # torch a (B, 1) weight failed in Keras's in-place masked product).
+    weights = (np.arange(16) % 4 != 1).astype("float32")
+    fits(model, x, y, batch_size=8, sample_weight=weights)
+    weighted = model.evaluate(x, y, sample_weight=weights, return_dict=True, verbose=0)
+    kept = model.evaluate(
+        {k: v[weights > 0] for k, v in x.items()}, y[weights > 0],
+        return_dict=True, verbose=0,
+    )
+    assert weighted["token_loss"] == pytest.approx(kept["token_loss"], rel=1e-4)
 
 
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="jax.grad")

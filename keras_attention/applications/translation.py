@@ -289,9 +289,14 @@ class Translator(
         if sample_weight is not None and not isinstance(
             sample_weight, (dict, list, tuple)
         ):
-            # `(B,)` -> `(B, 1)`, `(B, T)` unchanged (also where a graph
-            # trace leaves the weight's rank unknown).
-            sample_weight = ops.reshape(sample_weight, (ops.shape(y)[0], -1))
+            # `(B,)` -> `(B, T)`, `(B, T)` unchanged (also where a graph
+            # trace leaves the weight's rank unknown): a whole new tensor,
+            # as torch's in-place product with the padding mask needs (a
+            # `(B, 1)` weight, or a broadcast view of one, fails there).
+            sample_weight = ops.convert_to_tensor(sample_weight)
+            sample_weight = ops.reshape(
+                sample_weight, (ops.shape(y)[0], -1)
+            ) * ops.ones(ops.shape(y), dtype=sample_weight.dtype)
         return super().compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
             training=training,
