@@ -618,3 +618,25 @@ def test_preset_with_other_classes_keeps_every_weight_but_the_class_head():
         np.asarray(model(images)["boxes"]), np.asarray(preset(images)["boxes"]),
         atol=1e-6,
     )
+
+
+def test_summary_of_a_built_detr_and_of_the_translators():
+    # keras's `summary` of a subclassed model calls each layer's
+    # `compute_output_shape` with the names its `build` recorded: the
+    # decoder block's (tokens_shape, memory_shape) and keras-hub's
+    # PositionEmbedding (inputs_shape) made it a TypeError.
+    from keras_attention.applications import Seq2SeqTranslator
+    from keras_attention.applications import TransformerTranslator
+
+    lines = []
+    model = DETR(**TINY)
+    model.predict(np.zeros((1, 32, 32, 1), "float32"), verbose=0)
+    model.summary(print_fn=lambda line, **kwargs: lines.append(line))
+    assert f"{model.count_params():,}" in "\n".join(lines)
+    for translator in (
+        TransformerTranslator(num_layers=1, hidden_dim=8, num_heads=2, intermediate_dim=16),
+        Seq2SeqTranslator(embedding_dim=8, hidden_dim=8),
+    ):
+        lines = []
+        translator.summary(print_fn=lambda line, **kwargs: lines.append(line))
+        assert f"{translator.count_params():,}" in "\n".join(lines)

@@ -1,5 +1,7 @@
 """Transformer translation (Vaswani et al.) with a key/value cache."""
 
+import functools
+
 import keras
 from keras import ops
 
@@ -13,6 +15,22 @@ from keras_attention.layers.dropout import HashDropout
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import check_rate
 from keras_attention._validation import invalid
+
+
+@functools.cache
+def _position_embedding_class():
+    """keras-hub's `PositionEmbedding`, with a `compute_output_shape` that
+    takes the argument name its `build` records (`inputs_shape`): keras's
+    `summary` of a subclassed model passes the recorded build shapes by
+    name, and keras-hub's (`input_shape`) made it a TypeError. The same
+    weights and paths."""
+    import keras_hub
+
+    class PositionEmbedding(keras_hub.layers.PositionEmbedding):
+        def compute_output_shape(self, inputs_shape):
+            return super().compute_output_shape(inputs_shape)
+
+    return PositionEmbedding
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -128,14 +146,14 @@ class TransformerTranslator(Translator):
             p.source_vocabulary_size, hidden_dim,
             name="source_embedding",
         )
-        self.source_positions = keras_hub.layers.PositionEmbedding(
+        self.source_positions = _position_embedding_class()(
             p.source_length, name="source_positions"
         )
         self.target_embedding = keras.layers.Embedding(
             p.target_vocabulary_size, hidden_dim,
             name="target_embedding",
         )
-        self.target_positions = keras_hub.layers.PositionEmbedding(
+        self.target_positions = _position_embedding_class()(
             p.target_length, name="target_positions"
         )
         block_args = dict(

@@ -353,6 +353,11 @@ class TransformerDecoderBlock(_TransformerBlock):
         `(B, T, C)`, and the cross-attention's weights if asked.
     """
 
+    def compute_output_shape(self, tokens_shape, memory_shape=None, *args, **kwargs):
+        # Named as `build` records its shapes: keras's `summary` of a
+        # subclassed model (DETR) passes them by these names.
+        return tuple(tokens_shape)
+
     def build(self, tokens_shape, memory_shape=None):
         tokens_shape = tuple(tokens_shape)
         memory_shape = tokens_shape if memory_shape is None else tuple(memory_shape)
