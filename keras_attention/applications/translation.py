@@ -146,11 +146,11 @@ class Translator(
 
     Raises:
         ValueError: naming the argument: `preprocessor` not a
-            `TranslationPreprocessor`; inputs that are not `(B, S)` source
-            and `(B, T)` target ids in its vocabularies; in `fit` and
-            `evaluate`, labels outside the target vocabulary; in
-            `translate` and `generate_ids`, a `search` other than
-            `"greedy"` or `"beam"`, or decoding settings out of range.
+            `TranslationPreprocessor`; inputs not `(B, S)` source and
+            `(B, T)` target ids in its vocabularies; labels outside the
+            target vocabulary; in `translate` and `generate_ids`, a
+            `search` other than `"greedy"` or `"beam"`, or decoding
+            settings out of range.
     """
 
     default_learning_rate = 1e-3
@@ -289,10 +289,9 @@ class Translator(
         if sample_weight is not None and not isinstance(
             sample_weight, (dict, list, tuple)
         ):
-            # `(B,)` -> `(B, T)`, `(B, T)` unchanged (also where a graph
-            # trace leaves the weight's rank unknown): a whole new tensor,
-            # as torch's in-place product with the padding mask needs (a
-            # `(B, 1)` weight, or a broadcast view of one, fails there).
+            # `(B,)` -> `(B, T)` (also where a trace leaves the rank
+            # unknown): a new tensor, not a `(B, 1)` or broadcast view, which
+            # torch's in-place product with the padding mask refuses.
             sample_weight = ops.convert_to_tensor(sample_weight)
             sample_weight = ops.reshape(
                 sample_weight, (ops.shape(y)[0], -1)
