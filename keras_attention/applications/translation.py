@@ -148,9 +148,8 @@ class Translator(
         ValueError: naming the argument: `preprocessor` not a
             `TranslationPreprocessor`; inputs not `(B, S)` source and
             `(B, T)` target ids in its vocabularies; labels outside the
-            target vocabulary; in `translate` and `generate_ids`, a
-            `search` other than `"greedy"` or `"beam"`, or decoding
-            settings out of range.
+            target vocabulary; in `translate` and `generate_ids`, a bad
+            `search` or decoding settings out of range.
     """
 
     default_learning_rate = 1e-3
@@ -289,9 +288,8 @@ class Translator(
         if sample_weight is not None and not isinstance(
             sample_weight, (dict, list, tuple)
         ):
-            # `(B,)` -> `(B, T)` (also where a trace leaves the rank
-            # unknown): a new tensor, not a `(B, 1)` or broadcast view, which
-            # torch's in-place product with the padding mask refuses.
+            # `(B,)` -> `(B, T)`, a new tensor (torch's in-place product
+            # with the padding mask refuses a `(B, 1)` or broadcast view).
             sample_weight = ops.convert_to_tensor(sample_weight)
             sample_weight = ops.reshape(
                 sample_weight, (ops.shape(y)[0], -1)
