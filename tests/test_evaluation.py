@@ -239,3 +239,25 @@ def test_node_classification_recipe_reports_the_test_nodes(tmp_path):
     data = node_classification_data(load_karate_club(seed=0))
     by_hand = split_accuracy(model, data, data.test_weights)
     assert result.metrics["test_accuracy"] == pytest.approx(by_hand, abs=1e-4)
+
+
+def test_metrics_given_to_compile_come_beside_the_weighted_defaults(karate):
+    # As the compile docstring says: the user's `metrics=` are unweighted
+    # (Keras 3), the default weighted accuracy stays, renamed by keras.
+    keras.utils.set_random_seed(4)
+    model = GATNodeClassifier(num_features=34, num_classes=2, hidden_units=4, num_heads=2)
+    model.compile(metrics=["accuracy"], jit_compile=False)
+    logs = model.evaluate(
+        karate.inputs, karate.labels, sample_weight=karate.test_weights,
+        return_dict=True, verbose=0,
+    )
+    assert logs["weighted_accuracy"] == pytest.approx(
+        split_accuracy(model, karate, karate.test_weights), abs=1e-6
+    )
+    every_node = np.ones_like(karate.test_weights)
+    assert logs["accuracy"] == pytest.approx(
+        split_accuracy(model, karate, every_node), abs=1e-6
+    )
+    model.compile(metrics=["accuracy"], weighted_metrics=None, jit_compile=False)
+    logs = model.evaluate(karate.inputs, karate.labels, return_dict=True, verbose=0)
+    assert set(logs) == {"loss", "accuracy"}

@@ -120,7 +120,12 @@ class CompileDefaults:
     and any model on torch, compile without XLA: `xla_slower_here`).
     Metrics default to `weighted_metrics`, so that a
     `sample_weight` (a split's mask) weighs them too; Keras 3 updates
-    `metrics=` without it. Keras leaves `compile_from_config` to a class that
+    `metrics=` without it. So `metrics=` given to `compile` come *beside*
+    the default weighted metrics, not in their place (keras names a
+    weighted one `weighted_<name>` when the names collide: with
+    `metrics=["accuracy"]`, `accuracy` counts every example and
+    `weighted_accuracy` the weighted ones); `weighted_metrics=None` drops
+    the defaults. Keras leaves `compile_from_config` to a class that
     overrides `compile`; ours takes the same arguments, so a loaded model is
     compiled again (optimizer state included).
     """
@@ -138,7 +143,9 @@ class CompileDefaults:
         jit_compile=None,
         **kwargs,
     ):
-        """`keras.Model.compile` with the defaults of `compile_defaults()`."""
+        """`keras.Model.compile` with the defaults of `compile_defaults()`
+        (`metrics=` are added to the default `weighted_metrics`; see the
+        class docstring)."""
         defaults = self.compile_defaults()
         given = dict(
             optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics
