@@ -131,3 +131,12 @@ def test_translator_decoding_exports_as_one_saved_model(kind, tmp_path):
     with pytest.raises(ValueError, match="beam_width"):
         model.export_generator(str(tmp_path / "bad"), beam_width=0)
     assert not os.path.exists(tmp_path / "bad")
+    # Keras's own `export` of the teacher-forced model: its signature is the
+    # preprocessor's ids (Keras said the translator was never called).
+    model.export(str(tmp_path / "forced"), verbose=False)
+    x, _ = model.prepare(["abc", "de"], ["ab", "fgh"])
+    forced = tf.saved_model.load(str(tmp_path / "forced"))  # kept, as above
+    served = forced.serve({k: tf.constant(v, tf.int32) for k, v in x.items()})
+    np.testing.assert_allclose(
+        served.numpy(), keras.ops.convert_to_numpy(model(x)), atol=1e-5
+    )

@@ -45,6 +45,7 @@ from keras_attention._config import graph_state_config
 from keras_attention.applications.base import PresetMixin
 from keras_attention.applications.base import QuickQuantize
 from keras_attention.applications.translation_decoding import SearchDecoding
+from keras_attention.applications.translation_export import TranslatorExport
 from keras_attention.applications.translation_metrics import TokenAccuracy
 from keras_attention.applications.translation_metrics import TokenCrossEntropy
 
@@ -134,7 +135,7 @@ def _check_token_ids(argument, ids, size):
 
 class Translator(
     DTypeArgument, ArgumentConfig, PresetMixin, CompileDefaults, InputChecks,
-    SearchDecoding, QuickQuantize, keras.Model,
+    SearchDecoding, TranslatorExport, QuickQuantize, keras.Model,
 ):
     """Base of the translators: preprocessing, training defaults, decoding.
 
@@ -396,66 +397,6 @@ class Translator(
         )
         tokens, weights = function(ops.convert_to_tensor(source_ids, "int32"))
         return ops.convert_to_numpy(tokens), ops.convert_to_numpy(weights)
-
-    def export_generator(
-        self, path, beam_width=1, max_length=None, length_penalty=0.6, verbose=True
-    ):
-        """Writes the whole decoding as a TensorFlow SavedModel.
-
-        Its `generate` endpoint maps source ids `(B, S)` (int32, `S` the
-        preprocessor's `source_length`) to target ids `(B, L)`, the same
-        ids `generate_ids` returns: encoder, cached decoder steps and the
-        search loop in one graph, served without Python (TF Serving, or
-        `loaded = tf.saved_model.load(path)` then `loaded.generate(ids)`:
-        keep the loaded object while calling it, TensorFlow drops its
-        variables with it). Tokenisation stays outside
-        (`preprocessor.encode_sources`, `preprocessor.decode`).
-
-        Args:
-            path: the SavedModel folder to write.
-            beam_width, max_length, length_penalty: as for `generate_ids`
-                (greedy search for `beam_width=1`).
-            verbose: print what was written.
-
-        Raises:
-            ValueError: on a backend other than TensorFlow, or a bad
-                decoding argument (before anything is written).
-
-        Example:
-
-        ```python
-        translator = TransformerTranslator.from_preset("transformer_dates")
-        translator.export_generator("dates_generator")
-        source_ids = translator.preprocessor.encode_sources(["3 march 1998"])
-        loaded = tf.saved_model.load("dates_generator")  # kept: its variables
-        ids = loaded.generate(source_ids)  # (1, L), as generate_ids
-        ```
-        """
-        if keras.backend.backend() != "tensorflow":
-            raise ValueError(
-                "export_generator writes a TensorFlow SavedModel and needs "
-                "the TensorFlow backend. Received: backend="
-                f"{keras.backend.backend()!r}"
-            )
-        beam_width, max_length = self._check_decoding(
-            beam_width, max_length, length_penalty
-        )
-        search = "greedy" if beam_width == 1 else "beam"
-        generate = self._generate_function(
-            search, beam_width, max_length, length_penalty, True, False
-        )
-        archive = keras.export.ExportArchive()
-        archive.track(self)
-        archive.add_endpoint(
-            "generate",
-            lambda source_ids: generate(source_ids)[0],
-            input_signature=[
-                keras.InputSpec(
-                    shape=(None, self.preprocessor.source_length), dtype="int32"
-                )
-            ],
-        )
-        archive.write_out(path, verbose=verbose)
 
     def _check_decoding(self, beam_width, max_length, length_penalty=0.6):
         beam_width = check_positive_int("beam_width", beam_width)
