@@ -640,3 +640,16 @@ def test_summary_of_a_built_detr_and_of_the_translators():
         lines = []
         translator.summary(print_fn=lambda line, **kwargs: lines.append(line))
         assert f"{translator.count_params():,}" in "\n".join(lines)
+
+
+def test_detr_takes_uint8_images():
+    # As the functional applications (ViT, CBAM-ResNet) do: the pixels in the
+    # compute dtype, not a TypeError from the first convolution.
+    model = DETR(**TINY)
+    pixels = (np.random.default_rng(0).random((1, 32, 32, 1)) * 255).astype("uint8")
+    out = model(pixels)
+    expected = model(pixels.astype("float32"))
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(out["boxes"]),
+        keras.ops.convert_to_numpy(expected["boxes"]), atol=1e-6,
+    )

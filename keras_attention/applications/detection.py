@@ -365,6 +365,9 @@ class DETR(
 
     def call(self, images, training=None, return_attention_scores=False,
              pixel_mask=None):
+        if not keras.backend.is_float_dtype(images.dtype):
+            # `uint8` pixels, as the functional applications take them.
+            images = ops.cast(images, self.compute_dtype)
         features = self.input_projection(
             self.backbone(images, training=training)
         )  # B, h, w, D
