@@ -160,6 +160,12 @@ def check_image_inputs(inputs, image_shape, argument="images"):
             f"a batch of images of shape {expected} (batch, height, width, "
             f"channels). Received: {argument}.shape={shape}"
         )
+    kind = getattr(getattr(inputs, "dtype", None), "kind", None)
+    if kind in ("U", "S", "O"):  # NumPy text or objects: Keras's "str32"
+        raise ValueError(
+            f"Received an invalid value for argument `{argument}`, expected "
+            f"images of numbers. Received: {argument}.dtype={inputs.dtype}"
+        )
 
 
 def check_texts(texts):

@@ -472,6 +472,9 @@ def test_bad_images_raise_expected_versus_received():
     resnet = CBAMResNet(**TINY_RESNET, attention=None)
     with pytest.raises(ValueError, match=r"Received: images.shape=\(2, 8, 8, 3\)"):
         resnet.fit(np.zeros((2, 8, 8, 3)), np.zeros(2), verbose=0)
+    # Text of the right shape: named, not keras's "Invalid dtype: str32".
+    with pytest.raises(ValueError, match="`images`, expected images of numbers"):
+        model.predict(np.full((2, 8, 8, 1), "a"), verbose=0)
 
 
 @pytest.mark.parametrize(

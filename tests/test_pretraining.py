@@ -256,3 +256,19 @@ def test_the_pretraining_benchmark_splits_share_no_sentence():
         pool = set(labelled) | set(unlabelled)
         assert not pool & set(test[0]), seed
         assert not pool & set(validation[0]), seed
+
+
+def test_summary_counts_the_untrained_pooling_as_non_trainable():
+    # The masked LM leaves the backbone's pooling out of its trained
+    # weights; `summary` under-counted the model by it.
+    backbone = TextClassifierBackbone(
+        vocabulary_size=50, sequence_length=8, hidden_dim=8, depth=1,
+        num_heads=2, mlp_dim=16,
+    )
+    model = MaskedLanguageModel(backbone)
+    pooling = {id(v) for v in backbone.layers[-1].weights}
+    assert pooling and not pooling & {id(v) for v in model.trainable_weights}
+    assert pooling <= {id(v) for v in model.non_trainable_weights}
+    lines = []
+    model.summary(print_fn=lambda line, **kwargs: lines.append(line))
+    assert f"Total params: {model.count_params():,}" in "\n".join(lines)

@@ -118,6 +118,18 @@ class MaskedLanguageModel(
     def trainable_variables(self):
         return self.trainable_weights
 
+    @property
+    def non_trainable_weights(self):
+        """Keras's, and the pooling `trainable_weights` leaves out (so that
+        `summary` and the backends' stateless steps see every weight)."""
+        kept = {id(v) for v in self.trainable_weights}
+        left = [v for v in super().trainable_weights if id(v) not in kept]
+        return super().non_trainable_weights + left
+
+    @property
+    def non_trainable_variables(self):
+        return self.non_trainable_weights
+
     def compile_defaults(self):
         """AdamW (1e-3), the cross-entropy and accuracy of masked positions."""
         return {
