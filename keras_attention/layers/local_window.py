@@ -143,8 +143,13 @@ class LocalWindowAttention(
     attending to each other.
 
     Any height and width work: the image is padded at the bottom and right to
-    multiples of the window, padded tokens are masked out as keys (so they
-    never change a real token's output) and the output is cropped back. As
+    multiples of the window (before the roll), padded tokens are masked out
+    as keys (so they never change a real token's output) and the output is
+    cropped back. Swin's and timm's code pad too but attend to the zero
+    padding (timm after the roll), so on sizes that are not multiples of
+    the window their weights give other outputs here (the converter refuses
+    such sizes). Keras masks on the map are not read (Keras warns that the
+    layer drops them): the windows cover every position. As
     in Swin, when `min(height, width) <= window_size` the window shrinks to
     `min(height, width)` and the shift to 0; the bias table keeps its
     `window_size` size and the shrunk window reads its central part. Height
