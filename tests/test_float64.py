@@ -139,3 +139,20 @@ def test_float64_non_local_products_of_both_dot_paths_agree():
     np.testing.assert_allclose(
         keras.ops.convert_to_numpy(with_weights), out, rtol=0, atol=1e-12
     )
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="torch's Dense projections are float32-accurate (the module docstring)")
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_float64_graph_attention_matches_the_papers_equations(version):
+    # keras's `ops.leaky_relu` on TensorFlow took its slope in float32
+    # (0.2000000030): a 1e-8 relative error in a float64 layer.
+    from keras_attention.layers import GraphAttention
+    from tests.cases_graph import graph_reference
+
+    x = RNG.standard_normal((6, 5))
+    edges = np.array([[0, 1, 2, 3, 4, 5, 1], [1, 2, 3, 4, 5, 0, 3]], "int32")
+    layer = GraphAttention(units=3, num_heads=2, version=version, dtype="float64")
+    out, alpha = layer([x, edges], return_attention_scores=True)
+    want, want_alpha = graph_reference(layer, [x, edges], return_coefficients=True)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(out), want, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(alpha), want_alpha, rtol=0, atol=1e-12)

@@ -132,3 +132,26 @@ def test_node_classifier_drops_projected_features_at_the_input_rate():
     assert rates == [0.0, 0.0]
     with pytest.raises(ValueError, match="`feature_dropout`"):
         GATNodeClassifier(num_features=34, num_classes=2, feature_dropout=1.5)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_integer_edge_features_are_taken_as_numbers(dense):
+    # Counts or categories as edge features: the self loops' mean of them
+    # failed on TensorFlow ("`x` and `y` must have the same dtype").
+    from keras_attention.layers import GraphAttention
+
+    x = np.random.default_rng(0).random((4, 3)).astype("float32")
+    edges = np.array([[0, 1, 2], [1, 2, 3]], "int32")
+    counts = np.array([[1, 2], [3, 0], [2, 2]], "int32")
+    if dense:
+        adjacency = np.zeros((4, 4), bool)
+        adjacency[edges[1], edges[0]] = True
+        features = np.zeros((4, 4, 2), "int32")
+        features[edges[1], edges[0]] = counts
+        edges, counts = adjacency, features
+    layer = GraphAttention(units=2, num_heads=2)
+    got = layer([x, edges, counts])
+    want = layer([x, edges, counts.astype("float32")])
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want), atol=1e-6
+    )

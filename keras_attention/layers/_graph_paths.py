@@ -32,6 +32,14 @@ def with_self_loops(edges, num_nodes):
     return ops.concatenate([edges, ops.stack([loops, loops])], axis=1)
 
 
+def _leaky_relu(x, negative_slope):
+    """LeakyReLU with the slope in `x`'s dtype (`keras.ops.leaky_relu`, and
+    `ops.cast` of a Python float, on TensorFlow go through float32: 0.2
+    became 0.2000000030, a 1e-8 relative error in a float64 layer; a
+    Python float times a tensor takes the tensor's dtype)."""
+    return ops.where(x > 0, x, x * float(negative_slope))
+
+
 def _rows(x, index):
     """`x[index]` for `x` `(N, ...)` and `index` `(E,)`: `(E, ...)`.
 
@@ -99,7 +107,7 @@ def edge_list_path(layer, features, edges, edge_features, training):
         )  # (E', H)
         if edge_term is not None:
             scores = scores + ops.sum(edge_term * layer.attention_edge, axis=-1)
-        scores = ops.leaky_relu(scores, layer.negative_slope)
+        scores = _leaky_relu(scores, layer.negative_slope)
         values, messages = h, None
     else:
         values = layer._heads(features, layer.source)  # (N, H, C)
@@ -108,7 +116,7 @@ def edge_list_path(layer, features, edges, edge_features, training):
         z = messages + _rows(h_target, target)
         if edge_term is not None:
             z = z + edge_term
-        z = ops.leaky_relu(z, layer.negative_slope)
+        z = _leaky_relu(z, layer.negative_slope)
         scores = ops.sum(z * layer.attention_kernel, axis=-1)  # (E', H)
     # The edges were checked (`check_graph_inputs`): the ids are not.
     alpha = segment_softmax_of_checked_ids(
@@ -171,7 +179,7 @@ def adjacency_path(layer, features, adjacency, edge_features, training):
             scores = scores + ops.transpose(
                 ops.sum(edge_term * layer.attention_edge, axis=-1), (0, 3, 1, 2)
             )
-        scores = ops.leaky_relu(scores, layer.negative_slope)
+        scores = _leaky_relu(scores, layer.negative_slope)
         values = h
     else:
         values = layer._heads(features, layer.source)  # (B, N, H, C)
@@ -180,7 +188,7 @@ def adjacency_path(layer, features, adjacency, edge_features, training):
         z = values[:, None, :, :, :] + h_target[:, :, None, :, :]
         if edge_term is not None:
             z = z + edge_term
-        z = ops.leaky_relu(z, layer.negative_slope)
+        z = _leaky_relu(z, layer.negative_slope)
         scores = ops.transpose(
             ops.sum(z * layer.attention_kernel, axis=-1), (0, 3, 1, 2)
         )

@@ -89,8 +89,20 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
 
     Edge indices are checked when their values are known (eager calls); in
     a traced or compiled function they cannot be, and an index outside
-    `[0, N)` then raises in TensorFlow on CPU without XLA, but is clamped
-    or dropped silently under XLA and on accelerators.
+    `[0, N)` then raises in TensorFlow on CPU without XLA, but under XLA
+    and on accelerators it is not refused: clamped or dropped, and on JAX
+    a source past `N` makes its target's output NaN and a negative id
+    wraps to `N - 1`. Check the ids before tracing (`fit`, `evaluate` and
+    `predict` of `GATNodeClassifier` do).
+
+    **From PyTorch Geometric**: the same scores, self loops, edge features
+    and direction as `GATConv`/`GATv2Conv` (tested against them, values and
+    gradients); GATv2's projections `W_s`, `W_t` have no bias (PyG's
+    `lin_l`/`lin_r` have one by default, inside the LeakyReLU: a trained
+    `GATv2Conv` with them has no exact counterpart here) and are never
+    shared (`share_weights=False`); the coefficients returned are those
+    before dropout (PyG's after), with a 0 row for each self loop already
+    in the edges (PyG drops those edges).
 
     **Export** (`model.export`): keras gives every input of the signature
     an unknown first dimension, which an edge list `(2, E)` cannot have:
@@ -150,7 +162,8 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         `with_self_loops(edges, N)` (`E' = E + N`) or of `edges`
         (`E' = E`) without self loops; `(B, H, N, N)` (`(H, N, N)`
         unbatched) for an adjacency, `[..., i, j]` for `j -> i`. Each
-        node's incoming coefficients sum to 1.
+        node's incoming coefficients sum to 1 (to 0 for a node without
+        any incoming edge, without self loops).
 
     Raises:
         ValueError: naming the argument: `units` or `num_heads` not
@@ -390,6 +403,12 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         features, edges = inputs[0], inputs[1]
         edge_features = inputs[2] if len(inputs) == 3 else None
         mode = check_graph_inputs(features, edges, edge_features)
+        if edge_features is not None and not keras.backend.is_float_dtype(
+            ops.convert_to_tensor(edge_features).dtype
+        ):
+            # Integer counts or categories: their self loops' mean (and the
+            # projection) in the compute dtype (TensorFlow refused the mean).
+            edge_features = ops.cast(edge_features, self.compute_dtype)
         if (edge_features is None) != (self.edge_projection is None):
             raise ValueError(
                 "The layer was built "
