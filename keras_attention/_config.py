@@ -156,7 +156,11 @@ def frozen_layers_config(model):
     """
     if not model.trainable:
         return {}
-    names = [layer.name for layer in model.layers if not layer.trainable]
+    # Layers LoRA froze (`enable_lora`) are not frozen by their user.
+    names = [
+        layer.name for layer in model.layers
+        if not layer.trainable and not getattr(layer, "_frozen_by_lora", False)
+    ]
     return {FROZEN_LAYERS: names} if names else {}
 
 

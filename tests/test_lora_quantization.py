@@ -466,3 +466,81 @@ def test_default_lora_targets_are_each_layers_own():
     assert {p.split("/")[-1] for p in vit.backbone.enable_lora(2)} == {
         "query", "value"
     }
+
+
+def test_default_lora_targets_of_the_image_and_graph_layers():
+    # CBAM, the non-local block and GAT named no targets of their own, so
+    # the default (query, value) matched nothing: a ValueError about a
+    # `target_names` the user had not given.
+    from keras_attention.applications import CBAMResNet
+    from keras_attention.applications import GATNodeClassifier
+    from keras_attention.applications import VisionTransformer
+
+    resnet = CBAMResNet(
+        image_size=8, num_classes=2, filters=(4,), blocks_per_stage=1,
+        num_channels=1, attention="cbam",
+    )
+    assert {p.split("/")[-1] for p in resnet.backbone.enable_lora(2)} == {
+        "hidden", "output", "conv"
+    }
+    vit = VisionTransformer(
+        image_size=8, patch_size=2, num_classes=3, hidden_dim=8, depth=1,
+        num_heads=2, mlp_dim=8, num_channels=1, attention="non_local",
+    )
+    assert {p.split("/")[-1] for p in vit.backbone.enable_lora(2)} == {
+        "theta", "g", "output"
+    }
+    for version, names in (("v1", {"projection"}), ("v2", {"source", "target"})):
+        gat = GATNodeClassifier(num_features=4, num_classes=2, hidden_units=2,
+                                num_heads=2, version=version)
+        gat([np.zeros((1, 3, 4), "float32"), np.array([[[0, 1], [1, 2]]], "int32")])
+        assert {p.split("/")[-1] for p in keras_attention.layers.enable_lora(gat, 2)} == names
+
+
+def test_model_wide_lora_freezing_is_not_saved(tmp_path):
+    # The translators, DETR and GAT have no backbone: the model-wide
+    # `enable_lora` froze their leaf layers, the file recorded them as
+    # frozen, and the loaded model (the updates merged, no LoRA) never
+    # trained its embeddings, norms and output projection again.
+    from keras_attention.applications import TransformerTranslator
+    from keras_attention.applications import VisionTransformer
+
+    def trainable_count(model):
+        return sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+
+    translator = TransformerTranslator(
+        num_layers=1, hidden_dim=8, num_heads=2, intermediate_dim=16
+    )
+    before = trainable_count(translator)
+    translator.get_layer("decoder_norm").trainable = False  # the user's own
+    frozen_by_user = trainable_count(translator)
+    keras_attention.layers.enable_lora(translator, 2)
+    assert trainable_count(translator) < frozen_by_user < before
+    translator.save(tmp_path / "translator.keras")
+    loaded = keras.saving.load_model(tmp_path / "translator.keras")
+    assert trainable_count(loaded) == frozen_by_user
+    assert not loaded.get_layer("decoder_norm").trainable
+    vit = VisionTransformer(
+        image_size=8, patch_size=4, num_classes=3, hidden_dim=8, depth=1,
+        num_heads=2, mlp_dim=8, num_channels=1,
+    )
+    before = trainable_count(vit)
+    keras_attention.layers.enable_lora(vit.backbone, 2)  # the docstring's route
+    vit.save(tmp_path / "vit.keras")
+    assert trainable_count(keras.saving.load_model(tmp_path / "vit.keras")) == before
+
+
+def test_lora_on_a_float8_model_is_refused_before_anything_changes():
+    from keras_attention.applications import VisionTransformer
+
+    model = VisionTransformer(
+        image_size=8, patch_size=4, num_classes=3, hidden_dim=8, depth=1,
+        num_heads=2, mlp_dim=8, num_channels=1,
+    )
+    model.quantize("float8")
+    before = snapshot(model)
+    trainable = len(model.trainable_weights)
+    with pytest.raises(ValueError, match="float8"):
+        model.backbone.enable_lora(2)
+    assert_unchanged(model, before)
+    assert len(model.trainable_weights) == trainable

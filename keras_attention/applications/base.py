@@ -35,7 +35,6 @@ from keras_attention.applications.input_checks import InputChecks
 from keras_attention.applications.input_checks import batch_size
 from keras_attention._config import DTypeArgument
 from keras_attention._weights import AllOrNothingWeights
-from keras_attention._config import FROZEN_LAYERS
 from keras_attention._config import FunctionalConfig
 from keras_attention._config import dtype_config
 from keras_attention._config import build_with_graph_state
@@ -265,28 +264,9 @@ class Backbone(FunctionalConfig, InputChecks, QuickQuantize, keras.Model):
         model.compile(optimizer="adam")
         ```
         """
-        trainable = {layer.name for layer in self.layers if layer.trainable}
-        targets = layer_base.enable_lora(
+        return layer_base.enable_lora(
             self, rank, lora_alpha=lora_alpha, target_names=target_names
         )
-        self._frozen_by_lora = getattr(self, "_frozen_by_lora", set()) | {
-            layer.name for layer in self.layers
-            if layer.name in trainable and not layer.trainable
-        }
-        return targets
-
-    def base_config(self):
-        # The layers that `enable_lora` froze are not frozen again on
-        # loading: the file holds the updates merged, without LoRA.
-        config = super().base_config()
-        lora_frozen = getattr(self, "_frozen_by_lora", set())
-        frozen = [
-            name for name in config.pop(FROZEN_LAYERS, ())
-            if name not in lora_frozen
-        ]
-        if frozen:
-            config[FROZEN_LAYERS] = frozen
-        return config
 
     @classmethod
     def presets(cls):

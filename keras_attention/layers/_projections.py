@@ -137,14 +137,18 @@ def enable_lora(model, rank, lora_alpha=None, target_names=None):
             layer that has them (see `projection_sublayers`); `None` (the
             default, as keras-hub's `target_layer_names=None`) takes each
             layer's own `lora_targets`: `"query"` and `"value"` (keras-hub's
-            choice), the fused `"qkv"` of `LocalWindowAttention`.
+            choice), the fused `"qkv"` of `LocalWindowAttention`, CBAM's
+            `"hidden"`, `"output"` and `"conv"`, the non-local block's
+            `"theta"`, `"g"` and `"output"`, GAT's `"projection"` (v2:
+            `"source"`, `"target"`).
 
     Returns:
         The adapted projection sublayers, `{path: layer}`.
 
     Raises:
         ValueError: for a bad argument, an unbuilt model, no matching
-            projection, or LoRA already enabled on one; nothing changes then.
+            projection, LoRA already enabled on one, or one quantized to
+            float8; nothing changes then.
 
     Example:
 
@@ -191,7 +195,9 @@ def enable_lora(model, rank, lora_alpha=None, target_names=None):
         raise invalid(
             "target_names",
             f"names of projections in {model.name!r}'s attention layers "
-            f"(found: {sorted(available) or 'no registered attention layer'})",
+            f"(found: {sorted(available) or 'no registered attention layer'})"
+            + ("; None takes each layer's `lora_targets`, which name none "
+               "of them" if names is None else ""),
             target_names,
         )
     # Check everything before the first change (all or nothing).
@@ -200,6 +206,13 @@ def enable_lora(model, rank, lora_alpha=None, target_names=None):
             raise ValueError(
                 f"LoRA is already enabled on {sub.path!r}; it can be "
                 f"enabled once. Received: rank={rank}"
+            )
+        if getattr(sub, "quantization_mode", None) == "float8":
+            # keras's float8 call has no LoRA path: `fit` failed later.
+            raise ValueError(
+                f"LoRA cannot adapt the float8-quantized {sub.path!r} "
+                "(keras's float8 layers take no LoRA; int8 and int4 do). "
+                f"Received: rank={rank}"
             )
         if getattr(sub, "kernel_constraint", None):
             raise ValueError(
@@ -214,7 +227,12 @@ def enable_lora(model, rank, lora_alpha=None, target_names=None):
         if id(layer) in target_ids:
             continue  # keras froze its kernel; its factors and bias train
         if not list(layer._flatten_layers(include_self=False)):
-            layer.trainable = False  # a leaf (BatchNormalization: inference)
+            if layer.trainable:  # a leaf (BatchNormalization: inference)
+                layer.trainable = False
+                # Not frozen by its user: a `.keras` file (which holds the
+                # updates merged, without LoRA) does not freeze it again
+                # (`frozen_layers_config`).
+                layer._frozen_by_lora = True
         else:
             # A container of targets: freeze only its own weights.
             for variable in layer._trainable_variables:

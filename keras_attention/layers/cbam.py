@@ -109,6 +109,7 @@ class ChannelAttention(_ImageAttention):
     """
 
     _max_rank = None  # pooled over all positions: any rank
+    lora_targets = ("hidden", "output")  # the shared MLP
 
     def __init__(self, reduction=16, **kwargs):
         super().__init__(**kwargs)
@@ -230,6 +231,7 @@ class SpatialAttention(_ImageAttention):
     """
 
     _rank_fixed_at_build = True  # the convolution's kernel
+    lora_targets = ("conv",)
 
     def __init__(self, kernel_size=7, **kwargs):
         super().__init__(**kwargs)
@@ -320,6 +322,7 @@ class CBAM(_ImageAttention):
     """
 
     _rank_fixed_at_build = True  # the convolution's kernel
+    lora_targets = ("hidden", "output", "conv")  # both parts'
 
     def __init__(self, reduction=16, kernel_size=7, **kwargs):
         super().__init__(**kwargs)

@@ -192,6 +192,9 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
           ICLR 2022. https://arxiv.org/abs/2105.14491
     """
 
+    # The node projections: GAT's `W`, GATv2's `W_s` and `W_t`.
+    lora_targets = ("projection", "source", "target")
+
     def __init__(
         self,
         units,

@@ -156,6 +156,10 @@ class NonLocalBlock(FeatureMapAttention):
           https://arxiv.org/abs/1711.07971
     """
 
+    # The query and value embeddings and the output `W` (zero at first:
+    # LoRA on theta and g alone would have no gradient through it).
+    lora_targets = ("theta", "g", "output")
+
     def __init__(
         self,
         mode="embedded_gaussian",
