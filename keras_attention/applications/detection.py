@@ -25,6 +25,7 @@ from keras import ops
 
 from keras_attention import _validation as base
 from keras_attention import registry
+from keras_attention.layers.base import float_inputs
 from keras_attention.applications import detection_loss
 from keras_attention.applications import presets
 from keras_attention.applications.base import PresetMixin
@@ -365,9 +366,8 @@ class DETR(
 
     def call(self, images, training=None, return_attention_scores=False,
              pixel_mask=None):
-        if not keras.backend.is_float_dtype(images.dtype):
-            # `uint8` pixels, as the functional applications take them.
-            images = ops.cast(images, self.compute_dtype)
+        # `uint8` pixels, as the functional applications take them.
+        images = float_inputs(self, images)
         features = self.input_projection(
             self.backbone(images, training=training)
         )  # B, h, w, D

@@ -3,7 +3,6 @@ share (CBAM's layers, `NonLocalBlock`): input and mask checks, their
 `Dense` projections, shapes and specs."""
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_attention.layers import base
@@ -31,20 +30,6 @@ def check_feature_map(shape, min_rank=3, max_rank=None):
             "The channel (last) dimension of `inputs` must be known. "
             f"Received: inputs.shape={tuple(shape)}"
         )
-
-
-def float_inputs(layer, inputs):
-    """`inputs` in `layer`'s compute dtype when they are not floats (a
-    `uint8` image, `int32` counts), as keras's `Dense` computes them: the
-    refined map and its residual are never cast back to integers, which
-    would truncate them (channel weights in `(0, 1)` to 0). A NumPy map
-    (keras's `stateless_call` passes its inputs as given) becomes a tensor.
-    """
-    if isinstance(inputs, np.ndarray):
-        inputs = ops.convert_to_tensor(inputs)
-    if not keras.backend.is_float_dtype(inputs.dtype):
-        return ops.cast(inputs, layer.compute_dtype)
-    return inputs
 
 
 def check_position_mask(mask, inputs):

@@ -7,6 +7,7 @@ import contextlib
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 from keras.src.backend import get_keras_mask
 from keras.src.backend import set_keras_mask
@@ -45,6 +46,21 @@ def keras_masks_set_aside(*inputs):
         for x, mask in saved:
             if mask is not None:
                 set_keras_mask(x, mask)
+
+
+def float_inputs(layer, inputs):
+    """`inputs` in `layer`'s compute dtype when they are not floats (a
+    `uint8` image, `int32` counts or edge features), as keras's `Dense`
+    computes them: a refined map and its residual are never cast back to
+    integers, which would truncate them (channel weights in `(0, 1)` to 0).
+    A NumPy array (keras's `stateless_call` passes its inputs as given)
+    becomes a tensor.
+    """
+    if isinstance(inputs, np.ndarray):
+        inputs = ops.convert_to_tensor(inputs)
+    if not keras.backend.is_float_dtype(inputs.dtype):
+        return ops.cast(inputs, layer.compute_dtype)
+    return inputs
 
 
 def is_shape(x):

@@ -14,7 +14,7 @@ from keras_attention.layers import base
 from keras_attention.layers._feature_maps import NEG_INF
 from keras_attention.layers._feature_maps import FeatureMapAttention
 from keras_attention.layers._feature_maps import check_position_mask
-from keras_attention.layers._feature_maps import float_inputs
+from keras_attention.layers.base import float_inputs
 from keras_attention.ops.masks import wide_dtype
 from keras_attention.registry import register
 

@@ -406,12 +406,10 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         features, edges = inputs[0], inputs[1]
         edge_features = inputs[2] if len(inputs) == 3 else None
         mode = check_graph_inputs(features, edges, edge_features)
-        if edge_features is not None and not keras.backend.is_float_dtype(
-            ops.convert_to_tensor(edge_features).dtype
-        ):
+        if edge_features is not None:
             # Integer counts or categories: their self loops' mean (and the
             # projection) in the compute dtype (TensorFlow refused the mean).
-            edge_features = ops.cast(edge_features, self.compute_dtype)
+            edge_features = base.float_inputs(self, edge_features)
         if (edge_features is None) != (self.edge_projection is None):
             raise ValueError(
                 "The layer was built "
