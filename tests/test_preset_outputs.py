@@ -40,3 +40,18 @@ def test_preset_weights_reproduce_their_recorded_outputs(cls, name):
         np.testing.assert_allclose(
             keras.ops.convert_to_numpy(got), want, rtol=3e-5, atol=3e-5
         )
+
+
+@pytest.mark.parametrize(
+    "name", ["detr_digits", "seq2seq_dates", "transformer_dates"]
+)
+def test_preset_without_weights_is_built_like_the_one_with(name):
+    """The subclassed presets (built on first call) come built either way:
+    `summary()`, `count_params()` and fine-tuning need no call first."""
+    from keras_attention.applications import presets
+    import keras_attention.applications as applications
+
+    cls = getattr(applications, presets()[name].class_name)
+    fresh = cls.from_preset(name, load_weights=False)
+    assert fresh.built
+    assert fresh.count_params() == cls.from_preset(name).count_params()

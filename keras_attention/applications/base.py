@@ -96,6 +96,10 @@ class PresetMixin:
         config = dict(spec.config)
         config.update(kwargs)
         model = cls(**config)
+        if spec.input_shape is not None and not model.built:
+            # Built either way: `load_weights=False` gives the same model,
+            # its weights made (summary(), count_params(), fine-tuning).
+            model.build(spec.input_shape)
         if load_weights and spec.weights is not None:
             try:
                 preset_registry.load_weights(model, spec)
