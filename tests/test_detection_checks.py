@@ -137,6 +137,80 @@ def test_plot_detections_refuses_boxes_without_four_coordinates():
         plot_detections(image, [[0.5, 0.5, 0.2]], [1])
     with pytest.raises(ValueError, match="`boxes`"):
         plot_detections(image, [0.5, 0.5, 0.2, 0.2, 0.1, 0.1, 0.2, 0.2], [1, 2])
+    # Pixel boxes (`predict_boxes`'s) left at the normalised default were
+    # drawn far outside the picture, without a word.
+    with pytest.raises(ValueError, match="`boxes`.*normalized=False.*up to 12"):
+        plot_detections(image, [[2, 2, 12, 12]], [1], box_format="xyxy")
+    plot_detections(image, [[2, 2, 12, 12]], [1], box_format="xyxy", normalized=False)
+
+
+def test_evaluate_detections_refuses_what_would_score_zero_unseen():
+    from keras_attention.applications import evaluate_detections
+
+    images = np.zeros((2, 32, 32, 1))
+    boxes = np.array([[[0.25, 0.25, 0.25, 0.25], [0, 0, 0, 0]],
+                      [[0.5, 0.5, 0.5, 0.5], [0, 0, 0, 0]]])
+    labels = np.array([[0, -1], [1, -1]])
+    found = [
+        {"boxes": np.array([[4.0, 4, 12, 12]]), "scores": np.ones(1), "labels": np.array([0])},
+        {"boxes": [], "scores": [], "labels": []},  # none, as plain lists
+    ]
+    assert evaluate_detections(found, images, boxes, labels)["map50"] == pytest.approx(0.5)
+    # Ground truth `fit` refuses: a negative width, pixel boxes, names.
+    negative = boxes.copy()
+    negative[0, 0, 2] = -0.2
+    for bad_boxes, bad_labels, match in [
+        (negative, labels, r"`boxes`.*positive widths.*boxes\[0, 0\]"),
+        (boxes * 32, labels, r"`boxes`.*inside the image"),
+        (boxes, np.array([["a", "-"], ["b", "-"]]), r"`labels`.*integer"),
+        (boxes, labels.astype(bool), r"`labels`.*integer"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            evaluate_detections(found, images, bad_boxes, bad_labels)
+    # Predictions COCO would skip (a class outside the categories) or
+    # never match (corners in the wrong order, cx/cy/w/h).
+    for change, match in [
+        (dict(labels=np.array([2])), r"labels in \[0, 2\).*got \[2\] at image 0"),
+        (dict(labels=np.array([-1])), r"labels in \[0, 2\)"),
+        (dict(boxes=np.array([[8.0, 8, 8, 4]])), r"x1 <= x2.*boxes\[0\]=\[8.0, 8.0, 8.0, 4.0\]"),
+        (dict(boxes=np.array([[4.0, 4, 12, np.inf]])), r"finite pixel corners"),
+        (dict(scores=np.ones(2)), r"scores \(k,\).*scores \(2,\)"),
+    ]:
+        with pytest.raises(ValueError, match=r"`model_or_predictions`.*" + match):
+            evaluate_detections([dict(found[0], **change), found[1]], images, boxes, labels)
+
+
+def test_predict_boxes_checks_its_arguments_and_takes_an_empty_batch():
+    model = DETR(**SMALLEST)
+    images = np.zeros((2, 16, 16, 1), "float32")
+    assert model.predict_boxes(images[:0]) == []
+    assert model.predict_boxes(images[:0], return_attention=True) == []
+    for arguments, name in [
+        (dict(batch_size=0), "batch_size"),
+        (dict(batch_size=2.5), "batch_size"),
+        (dict(batch_size=0, return_attention=True), "batch_size"),
+        (dict(score_threshold=None), "score_threshold"),
+        (dict(score_threshold=-0.1), "score_threshold"),
+    ]:
+        with pytest.raises(ValueError, match=f"`{name}`"):
+            model.predict_boxes(images, **arguments)
+    assert len(model.predict_boxes(images, score_threshold=0, batch_size=1)) == 2
+
+
+def test_unchecked_targets_are_clipped_to_the_image_by_their_corners():
+    from keras_attention.applications.detection_loss import sanitize_targets
+
+    boxes = np.array([[[0.95, 0.5, 0.2, 0.2], [1.5, 0.5, 0.1, 0.1],
+                       [0.5, 0.5, 0.4, 0.4], [np.nan, 0, 0, 0]]])
+    clipped, clean_labels, mask = sanitize_targets(boxes, np.zeros((1, 4)), 2)
+    clipped = keras.ops.convert_to_numpy(clipped)[0]
+    # Sticking out on the right: its corners clipped (0.85..1.0), not its
+    # centre and size apart (which left it sticking out).
+    np.testing.assert_allclose(clipped[0], [0.925, 0.5, 0.15, 0.2], atol=1e-6)
+    # Wholly outside: a sliver on the edge; inside: unchanged.
+    np.testing.assert_allclose(clipped[1], [0.99995, 0.5, 1e-4, 0.1], atol=1e-6)
+    np.testing.assert_allclose(clipped[2], [0.5, 0.5, 0.4, 0.4], atol=1e-6)
+    assert keras.ops.convert_to_numpy(mask).tolist() == [[True, True, True, False]]
 
 
 def test_a_frozen_backbone_stays_frozen_in_training_and_in_its_file(tmp_path):

@@ -89,7 +89,7 @@ class DETR(
     (`detection_loss.set_prediction_loss`) summed over decoder layers.
     Targets that reach the loss unchecked (a `tf.data` pipeline) are
     sanitised there: invalid labels and non-finite boxes count as padding,
-    boxes are clipped to the image.
+    boxes are clipped to the image (their corners).
 
     Under a `tf.distribute` strategy each replica's loss is divided by the
     number of replicas (their gradients are summed), as Keras's losses are.
@@ -507,9 +507,20 @@ class DETR(
             `"labels"` int32 `(k,)`, sorted by decreasing score; with
             `return_attention`, `"attention"` `(k, h, w)` (or
             `(k, height, width)`), each map summing to 1 over the grid.
+
+        Raises:
+            ValueError: for images not `(B, height, width, C)`, a
+                `batch_size` not a positive integer, a `score_threshold`
+                not a number of at least 0, or a bad `pixel_mask`.
         """
         images = np.asarray(images, dtype="float32")
         self._check_images(images)
+        batch_size = base.check_positive_int("batch_size", batch_size)
+        base.check_positive_number(
+            "score_threshold", score_threshold, allow_zero=True
+        )
+        if not len(images):
+            return []
         height, width = images.shape[1:3]
         pixel_mask, sizes = image_sizes(pixel_mask, images)
         if return_attention or pixel_mask is not None:

@@ -77,8 +77,8 @@ def sanitize_targets(boxes, labels, num_classes):
     """Targets made safe for the loss, whatever the data holds.
 
     Labels outside `[0, num_classes)` and boxes with a non-finite coordinate
-    are treated as padding; the real boxes are clipped to the image
-    (centres to `[0, 1]`, sizes to `[1e-4, 1]`), and padding gets a dummy
+    are treated as padding; the real boxes are clipped to the image (their
+    corners to `[0, 1]`, sizes at least 1e-4), and padding gets a dummy
     full-image box, so no loss term can become NaN. `validate_targets` is
     the strict check to run on the data first; this is the safety net for
     data that bypasses it (a `tf.data` pipeline).
@@ -91,9 +91,11 @@ def sanitize_targets(boxes, labels, num_classes):
     labels = ops.cast(labels, "int32")
     finite = ops.all(ops.isfinite(boxes), axis=-1)
     mask = ops.logical_and(target_mask(labels, num_classes), finite)
-    centre = ops.clip(boxes[..., :2], 0.0, 1.0)
-    size = ops.clip(boxes[..., 2:], 1e-4, 1.0)
-    clipped = ops.concatenate([centre, size], axis=-1)
+    safe = ops.where(finite[..., None], boxes, 0.5)
+    half = ops.clip(safe[..., 2:], 1e-4, 1.0) / 2
+    low = ops.clip(safe[..., :2] - half, 0.0, 1.0 - 1e-4)
+    high = ops.minimum(ops.maximum(safe[..., :2] + half, low + 1e-4), 1.0)
+    clipped = ops.concatenate([(low + high) / 2, high - low], axis=-1)
     dummy = ops.convert_to_tensor([0.5, 0.5, 1.0, 1.0], "float32")
     boxes = ops.where(mask[..., None], clipped, dummy)
     labels = ops.where(mask, labels, PAD_LABEL)
@@ -269,7 +271,7 @@ def set_prediction_loss(
     }
 
 
-def _check_target_arrays(boxes, labels):
+def check_target_arrays(boxes, labels):
     """`boxes` `(B, M, 4)` and integer `labels` `(B, M)` as NumPy arrays."""
     try:
         boxes = np.asarray(boxes)
@@ -293,7 +295,9 @@ def _check_target_arrays(boxes, labels):
             f"array of shape {boxes.shape[:2]} matching `boxes`. "
             f"Received: labels.shape={labels.shape}"
         )
-    if labels.size and not np.all(np.equal(np.mod(labels, 1), 0)):
+    if labels.dtype.kind not in "iuf" or (
+        labels.size and not np.all(np.equal(np.mod(labels, 1), 0))
+    ):
         raise ValueError(
             "Received an invalid value for argument `labels`, expected "
             f"integer class ids. Received: labels.dtype={labels.dtype}"
@@ -335,7 +339,7 @@ def validate_targets(
         ValueError: naming the argument, the first offending image and
             object, and the value.
     """
-    boxes, labels = _check_target_arrays(boxes, labels)
+    boxes, labels = check_target_arrays(boxes, labels)
     labels = labels.astype("int64")
     real = labels != PAD_LABEL
     bad = real & ((labels < 0) | (labels >= num_classes))

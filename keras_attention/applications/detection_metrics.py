@@ -44,6 +44,14 @@ def evaluate_detections(
         `"mar100"` (recall with at most `max_detections`), and the counts
         `"num_images"`, `"num_objects"`, `"num_detections"`.
 
+    Raises:
+        ValueError: for ground truth `fit` would refuse (boxes not
+            normalised `(cx, cy, w, h)` inside the image, labels outside
+            `[0, num_classes)` other than -1, shapes that disagree), and
+            for predictions with labels outside the classes or boxes that
+            are not pixel corners `(x1, y1, x2, y2)`: either would match
+            nothing and score 0 unseen.
+
     Example:
 
     ```python
@@ -54,8 +62,7 @@ def evaluate_detections(
     from faster_coco_eval import COCOeval_faster
 
     images = np.asarray(images)
-    boxes = np.asarray(boxes, dtype="float64")
-    labels = np.asarray(labels)
+    boxes, labels = detection_loss.check_target_arrays(boxes, labels)
     if images.ndim == 4:
         height, width = images.shape[1:3]
     else:
@@ -72,34 +79,21 @@ def evaluate_detections(
             num_classes = getattr(model_or_predictions, "num_classes", None)
     else:
         predictions = list(model_or_predictions)
-    if len(predictions) != len(boxes) or labels.shape != boxes.shape[:2]:
+    if len(predictions) != len(boxes) or len(boxes) != len(images):
         raise ValueError(
             "Expected as many predictions, box rows and label rows as "
             f"images. Received: {len(predictions)} predictions, "
-            f"boxes.shape={boxes.shape}, labels.shape={labels.shape}"
+            f"images.shape={images.shape}, boxes.shape={boxes.shape}, "
+            f"labels.shape={labels.shape}"
         )
-    real = labels != PAD_LABEL
-    if not real.any():
-        # COCO's "undefined" (-1) would read as a score of 0.
-        raise ValueError(
-            "Received an invalid value for argument `labels`, expected at "
-            "least one object (a label other than "
-            f"{PAD_LABEL}): the mAP of a split without objects is undefined. "
-            f"Received: labels.shape={labels.shape}, all {PAD_LABEL}"
-        )
-    if num_classes is None:
-        num_classes = int(labels[real].max()) + 1
-    # A class outside the categories would leave its objects out of the
-    # score unseen (COCO evaluates the listed categories only).
-    check_ids_in_range(
-        "labels", labels[real], num_classes, f"class ids (or {PAD_LABEL} "
-        "for padding)", f"num_classes={num_classes}",
+    boxes, labels, real, num_classes = _checked_targets(
+        boxes, labels, num_classes
     )
 
     ground_truth = _coco_ground_truth(
         boxes, labels, real, (height, width), num_classes
     )
-    results = _coco_results(predictions, max_detections)
+    results = _coco_results(predictions, max_detections, num_classes)
     detections = ground_truth.loadRes(results)
     evaluator = COCOeval_faster(
         ground_truth, detections, iouType="bbox", print_function=lambda *a: None
@@ -121,6 +115,33 @@ def evaluate_detections(
         "num_objects": int(real.sum()),
         "num_detections": len(results),
     }
+
+
+def _checked_targets(boxes, labels, num_classes):
+    """The ground truth checked as `fit` checks it, and its real objects'
+    mask and the number of classes."""
+    real = labels != PAD_LABEL
+    if not real.any():
+        # COCO's "undefined" (-1) would read as a score of 0.
+        raise ValueError(
+            "Received an invalid value for argument `labels`, expected at "
+            "least one object (a label other than "
+            f"{PAD_LABEL}): the mAP of a split without objects is undefined. "
+            f"Received: labels.shape={labels.shape}, all {PAD_LABEL}"
+        )
+    if num_classes is None:
+        num_classes = int(labels[real].max()) + 1
+    # A class outside the categories would leave its objects out of the
+    # score unseen (COCO evaluates the listed categories only).
+    check_ids_in_range(
+        "labels", labels[real], num_classes, f"class ids (or {PAD_LABEL} "
+        "for padding)", f"num_classes={num_classes}",
+    )
+    # Checked as `fit` checks them: a negative size or pixel boxes would
+    # match nothing and score 0 unseen (those out by rounding are clipped).
+    boxes, labels = detection_loss.validate_targets(boxes, labels, num_classes)
+    boxes = boxes.astype("float64")
+    return boxes, labels, real, num_classes
 
 
 def _coco_ground_truth(boxes, labels, real, image_size, num_classes):
@@ -160,11 +181,11 @@ def _coco_ground_truth(boxes, labels, real, image_size, num_classes):
     return ground_truth
 
 
-def _coco_results(predictions, max_detections):
+def _coco_results(predictions, max_detections, num_classes):
     """The COCO result list of per-image detections (best first, capped)."""
     results = []
     for i, detection in enumerate(predictions):
-        corners = np.asarray(detection["boxes"], dtype="float64").reshape(-1, 4)
+        corners = _checked_detection(i, detection, num_classes)
         order = np.argsort(-np.asarray(detection["scores"]), kind="stable")
         for k in order[:max_detections]:
             x1, y1, x2, y2 = corners[k]
@@ -177,6 +198,47 @@ def _coco_results(predictions, max_detections):
                 }
             )
     return results
+
+
+def _checked_detection(i, detection, num_classes):
+    """Image `i`'s predicted corners `(k, 4)`, checked: a class outside
+    the categories or boxes not in `(x1, y1, x2, y2)` would score 0 unseen
+    (COCO skips unknown categories)."""
+    corners = np.asarray(detection["boxes"], dtype="float64")
+    labels = np.asarray(detection["labels"])
+    k = len(labels)
+    if corners.size == 0:  # no detections, as `[]` too
+        corners = corners.reshape(0, 4)
+    problem = None
+    if corners.shape != (k, 4) or np.shape(detection["scores"]) != (k,):
+        problem = (
+            f"boxes (k, 4), scores (k,) and labels (k,); got boxes "
+            f"{corners.shape}, scores {np.shape(detection['scores'])}, "
+            f"labels {labels.shape}"
+        )
+    elif k and (
+        labels.dtype.kind not in "iuf" or np.any(labels % 1 != 0)
+        or labels.min() < 0 or labels.max() >= num_classes
+    ):
+        problem = (
+            f"labels in [0, {num_classes}) (num_classes={num_classes}); "
+            f"got {labels.tolist()}"
+        )
+    elif not np.all(good := np.all(np.isfinite(corners), 1) & np.all(
+        corners[:, 2:] >= corners[:, :2], 1
+    )):
+        bad = np.flatnonzero(~good)
+        problem = (
+            "finite pixel corners (x1, y1, x2, y2) with x1 <= x2, y1 <= y2 "
+            "(as `DETR.predict_boxes` gives them); got "
+            f"boxes[{bad[0]}]={corners[bad[0]].tolist()}"
+        )
+    if problem is not None:
+        raise ValueError(
+            "Received an invalid value for argument `model_or_predictions`, "
+            f"expected per-image dicts of {problem} at image {i}."
+        )
+    return corners
 
 
 def decode_detections(outputs, image_size, score_threshold=0.5,

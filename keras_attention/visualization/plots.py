@@ -175,7 +175,9 @@ def plot_detections(
             image's aspect ratio, or `grid_shape`).
         class_names: optional names of the class indices.
         box_format: `"cxcywh"` or `"xyxy"`.
-        normalized: whether the boxes are fractions of the image size.
+        normalized: whether the boxes are fractions of the image size
+            (then a coordinate beyond 1.5 in size raises a `ValueError`:
+            those are pixel boxes).
         grid_shape: `(h, w)` of `(K, S)` attention maps.
         alpha: opacity of the attention maps.
         title: title of the picture.
@@ -219,6 +221,16 @@ def plot_detections(
     else:
         corners = boxes
     if normalized:
+        if np.any(np.abs(boxes) > 1.5):
+            # Pixel boxes (`predict_boxes`'s) read as fractions of the image
+            # would be drawn far outside it.
+            raise ValueError(
+                "Received an invalid value for argument `boxes`, expected "
+                "fractions of the image size with `normalized=True` (pass "
+                "`normalized=False` for pixel boxes, and "
+                "`box_format=\"xyxy\"` for `DETR.predict_boxes`'s). Received: "
+                f"boxes with values up to {float(np.abs(boxes).max()):g}"
+            )
         corners = corners * np.array([width, height, width, height], "float32")
     if attention_maps is not None:
         attention_maps = _object_maps(
