@@ -104,21 +104,24 @@ def test_preprocessor_pairs_and_decoding():
 
 
 def test_word_piece_vocabulary_from_corpus():
-    sources = ["a man rides a horse .", "two dogs play in the snow ."] * 4
+    sources = ["a man rides a horse .", "two dogs play in the snow .", "a ball ."] * 4
     targets = [
         "ein mann (im t-shirt) reitet 2.5 pferde.",
         "zwei hunde spielen im schnee, oder?",
+        # 13a (BLEU) keeps an apostrophe in its word: "dog ' s" cost a
+        # perfect translation half its BLEU.
+        "the dog's ball isn't red, l'homme qu'il voit.",
     ] * 4
-    p = TranslationPreprocessor.from_corpus(sources, targets, vocabulary_size=60)
+    p = TranslationPreprocessor.from_corpus(sources, targets, vocabulary_size=100)
     assert p.tokenizer == "word_piece"
     assert p.source_vocabulary[:4] == list(RESERVED_TOKENS)
     assert p.target_vocabulary[:4] == list(RESERVED_TOKENS)
-    x, labels = p.encode_pairs(sources[:2], targets[:2])
+    x, labels = p.encode_pairs(sources[:3], targets[:3])
     # The lengths cover the longest sentence of the corpus (+ [END]).
     assert ((labels == p.end_id).sum(axis=1) == 1).all()
     assert (x["source_ids"][:, -1] != 0).any()
     # Punctuation, split off by the tokenizer, gets its spacing back.
-    assert p.decode(labels) == targets[:2]
+    assert p.decode(labels) == targets[:3]
     # An unknown word piece maps to [UNK], id 1.
     assert p.unknown_id in p.encode_sources(["a zebra ☃"])[0]
 

@@ -360,6 +360,11 @@ class TranslationPreprocessor(ArgumentConfig):
         (re.compile(r"(\d) ([.,]) (?=\d)"), r"\1\2"),  # 2 . 5 -> 2.5
         (re.compile(r" ([.,!?:;%)\]}])"), r"\1"),  # word . -> word.
         (re.compile(r"([(\[{]) "), r"\1"),  # ( word -> (word
+        # Apostrophes inside words (13a keeps them there): English clitics
+        # (dog ' s, isn ' t, we ' re) and French/Italian elision (l ' homme,
+        # qu ' il). Others stay apart: a quote and an apostrophe look alike.
+        (re.compile(r"(\w) ' (?=(?i:s|t|re|ve|ll|d|m)\b)"), r"\1'"),
+        (re.compile(r"\b([cdjlmnst]|qu) ' (?=\w)", re.IGNORECASE), r"\1'"),
     )
 
     @classmethod
@@ -372,8 +377,9 @@ class TranslationPreprocessor(ArgumentConfig):
         """Strings from a `(N, T)` batch of generated target ids.
 
         Word-piece output gets the usual spacing of punctuation back (no
-        space before `.,!?:;%)`, after `(`, or around an intra-word hyphen
-        or a decimal point), which the tokenizer's split loses.
+        space before `.,!?:;%)`, after `(`, or around an intra-word hyphen,
+        a decimal point or an apostrophe of `dog's`, `isn't`, `l'homme`),
+        which the tokenizer's split loses.
         """
         rows = [self._strip(row) for row in np.asarray(ids)]
         texts = []
