@@ -4,8 +4,9 @@
 LayerNorm, then the token embedding transposed as the output projection,
 plus a bias) on a `TextClassifierBackbone`'s tokens and predicts the word
 pieces at the masked positions. `masked_lm_dataset` masks ids with keras-hub's
-`MaskedLMMaskGenerator`: 15 % of the word pieces (never padding or the
-special tokens) are chosen; of those, 80 % become `[MASK]`, 10 % a random
+`MaskedLMMaskGenerator`: 15 % of the word pieces (never padding, nor the
+`unselectable_ids` given: `pretrain_masked_lm` passes `[CLS]` and `[SEP]`)
+are chosen; of those, 80 % become `[MASK]`, 10 % a random
 token, 10 % stay (Devlin et al., 2019), drawn anew every epoch.
 
 The loss and the accuracy count the chosen positions only: each example's
@@ -271,7 +272,10 @@ def masked_lm_dataset(
         mask_rate: the share of word pieces chosen (BERT: 0.15).
         mask_length: positions per example (default:
             `default_mask_length(T)`); extra choices beyond it are dropped.
-        unselectable_ids: ids never chosen (padding, `[CLS]`, `[SEP]`).
+        unselectable_ids: ids never chosen; padding only by default, so
+            for rows packed with special tokens pass theirs too, e.g.
+            `(0, p.cls_id, p.sep_id)` for a `BertPreprocessor` `p` (else
+            about a third of the choices fall on `[CLS]`/`[SEP]`).
         token_type_ids: optional int `(N, T)` for a backbone with token types.
         shuffle: reshuffle every epoch.
         seed: seed of the shuffle (the masks follow the global TF seed).
