@@ -138,3 +138,17 @@ def test_texts_given_to_predict_point_to_predict_texts():
         with pytest.raises(ValueError, match="not text.*predict_texts"):
             model.predict(texts, verbose=0)
     assert model.predict(np.ones((2, 8), "int32"), verbose=0).shape == (2, 2)
+
+
+def test_bert_rows_too_short_for_the_special_tokens_are_refused():
+    # keras-hub's packer gave rows longer than sequence_length (1 -> 2;
+    # pairs at 2 -> 3) or [CLS] [SEP] [SEP] without any text (pairs at 3).
+    for length in (1, 2):
+        with pytest.raises(ValueError, match="`sequence_length`.*at least 3"):
+            BertPreprocessor(SPECIAL + ["film"], sequence_length=length)
+    bert = BertPreprocessor(SPECIAL + ["film"], sequence_length=4)
+    assert bert(["film film film"])["token_ids"].tolist() == [[2, 5, 5, 3]]
+    with pytest.raises(ValueError, match="`pairs`.*at least 5"):
+        bert(["film"], pairs=["film"])
+    pair = BertPreprocessor(SPECIAL + ["film"], sequence_length=5)
+    assert pair(["film film"], pairs=["film"])["token_ids"].tolist() == [[2, 5, 3, 5, 3]]

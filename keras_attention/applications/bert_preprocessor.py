@@ -65,8 +65,8 @@ class BertPreprocessor(WordPiecePreprocessor):
         vocabulary: the WordPiece vocabulary (a list of strings, or the
             path of a `vocab.txt`); it holds `[PAD]`, `[UNK]`, `[CLS]`,
             `[SEP]` (and `[MASK]` for pretraining), `[PAD]` at id 0.
-        sequence_length: the length `T`; longer texts are truncated (pairs
-            round-robin, as keras-hub does).
+        sequence_length: the length `T`, at least 3 (5 for pairs); longer
+            texts are truncated (pairs round-robin, as keras-hub does).
         lowercase: lowercase (the uncased models); accents are stripped
             with it unless `strip_accents` says otherwise.
         strip_accents: `None` follows `lowercase`, as Hugging Face does.
@@ -94,6 +94,12 @@ class BertPreprocessor(WordPiecePreprocessor):
         if isinstance(vocabulary, (str, os.PathLike)):
             vocabulary = read_vocabulary(vocabulary)
         super().__init__(vocabulary, sequence_length, lowercase)
+        if self.sequence_length < 3:  # keras-hub's packer overflows it
+            raise base.invalid(
+                "sequence_length",
+                "at least 3 ([CLS], a word piece, [SEP])",
+                sequence_length,
+            )
         vocabulary = self.vocabulary
         self.strip_accents = self.lowercase if strip_accents is None else bool(strip_accents)
         # `normalize_text` lowercases and strips accents as Hugging Face
@@ -139,6 +145,13 @@ class BertPreprocessor(WordPiecePreprocessor):
             if len(pairs) != len(texts):
                 raise base.invalid(
                     "pairs", f"{len(texts)} texts, one per text", len(pairs)
+                )
+            if self.sequence_length < 5:
+                raise ValueError(
+                    "Received `pairs` with sequence_length="
+                    f"{self.sequence_length}, expected a sequence_length of "
+                    "at least 5 for pairs ([CLS] a [SEP] b [SEP]): shorter "
+                    "rows overflow or hold no text."
                 )
         if not texts:  # keras-hub packs an empty list as one unbatched row
             empty = np.zeros((0, self.sequence_length), "int32")
