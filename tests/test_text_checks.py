@@ -97,6 +97,9 @@ def test_bert_preprocessor_matches_the_hugging_face_tokenizer(tmp_path):
     path.write_text("\n".join(UNCASED_VOCABULARY), encoding="utf-8")
     texts = [text for text, _ in UNCASED] + [
         "Ｃafé\u200b crème\u2028à\tParis", "naïve ÉCOLE 😀", "한국", "İ",
+        # Special tokens written in a text are those tokens (they were
+        # split: [ mask ]); in the wrong case they are text.
+        "the film [MASK].", "[CLS]the[SEP] [mask]", "[MASK][MASK]film",
     ]
     for lowercase, strip_accents in ((True, None), (True, False), (False, None)):
         reference = transformers.BertTokenizer(

@@ -12,6 +12,7 @@ tokenizer), the packing from keras-hub's `MultiSegmentPacker`.
 
 import functools
 import os
+import re
 
 import keras
 import numpy as np
@@ -104,11 +105,19 @@ class BertPreprocessor(WordPiecePreprocessor):
         self.strip_accents = self.lowercase if strip_accents is None else bool(strip_accents)
         # `normalize_text` lowercases and strips accents as Hugging Face
         # does; keras-hub's own lowercasing is NFKC case folding.
+        # A special token written in a text ("the film was [MASK].") is
+        # that token, as Hugging Face's tokenizers read it.
+        self._specials = [t for t in SPECIAL_TOKENS if t in vocabulary]
+        self._special_pattern = re.compile(
+            "(" + "|".join(re.escape(t) for t in self._specials) + ")"
+        )
         self.tokenizer = keras_hub.tokenizers.WordPieceTokenizer(
             vocabulary=vocabulary,
             lowercase=False,
             strip_accents=False,
             oov_token="[UNK]",
+            special_tokens=self._specials,
+            special_tokens_in_strings=True,
             dtype="int32",
         )
         ids = {token: i for i, token in enumerate(vocabulary)}
@@ -134,7 +143,11 @@ class BertPreprocessor(WordPiecePreprocessor):
     def tokenize(self, texts):
         """The word-piece ids of each text, a ragged tensor."""
         return self.tokenizer([
-            normalize_text(text, self.lowercase, self.strip_accents)
+            " ".join(
+                part if part in self._specials
+                else normalize_text(part, self.lowercase, self.strip_accents)
+                for part in self._special_pattern.split(text)
+            )
             for text in base.check_texts(texts)
         ])
 
