@@ -389,8 +389,11 @@ class CausalLM(
                 `k`, `p`, seed; `BeamSampler` too, not `ContrastiveSampler`;
                 a beam search runs the prompts of each length on their own,
                 so a row's result does not depend on the others').
-                A named sampler draws its seed at each call from Python's
-                `random`: `keras.utils.set_random_seed` repeats its ids.
+                A named sampler has keras-hub's defaults (`"top_k"`: k=5;
+                `"top_p"`: p=0.1, close to greedy; temperature 1): pass
+                e.g. `keras_hub.samplers.TopPSampler(p=0.9)` for others.
+                It draws its seed at each call from Python's `random`:
+                `keras.utils.set_random_seed` repeats its ids.
             stop_token_ids: ids that end a row; the ids after the first
                 generated one are 0 (the padding id, never generated).
             use_cache: decode through the attention layers' key/value cache
