@@ -174,6 +174,10 @@ def test_preprocessor_and_text_folder(tmp_path):
     p = CausalLMPreprocessor()
     assert p.decode(p.encode("ab\ncd")) == "ab\ncd"
     assert p.encode("\té")[0] == p.encode("é")[0] == 127
+    # The unknown id decoded as its own code point: DEL here, and a real
+    # letter ("c", 99) for a vocabulary of 100.
+    assert p.decode(p.encode("naïve\x01!")) == "na\ufffdve\ufffd!"
+    assert CausalLMPreprocessor(100).decode([98, 99, 97]) == "b\ufffda"
     os.makedirs(os.path.join(tmp_path, "sub"))
     for name, text in (("a.txt", "hello world\n" * 20), ("sub/b.txt", "bye\n")):
         with open(os.path.join(tmp_path, name), "w") as f:

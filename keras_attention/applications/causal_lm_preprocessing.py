@@ -6,7 +6,7 @@ character preprocessor: no vocabulary to learn, so the date lines and any
 text folder tokenize the same way. Id 0 pads, `"\\n"` (10) ends a line and
 is the stop token of generation, and every code point at or above
 `vocabulary_size - 1` (and every other control character) is the unknown
-id `vocabulary_size - 1`.
+id `vocabulary_size - 1`, which decodes to `"\ufffd"`.
 """
 
 import keras
@@ -19,6 +19,7 @@ from keras_attention._config import ArgumentConfig
 PACKAGE = "keras_attention"
 _NEWLINE = 10
 _FIRST_PRINTABLE = 32
+_REPLACEMENT = 0xFFFD  # "\ufffd"
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -88,13 +89,16 @@ class CausalLMPreprocessor(ArgumentConfig):
 
     def decode(self, ids):
         """The text of ids `(N,)` (padding dropped), or a list of texts for
-        `(B, N)`."""
+        `(B, N)`; the unknown id reads `"\ufffd"`."""
         ids = np.asarray(ids)
         if ids.ndim == 2:
             return [self.decode(row) for row in ids]
         ids = ids[ids != 0]
         if not ids.size:
             return ""
+        # The unknown id is a code point too (DEL for 128, "c" for 100):
+        # shown as the replacement character, not as that character.
+        ids = np.where(ids == self.unknown_id, _REPLACEMENT, ids)
         text = self._tokenizer.detokenize(ids)
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
