@@ -374,3 +374,80 @@ def test_load_graph_files_refuses_overlapping_splits(tmp_path):
     np.save(tmp_path / "val.npy", val)
     with pytest.raises(ValueError, match=r"val and test splits overlap: 1 node\(s\)"):
         load_graph_files(tmp_path)
+
+
+def test_load_graph_files_reads_what_users_save_or_says_why(tmp_path):
+    graph = make_graph(num_nodes=30, avg_degree=4, feature_dim=3, num_classes=2)
+    unlabelled = np.flatnonzero(graph.test_mask)[0]  # in no split
+    test_mask = graph.test_mask.copy()
+    test_mask[unlabelled] = False
+    graph = graph._replace(test_mask=test_mask)
+    save_graph(tmp_path, graph)
+    # A 0/1 mask saved as integers was read as the node ids 0 and 1.
+    np.save(tmp_path / "train.npy", graph.train_mask.astype("int64"))
+    with pytest.raises(ValueError, match=r"train.npy.*distinct node ids.*0/1 mask.*astype\(bool\)"):
+        load_graph_files(tmp_path)
+    np.save(tmp_path / "train.npy", np.flatnonzero(graph.train_mask))
+    # OGB's CSV labels write NaN for unlabelled nodes: it could not be read.
+    os.remove(tmp_path / "labels.npy")
+    text = [str(v) for v in graph.labels]
+    text[unlabelled] = "nan"
+    (tmp_path / "labels.csv").write_text("\n".join(text) + "\n")
+    loaded = load_graph_files(tmp_path)
+    assert loaded.labels[unlabelled] == -1
+    np.testing.assert_array_equal(np.delete(loaded.labels, unlabelled), np.delete(graph.labels, unlabelled))
+    text[unlabelled] = "1.5"
+    (tmp_path / "labels.csv").write_text("\n".join(text) + "\n")
+    with pytest.raises(ValueError, match=r"labels.csv.*integer class ids.*1.5"):
+        load_graph_files(tmp_path)
+
+
+def test_labels_the_training_cannot_take_are_refused_by_name(graph):
+    from keras_attention.applications import node_classification_data
+
+    seeds = np.flatnonzero(graph.train_mask)[:4]
+    for labels, match in [
+        (np.where(np.arange(len(graph.labels)) == seeds[0], np.nan, graph.labels),
+         "without a label"),  # NaN < 0 is False: it trained as -2**31
+        (graph.labels + 0.5, "whole class ids"),  # 1.7 trained as 1
+        (np.eye(graph.num_classes)[graph.labels], r"shape \(%d,\)" % len(graph.labels)),
+        (np.where(graph.labels == 1, graph.num_classes, graph.labels), "below graph.num_classes"),
+    ]:
+        bad = graph._replace(labels=labels)
+        with pytest.raises(ValueError, match=match):
+            sampled_node_dataset(bad, seeds, [2])
+        with pytest.raises(ValueError, match=match):
+            node_classification_data(bad)
+    # Masks: a wrong length broadcast (or failed in NumPy), ids were read
+    # as a mask, and an unlabelled training node was dropped unseen.
+    for mask in (graph.train_mask[:-1], np.flatnonzero(graph.train_mask), np.array([True])):
+        with pytest.raises(ValueError, match=r"`graph.train_mask`, expected a boolean mask"):
+            node_classification_data(graph._replace(train_mask=mask))
+    labels = graph.labels.copy()
+    labels[seeds[1]] = -1
+    with pytest.raises(ValueError, match=rf"`graph.train_mask`.*e.g. node {seeds[1]}"):
+        node_classification_data(graph._replace(labels=labels))
+
+
+def test_fit_refuses_a_dataset_of_more_classes_and_warns_without_a_split(graph):
+    from keras_attention.applications import node_classification_data
+
+    model = GATNodeClassifier(
+        num_features=graph.features.shape[1], num_classes=graph.num_classes - 1,
+        hidden_units=2, num_heads=1,
+    )
+    model.compile()
+    dataset = sampled_node_dataset(graph, graph.train_mask, [2], batch_size=16)
+    # JAX's loss took the class ids beyond the logits without a word.
+    with pytest.raises(ValueError, match=rf"`x`.*num_classes={graph.num_classes - 1}.*{graph.num_classes} classes"):
+        model.fit(dataset, epochs=1, verbose=0)
+    data = node_classification_data(graph)
+    model = GATNodeClassifier(
+        num_features=graph.features.shape[1], num_classes=graph.num_classes,
+        hidden_units=2, num_heads=1,
+    )
+    model.compile()
+    with pytest.warns(UserWarning, match="fit without `sample_weight` trains on every node"):
+        model.fit(data.inputs, data.labels, epochs=1, verbose=0)
+    with pytest.warns(UserWarning, match="evaluate without `sample_weight` scores every node"):
+        model.evaluate(data.inputs, data.labels, verbose=0)

@@ -16,6 +16,7 @@ test nodes are chosen with per-node sample weights
 """
 
 import collections
+import warnings
 
 import keras
 import numpy as np
@@ -29,6 +30,7 @@ from keras_attention.applications.input_checks import bind
 from keras_attention._config import FunctionalConfig
 from keras_attention import _validation as base
 from keras_attention.layers.dropout import HashDropout
+from keras_attention.applications.node_sampling import check_graph_labels
 
 NodeClassificationData = collections.namedtuple(
     "NodeClassificationData",
@@ -58,6 +60,20 @@ def _graph_nodes(x):
         if len(x[0].shape) == 3:
             return base.known_dim(x[0].shape[1])
     return None
+
+
+def _warn_without_split(method, does, x, given):
+    """Warn when a whole graph comes without a split's weights: every
+    node counts then, the validation and test nodes' labels too (and an
+    unlabelled node's 0)."""
+    if isinstance(x, (list, tuple)) and given.get("sample_weight") is None:
+        warnings.warn(
+            f"GATNodeClassifier.{method} without `sample_weight` {does} "
+            "every node of the graph, the validation and test nodes too; "
+            f"pass a split's weights, e.g. `{method}(data.inputs, "
+            "data.labels, sample_weight=data.train_weights)`.",
+            stacklevel=3,
+        )
 
 
 def _check_split(argument, weights, nodes=None):
@@ -99,11 +115,24 @@ def node_classification_data(graph):
               epochs=50, verbose=0)
     ```
     """
-    labels = np.asarray(graph.labels)
+    num_nodes = len(graph.features)
+    masks = {}
+    for name in ("train_mask", "val_mask", "test_mask"):
+        mask = np.asarray(getattr(graph, name))
+        if mask.dtype != bool or mask.shape != (num_nodes,):
+            raise base.invalid(
+                f"graph.{name}", f"a boolean mask of shape ({num_nodes},)",
+                f"an array of shape {mask.shape} and dtype {mask.dtype}",
+            )
+        masks[name] = mask
+    labels = check_graph_labels(
+        graph, num_nodes, np.flatnonzero(masks["train_mask"]),
+        "graph.train_mask",
+    )
     known = labels >= 0
 
     def weights(mask):
-        return _split_weights(np.asarray(mask, bool) & known)
+        return _split_weights(mask & known)
 
     return NodeClassificationData(
         inputs=[
@@ -111,9 +140,9 @@ def node_classification_data(graph):
             np.asarray(graph.edges, "int32")[None],
         ],
         labels=np.where(known, labels, 0).astype("int32")[None],
-        train_weights=weights(graph.train_mask),
-        val_weights=weights(graph.val_mask),
-        test_weights=weights(graph.test_mask),
+        train_weights=weights(masks["train_mask"]),
+        val_weights=weights(masks["val_mask"]),
+        test_weights=weights(masks["test_mask"]),
     )
 
 
@@ -391,6 +420,14 @@ class GATNodeClassifier(
     def fit(self, x=None, y=None, *args, **kwargs):
         given = bind(keras.Model.fit, x, y, args, kwargs)
         _check_split("sample_weight", given.get("sample_weight"), _graph_nodes(x))
+        _warn_without_split("fit", "trains on", x, given)
+        classes = getattr(x, "num_classes", None)  # `sampled_node_dataset`'s
+        if classes is not None and classes > self.num_classes:
+            raise ValueError(
+                "Received an invalid value for argument `x`, expected a "
+                f"dataset of at most num_classes={self.num_classes} classes. "
+                f"Received: a dataset of a graph of {classes} classes"
+            )
         validation = given.get("validation_data")
         if isinstance(validation, (list, tuple)) and len(validation) == 3:
             _check_split(
@@ -401,6 +438,7 @@ class GATNodeClassifier(
     def evaluate(self, x=None, y=None, *args, **kwargs):
         given = bind(keras.Model.evaluate, x, y, args, kwargs)
         _check_split("sample_weight", given.get("sample_weight"), _graph_nodes(x))
+        _warn_without_split("evaluate", "scores", x, given)
         return super().evaluate(x, y, *args, **kwargs)
 
     def attention_scores(self, inputs):

@@ -50,6 +50,47 @@ def _seed_ids(seeds, num_nodes):
     return check_seeds(seeds, num_nodes)
 
 
+def check_graph_labels(graph, num_nodes, labelled=None, argument="seeds"):
+    """`graph.labels` as int32 `(N,)`, checked: one per node, whole
+    numbers (-1 for none; NaN too, read as none) below `graph.num_classes`;
+    every node of `labelled` (ids) has one, else a ValueError naming
+    `argument`. Fractions, NaN and one-hot rows reached training cast or
+    out of range (JAX trained on them without a word)."""
+    labels = np.asarray(graph.labels)
+    if labels.shape != (num_nodes,) or labels.dtype.kind not in "iuf":
+        raise invalid(
+            "graph.labels",
+            f"one integer class id per node, shape ({num_nodes},) (-1 for "
+            "none)",
+            f"an array of shape {labels.shape} and dtype {labels.dtype}",
+        )
+    if labels.dtype.kind == "f":
+        labels = np.where(np.isnan(labels), -1, labels)
+        if not np.all(labels == np.round(labels)):
+            bad = np.flatnonzero(labels != np.round(labels))
+            raise invalid(
+                "graph.labels", "whole class ids (-1 for none)",
+                f"{labels[bad[0]]} at node {bad[0]}",
+            )
+    classes = getattr(graph, "num_classes", None)
+    if classes is not None and labels.size and labels.max() >= classes:
+        bad = np.flatnonzero(labels >= classes)
+        raise invalid(
+            "graph.labels", f"class ids below graph.num_classes={classes}",
+            f"{int(labels[bad[0]])} at node {bad[0]}",
+        )
+    labels = labels.astype("int32")
+    if labelled is not None:
+        unlabelled = labelled[labels[labelled] < 0]
+        if len(unlabelled):
+            raise ValueError(
+                f"Received an invalid value for argument `{argument}`, "
+                f"expected labelled nodes. Received: {len(unlabelled)} "
+                f"nodes without a label, e.g. node {int(unlabelled[0])}"
+            )
+    return labels
+
+
 def _sampler_of(graph, num_nodes, fanouts, sampler):
     """`sampler`, checked against the graph and the fan-outs, or a new one."""
     if sampler is None:
@@ -129,7 +170,6 @@ def sampled_node_dataset(
     import tensorflow as tf
 
     features = np.asarray(graph.features, np.float32)
-    labels = np.asarray(graph.labels)
     num_nodes = len(features)
     _check_count("batch_size", batch_size)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -142,13 +182,7 @@ def sampled_node_dataset(
             "Received an invalid value for argument `seeds`, expected at "
             "least one seed node. Received: no seeds"
         )
-    unlabelled = seeds[labels[seeds] < 0]
-    if len(unlabelled):
-        raise ValueError(
-            "Received an invalid value for argument `seeds`, expected "
-            f"labelled nodes. Received: {len(unlabelled)} seeds without a "
-            f"label, e.g. node {int(unlabelled[0])}"
-        )
+    labels = check_graph_labels(graph, num_nodes, seeds)
     num_batches = math.ceil(len(seeds) / batch_size)
     epochs = itertools.count()
 
@@ -184,7 +218,11 @@ def sampled_node_dataset(
     )
     dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
     dataset = dataset.apply(tf.data.experimental.assert_cardinality(num_batches))
-    return dataset.prefetch(1)
+    dataset = dataset.prefetch(1)
+    # `GATNodeClassifier.fit` checks it against its own (in the compiled
+    # step JAX's loss took class ids beyond the logits without a word).
+    dataset.num_classes = getattr(graph, "num_classes", None)
+    return dataset
 
 
 def _is_graph_wrapper(layer):

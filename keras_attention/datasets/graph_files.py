@@ -115,6 +115,19 @@ def _ids_or_mask(path, num_nodes):
     _check_node_ids(
         path, array, num_nodes, "integer node ids or a boolean mask"
     )
+    if len(np.unique(array)) != len(array):
+        # A 0/1 mask saved as integers reads as the node ids 0 and 1.
+        hint = (
+            " It looks like a 0/1 mask: save it as booleans "
+            "(`mask.astype(bool)`)."
+            if array.shape == (num_nodes,) and np.isin(array, (0, 1)).all()
+            else ""
+        )
+        raise ValueError(
+            f"{path} should hold distinct node ids (or a boolean mask). "
+            f"Received: {len(array)} ids, {len(np.unique(array))} distinct."
+            + hint
+        )
     mask = np.zeros(num_nodes, bool)
     mask[array] = True
     return mask
@@ -176,8 +189,8 @@ def load_graph_files(path, undirected=True, normalize_features=False):
             "node. Received: no rows"
         )
 
-    labels = _read(found["labels"], np.int64)
-    labels = np.asarray(labels)
+    # As floats: OGB's CSV files write NaN for unlabelled nodes.
+    labels = np.asarray(_read(found["labels"], np.float64))
     if labels.ndim == 2 and labels.shape[1] == 1:
         labels = labels[:, 0]
     if labels.shape != (num_nodes,):
@@ -187,6 +200,17 @@ def load_graph_files(path, undirected=True, normalize_features=False):
         )
     if labels.dtype.kind == "f":  # OGB writes NaN for unlabelled nodes
         labels = np.where(np.isnan(labels), -1, labels)
+        if not np.all(labels == np.round(labels)):
+            raise ValueError(
+                f"{found['labels']} should hold integer class ids (NaN or "
+                "-1 for none). Received: "
+                f"{labels[labels != np.round(labels)][:3].tolist()}"
+            )
+    elif labels.dtype.kind not in "iu":
+        raise ValueError(
+            f"{found['labels']} should hold integer class ids. Received: "
+            f"dtype={labels.dtype}"
+        )
     labels = labels.astype(np.int32)
 
     edges = _read(found["edges"], np.int64, ndmin=2)

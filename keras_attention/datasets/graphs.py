@@ -41,7 +41,9 @@ GraphData.__doc__ = """A node-classification graph.
 Fields:
     features: float32 `(N, F)`.
     edges: int32 `(2, E)`; row 0 source, row 1 target, both directions,
-        no duplicates, no self loops, sorted by target then source.
+        no duplicates, no self loops, sorted by target then source (as
+        the loaders give them; `load_graph_files(undirected=False)` keeps
+        a file's edges as they are).
     labels: int32 `(N,)`; -1 for nodes without a label.
     train_mask, val_mask, test_mask: bool `(N,)`, disjoint.
     num_classes: int.
