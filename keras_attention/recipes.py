@@ -256,7 +256,6 @@ def run_classification(model_name, data, epochs, out, seed, quick=False):
 def run_detection(model_name, data, epochs, out, seed, quick=False):
     from keras_attention import datasets, visualization
     from keras_attention import applications
-    from keras_attention.applications.compiling import xla_slower_here
     from keras_attention.applications import detection
 
     if data is not None:
@@ -285,10 +284,10 @@ def run_detection(model_name, data, epochs, out, seed, quick=False):
         alpha=0.05,
     )
     model.compile(
+        # DETR's default `jit_compile`: XLA where it is faster (not torch's
+        # `torch.compile`, nor a half-precision policy on a CPU), saved as
+        # a default so that the backend loading the file decides.
         optimizer=keras.optimizers.AdamW(schedule, weight_decay=1e-4, global_clipnorm=1.0),
-        # XLA where it is faster (not torch's `torch.compile`, nor a
-        # half-precision policy on a CPU): the applications' default.
-        jit_compile=not xla_slower_here(model),
     )
     model.fit(
         train.images, {"boxes": train.boxes, "labels": train.labels},

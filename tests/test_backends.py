@@ -528,3 +528,22 @@ def test_a_layer_with_returned_weights_exports_to_onnx_for_any_length(tmp_path):
         x = RNG.normal(size=(2, length, 4)).astype("float32")
         (got,) = session.run(None, {session.get_inputs()[0].name: x})
         np.testing.assert_allclose(got, keras.ops.convert_to_numpy(model(x)), atol=1e-5)
+
+
+def test_detr_and_its_recipe_save_the_xla_default_as_a_default(tmp_path):
+    # `run detection` compiled with `jit_compile=not xla_slower_here(...)`:
+    # the file held True, and on torch `torch.compile` made the first
+    # predict of a loaded model take minutes.
+    from keras_attention.applications import DETR
+    from tests.test_detection import TINY
+
+    model = DETR(**TINY)
+    model.compile(optimizer="adam")
+    assert model.jit_compile is (keras.backend.backend() != "torch")
+    assert model.get_compile_config()["jit_compile"] is None
+    model(np.zeros((1, 16, 16, 1), "float32"))
+    model.save(tmp_path / "detr.keras")
+    loaded = keras.models.load_model(tmp_path / "detr.keras")
+    assert loaded.jit_compile is model.jit_compile and loaded.optimizer is not None
+    model.compile(optimizer="adam", jit_compile=True)  # asked for: kept
+    assert model.get_compile_config()["jit_compile"] is True

@@ -111,7 +111,44 @@ def xla_slower_here(model):
     return not tf.config.list_logical_devices("GPU")
 
 
-class CompileDefaults:
+class DefaultJitCompile:
+    """`jit_compile=None` is the application's default, saved as one.
+
+    `default_jit_compile(jit_compile, default)` gives the value to compile
+    with: `default` for `None`, except where XLA would be slower here (a
+    bfloat16/float16 model on a CPU, and any model on torch:
+    `xla_slower_here`). A default is saved as `None`, so the backend that
+    loads the file decides (XLA on TensorFlow and JAX, eager on torch); a
+    value given is kept as given. `compile_from_config` compiles a loaded
+    model again (optimizer state included), which Keras leaves to a class
+    that overrides `compile`.
+    """
+
+    def default_jit_compile(self, jit_compile, default):
+        self._default_jit_compile = jit_compile is None
+        if jit_compile is None:
+            jit_compile = default
+            if jit_compile and xla_slower_here(self):
+                jit_compile = False
+        return jit_compile
+
+    def get_compile_config(self):
+        config = super().get_compile_config()
+        if config and getattr(self, "_default_jit_compile", False):
+            config["jit_compile"] = None
+        return config
+
+    def compile_from_config(self, config):
+        # Keras skips it for a class that overrides `compile`; ours takes
+        # Keras's arguments. A file saved on torch names torch's optimizer.
+        config = backend_neutral_compile_config(config)
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
+
+class CompileDefaults(DefaultJitCompile):
     """`compile` with each application's defaults, and `compile_from_config`.
 
     `optimizer`, `loss` and `weighted_metrics` given as `"auto"`, and
@@ -153,26 +190,10 @@ class CompileDefaults:
         for name, value in given.items():
             if isinstance(value, str) and value == "auto":
                 given[name] = defaults[name]
-        # A default is saved as one: the backend that loads the file
-        # decides (XLA on TensorFlow and JAX, eager on torch).
-        self._default_jit_compile = jit_compile is None
-        if jit_compile is None:
-            jit_compile = defaults.get("jit_compile", "auto")
-            if jit_compile and xla_slower_here(self):
-                jit_compile = False
+        jit_compile = self.default_jit_compile(
+            jit_compile, defaults.get("jit_compile", "auto")
+        )
         super().compile(
             metrics=metrics, jit_compile=jit_compile, **given, **kwargs
         )
 
-    def get_compile_config(self):
-        config = super().get_compile_config()
-        if config and getattr(self, "_default_jit_compile", False):
-            config["jit_compile"] = None
-        return config
-
-    def compile_from_config(self, config):
-        config = backend_neutral_compile_config(config)
-        config = keras.saving.deserialize_keras_object(config)
-        self.compile(**config)
-        if self.built:
-            self.optimizer.build(self.trainable_variables)

@@ -168,7 +168,7 @@ class DETR(
     data = make_detection_set(64, image_size=32, max_objects=3)
     model = DETR(num_classes=10, num_queries=5, hidden_dim=32,
                  backbone_filters=(16, 32))
-    model.compile(optimizer="adam")  # jit_compile="auto": XLA on GPU/TPU
+    model.compile(optimizer="adam")  # XLA on TensorFlow and JAX
     model.fit(data.images, {"boxes": data.boxes, "labels": data.labels},
               epochs=1, batch_size=16)
     detections = model.predict_boxes(data.images[:2], score_threshold=0.5)

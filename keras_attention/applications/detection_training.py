@@ -5,7 +5,7 @@
 from keras import ops
 
 from keras_attention.applications import detection_loss
-from keras_attention._config import backend_neutral_compile_config
+from keras_attention.applications.compiling import DefaultJitCompile
 from keras_attention.applications.detection_loss import validate_targets
 
 
@@ -19,7 +19,7 @@ def _check_target_dict(y):
         )
 
 
-class DETRTraining:
+class DETRTraining(DefaultJitCompile):
     """`compute_loss`, `validate_targets`, `fit` and `evaluate` of `DETR`.
 
     Needs the model's `loss_settings` (for
@@ -28,9 +28,14 @@ class DETRTraining:
     `_giou_loss_tracker`).
     """
 
-    def compile_from_config(self, config):
-        # A file saved on torch names torch's optimizer class.
-        super().compile_from_config(backend_neutral_compile_config(config))
+    def compile(self, *args, jit_compile=None, **kwargs):
+        """`keras.Model.compile`; `jit_compile=None` (the default) is XLA
+        where it is faster (TensorFlow and JAX in float32), eager on
+        torch, and is saved as a default (`DefaultJitCompile`)."""
+        super().compile(
+            *args, jit_compile=self.default_jit_compile(jit_compile, True),
+            **kwargs,
+        )
 
     def _loss_terms(self, y, y_pred):
         """The loss summed over decoder layers, and the last layer's terms."""

@@ -69,6 +69,7 @@ def fit_image_classifier(
         A dict: `wall` and `cpu` seconds of the fit, `epochs_run`, `epochs`,
         `load` (load average before and after).
     """
+    from keras_attention.applications.compiling import DefaultJitCompile
     from keras_attention.applications.compiling import xla_slower_here
 
     steps = epochs * int(np.ceil(len(x_train) / batch_size))
@@ -76,8 +77,10 @@ def fit_image_classifier(
     model.compile(
         optimizer=keras.optimizers.AdamW(schedule, weight_decay=weight_decay),
         # XLA where it is faster (not torch's `torch.compile`, nor a
-        # half-precision policy on a CPU): the applications' default.
-        jit_compile=not xla_slower_here(model),
+        # half-precision policy on a CPU): the applications' default, saved
+        # as one (`None`) so that the backend loading the file decides.
+        jit_compile=None if isinstance(model, DefaultJitCompile)
+        else not xla_slower_here(model),
     )
     rng = np.random.default_rng(seed)
     start, cpu, load = time.perf_counter(), cpu_seconds(), os.getloadavg()[0]
