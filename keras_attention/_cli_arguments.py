@@ -87,7 +87,8 @@ def _add_run_and_demo(commands):
         help="train one application, evaluate it, save the model and pictures",
         description="Train one application on its embedded data (or --data), "
         "with Keras's progress bar; print the metrics; write the .keras model "
-        "and the attention pictures to --out.",
+        "and its attention pictures (pretraining: the two models) to --out. "
+        "Files of an earlier run in --out are replaced.",
     )
     run.add_argument("task", choices=sorted(TASK_MODELS), help="the application")
     run.add_argument(
@@ -95,7 +96,15 @@ def _add_run_and_demo(commands):
         help="the model of the task (default: the task's first); "
         + "; ".join(f"{t}: {', '.join(m)}" for t, m in sorted(TASK_MODELS.items())),
     )
-    run.add_argument("--data", help="a data folder in the task's standard format")
+    run.add_argument(
+        "--data",
+        help="the task's own data instead of the embedded set: classification "
+        "an MNIST folder; translation a folder of line-aligned "
+        "<split>.en / <split>.de files (Multi30k's); node-classification a Planetoid folder "
+        "or its ind.<name>.graph file; causal-lm and "
+        "pretraining a .txt file or folder; detection takes none "
+        "(README, \"Data\")",
+    )
     run.add_argument("--epochs", type=_positive_int, help="training epochs")
     _add_output_arguments(
         run, "keras_attention_out", "a small slice of the data (a smoke test)"
@@ -111,7 +120,8 @@ def _add_run_and_demo(commands):
         "application's interactive attention explorer, to --out.",
     )
     _add_output_arguments(
-        demo, "keras_attention_demo", "one short epoch each (a smoke test)"
+        demo, "keras_attention_demo",
+        "a few short epochs each on a slice of the data (a smoke test)",
     )
 
 
@@ -379,3 +389,32 @@ def _replace_interrupt_handler(old, new):
             signal.signal(signal.SIGINT, new)
     except ValueError:
         pass
+
+
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, `timeout`) as an interrupt: the files being
+    written are cleaned up as for a Ctrl-C (their temporary files were
+    left behind)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def terminate_as_interrupt():
+    """SIGTERM raises `Terminated` where it would end the process at once;
+    returns the handler to give back (`restore_terminate`), or None."""
+    try:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            return signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread
+        pass
+    return None
+
+
+def restore_terminate(previous):
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)

@@ -24,7 +24,11 @@ import time
 from keras_attention._cli_arguments import EXIT_FAILED
 from keras_attention._cli_arguments import EXIT_INTERRUPTED
 from keras_attention._cli_arguments import EXIT_OK
+from keras_attention._cli_arguments import EXIT_TERMINATED
 from keras_attention._cli_arguments import EXIT_USAGE
+from keras_attention._cli_arguments import Terminated
+from keras_attention._cli_arguments import restore_terminate
+from keras_attention._cli_arguments import terminate_as_interrupt
 from keras_attention._cli_arguments import IMAGE_SUFFIXES
 from keras_attention._cli_arguments import UsageError
 from keras_attention._cli_arguments import build_parser
@@ -185,6 +189,7 @@ def command_demo(args):
 
     start = time.time()
     results = []
+    reports.mark_in_progress(args.out)
     for task in recipes.DEMO_ORDER:
         recipe = recipes.TASKS[task]
         print(f"\n=== {task} ({recipe.models[0]}) ===", flush=True)
@@ -340,6 +345,7 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)  # exits with 2 on bad arguments
     started()
+    previous = terminate_as_interrupt()
     try:
         check_arguments(args)
         if args.command == "list":
@@ -370,9 +376,15 @@ def main(argv=None):
             file=sys.stderr,
         )
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        print("keras-attention: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as interrupt:
+        terminated = isinstance(interrupt, Terminated)
+        print(
+            "keras-attention: " + ("terminated" if terminated else "interrupted"),
+            file=sys.stderr,
+        )
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+    finally:
+        restore_terminate(previous)
 
 
 def _silence_stdout():

@@ -29,6 +29,28 @@ _QUICK = (
 )
 
 
+def mark_in_progress(out):
+    """`report.md` in `out` says a demo is running, and an earlier
+    `report.html` goes: they would describe the files this run replaces
+    (an interrupted run left them looking finished). Returns the path."""
+    import time
+
+    page = os.path.join(out, "report.html")
+    if os.path.exists(page):
+        os.remove(page)
+    path = os.path.join(out, "report.md")
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    write_text_atomically(
+        path,
+        "# keras_attention demo: in progress\n\n"
+        f"Started {started}. The report is written here when every task "
+        "has finished; if this note is still here the run stopped early, "
+        "and the task folders may hold files of this run beside those of "
+        "an earlier one.\n",
+    )
+    return path
+
+
 def write_report(results, out, seconds, cpu_seconds=None, quick=False):
     """`report.md` in `out`: each task's metrics, notes and pictures;
     `quick`: the run was `demo --quick`, which the report says first."""

@@ -2,6 +2,7 @@
 answered before TensorFlow loads, errors that name the option typed, and
 Ctrl-C while it starts."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -215,3 +216,46 @@ def test_an_image_model_refuses_several_arrays_by_name():
 
     with pytest.raises(ValueError, match=r"argument `images`.*a list of 2 arrays"):
         _validation.check_image_inputs([np.zeros((1, 8)), np.zeros((1, 2))], (8, 8, 1))
+
+
+def test_sigterm_is_an_interrupt_that_cleans_up_the_file_being_written(
+    tmp_path, monkeypatch, capsys
+):
+    # `timeout` and `kill` send SIGTERM: a save in progress left its
+    # temporary `.keras` file (0 bytes) beside the results.
+    from keras_attention import _writing
+
+    def write_then_get_terminated(path):
+        open(path, "w").close()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def command_list():
+        _writing.write_atomically(tmp_path / "model.keras", write_then_get_terminated)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(cli, "command_list", command_list)
+    assert cli.main(["list"]) == cli.EXIT_TERMINATED == 143
+    assert capsys.readouterr().err == "keras-attention: terminated\n"
+    assert os.listdir(tmp_path) == []
+    assert signal.getsignal(signal.SIGTERM) is previous  # given back
+
+
+def test_an_unfinished_demo_does_not_leave_an_earlier_report_looking_finished(
+    tmp_path, monkeypatch
+):
+    # A demo interrupted in a folder of an earlier demo left its report.md
+    # (and report.html) describing pictures and models already replaced.
+    from keras_attention import recipes
+
+    (tmp_path / "report.md").write_text("# keras_attention demo\naccuracy 0.15\n")
+    (tmp_path / "report.html").write_text("<html>accuracy 0.15</html>")
+
+    def interrupted(**kwargs):
+        raise KeyboardInterrupt
+
+    task = recipes.TASKS[recipes.DEMO_ORDER[0]]
+    monkeypatch.setitem(recipes.TASKS, recipes.DEMO_ORDER[0], dataclasses.replace(task, run=interrupted))
+    assert cli.main(["demo", "--quick", "--out", str(tmp_path)]) == cli.EXIT_INTERRUPTED
+    report = (tmp_path / "report.md").read_text()
+    assert "in progress" in report and "0.15" not in report
+    assert not (tmp_path / "report.html").exists()
