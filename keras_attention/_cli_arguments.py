@@ -88,7 +88,8 @@ def _add_run_and_demo(commands):
         description="Train one application on its embedded data (or --data), "
         "with Keras's progress bar; print the metrics; write the .keras model "
         "and its attention pictures (pretraining: the two models) to --out. "
-        "Files of an earlier run in --out are replaced.",
+        "Give each run its own --out: an earlier run's files there are "
+        "replaced, and those this run does not write stay beside it.",
     )
     run.add_argument("task", choices=sorted(TASK_MODELS), help="the application")
     run.add_argument(

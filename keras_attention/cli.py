@@ -361,7 +361,9 @@ def main(argv=None):
         print_usage_error(parser, args, error)
         return EXIT_USAGE
     except (ValueError, FileNotFoundError) as error:
-        print(f"keras-attention: error: {error}", file=sys.stderr)
+        # Keras's call errors carry terminal colour codes (bold names).
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+        print(f"keras-attention: error: {text}", file=sys.stderr)
         return EXIT_FAILED
     except BrokenPipeError:  # `keras-attention list | head`: the reader left
         _silence_stdout()
