@@ -30,8 +30,11 @@ within 6 % of the blocked path, and timing it there doubles the first
 call's time), without a sliding window (the blocked path skips the keys
 outside it), with its chunks, and the chunks that keep their weights for
 the backward pass, sized to the budget (a timed slice keeps the share of
-its chunks the whole call would: `measured_call_rows`). Shapes that are not
-static, `set_autotune(False)` or the environment variable
+its chunks the whole call would: `measured_call_rows`). A call whose
+batch alone is unknown where it is traced (Keras's `fit` on TensorFlow
+when its last batch is partial) is timed at batch 1, the dense path a
+candidate while `UNKNOWN_BATCH` (32) examples would fit the budget. Other
+shapes that are not static, `set_autotune(False)` or the environment variable
 `KERAS_ATTENTION_AUTOTUNE=0` keep the fixed rule (the blocked path once
 `T * S` passes `DENSE_THRESHOLD`). Every path is tested
 equal to the dense one in values and gradients, so the choice changes
@@ -206,7 +209,15 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training,
     if mask is not None:
         shapes.append(tuple(mask.shape))
     static = not any(d is None for shape in shapes for d in shape)
+    # Keras's `fit` on TensorFlow traces an unknown batch whenever the last
+    # batch is partial: then timed at batch 1, the dense path a candidate
+    # only while `UNKNOWN_BATCH` examples would fit the memory budget.
+    batch_unknown = not static and not any(
+        d is None for shape in shapes for d in shape[1:]
+    )
+    timed = [(1,) + shape[1:] if shape[0] is None else shape for shape in shapes]
     mask_shape = shapes.pop() if mask is not None else None
+    timed_mask_shape = timed.pop() if mask is not None else None
     mode = tf_mode() if backend == "tensorflow" else "compiled"
     training = (bool(training) or gradient_recorded(backend)
                 or timing.differentiated(query))
@@ -222,8 +233,10 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training,
         if key_ in _CHOICES:  # another thread measured it meanwhile
             return _CHOICES[key_].implementation
         candidates, over = ["blocked"], ""
-        if static:
-            dense_bytes = 3 * 4 * b * h * t * s
+        measurable = static or batch_unknown
+        batch = b if b is not None else UNKNOWN_BATCH
+        if measurable:
+            dense_bytes = 3 * 4 * batch * h * t * s
             if dense_bytes <= memory_budget():
                 candidates.insert(0, "dense")
             else:
@@ -236,12 +249,12 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training,
             # its fewest rows fits the budget.
             if (
                 backend == "tensorflow" and mode != "xla" and sliding_window is None
-                and 3 * 4 * b * h * MIN_CHUNK_ROWS * s <= memory_budget()
+                and 3 * 4 * batch * h * MIN_CHUNK_ROWS * s <= memory_budget()
             ):
                 candidates.append("chunked")
         if backend not in ("tensorflow", "jax"):
             choice = Choice(key_, "blocked", "rule: measured on TensorFlow and JAX", {})
-        elif not static:
+        elif not measurable:
             choice = Choice(key_, "blocked", "rule: shapes not static", {})
         elif len(candidates) == 1:
             choice = Choice(key_, "blocked", f"rule: {over}", {})
@@ -255,14 +268,19 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training,
 
             def measure():
                 notes = [f"on {rows:,} of {t:,} queries"] if rows < t else []
+                if batch_unknown:
+                    notes.append(
+                        "batch unknown when traced: timed at batch 1, the "
+                        f"dense path only if {UNKNOWN_BATCH} examples fit"
+                    )
                 if backend == "tensorflow":
-                    timings = _measure(run, shapes, query.dtype, value.dtype,
-                                       mask_shape, mode, training, candidates, rows,
-                                       causal, notes=notes)
+                    timings = _measure(run, timed, query.dtype, value.dtype,
+                                       timed_mask_shape, mode, training,
+                                       candidates, rows, causal, notes=notes)
                 else:
                     timings = timing.measure_jax(
-                        run, shapes, query.dtype, value.dtype, mask_shape, training,
-                        candidates, rows, causal, _OPTIONS["repeats"])
+                        run, timed, query.dtype, value.dtype, timed_mask_shape,
+                        training, candidates, rows, causal, _OPTIONS["repeats"])
                 return _fastest(key_, timings, notes + ([over] if over else []))
 
             choice = _measured_or_kept(key_, candidates, measure)
@@ -270,6 +288,11 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training,
     logger.info("keras_attention: %s attention for %s (%s)",
                 choice.implementation, key_, choice.reason)
     return choice.implementation
+
+
+# The batch assumed for the memory budget when a call's batch is unknown
+# where it is traced (Keras's default `batch_size`).
+UNKNOWN_BATCH = 32
 
 
 # From this many scores per (batch, head) pair, in a TensorFlow graph on a
