@@ -547,3 +547,16 @@ def test_detr_and_its_recipe_save_the_xla_default_as_a_default(tmp_path):
     assert loaded.jit_compile is model.jit_compile and loaded.optimizer is not None
     model.compile(optimizer="adam", jit_compile=True)  # asked for: kept
     assert model.get_compile_config()["jit_compile"] is True
+
+
+def test_a_choice_file_entry_names_the_backend_version_and_accelerators():
+    # On JAX it named neither: a choice measured before a jax upgrade, or
+    # on the same CPU without its GPU, was taken as this machine's.
+    from keras_attention.ops import choice_file
+
+    found = choice_file.machine("oneDNN: off")
+    assert "accelerators" in found
+    if keras.backend.backend() == "jax":
+        import jax
+
+        assert found["jax"].startswith(jax.__version__ + "/")

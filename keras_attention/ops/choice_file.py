@@ -96,6 +96,19 @@ def machine(onednn):
             d.device_type for d in tf.config.list_logical_devices()
             if d.device_type != "CPU"
         )
+    elif backend == "jax":
+        import jax
+        import jaxlib
+
+        found["jax"] = f"{jax.__version__}/{jaxlib.__version__}"
+        found["accelerators"] = sorted(
+            d.platform for d in jax.devices() if d.platform != "cpu"
+        )
+    elif backend == "torch":
+        import torch
+
+        found["torch"] = torch.__version__
+        found["accelerators"] = ["cuda"] * bool(torch.cuda.is_available())
     return found
 
 
