@@ -66,6 +66,27 @@ def test_keep_best_keeps_the_lowest_error():
     assert training.KeepBest("val_bleu", mode="min").mode == "min"
 
 
+def test_keep_best_reads_a_metrics_own_direction():
+    # "auto" went by words in the name: val_kl_divergence read as higher
+    # is better, and the worst epoch's weights came back.
+    keras.utils.set_random_seed(0)
+    x = np.random.default_rng(0).random((32, 4)).astype("float32")
+    y = np.full((32, 2), 0.5, "float32")
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(2, activation="softmax")]
+    )
+    model.compile(keras.optimizers.SGD(0.5), "kl_divergence",
+                  metrics=[keras.metrics.KLDivergence(name="kl_divergence")])
+    keep = training.KeepBest("val_kl_divergence")
+    history = model.fit(x, y, validation_data=(x, y), epochs=4, verbose=0,
+                        callbacks=[keep])
+    assert keep.mode == "min"
+    values = history.history["val_kl_divergence"]
+    assert min(values) < max(values)
+    final = model.evaluate(x, y, verbose=0, return_dict=True)["kl_divergence"]
+    assert final == pytest.approx(min(values), rel=1e-5)
+
+
 # --------------------------------------------------------------- images ----
 
 

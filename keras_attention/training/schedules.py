@@ -110,8 +110,10 @@ class KeepBest(keras.callbacks.Callback):
     Args:
         monitor: the logged figure, e.g. `"val_loss"` or `"val_accuracy"`.
         mode: `"min"` (the lowest is kept), `"max"` (the highest), or
-            `"auto"`: `"min"` for a loss or an error (a name holding
-            "loss", "error", "mae", "mse", "mape", "msle",
+            `"auto"`: the direction of the model's metric of that name,
+            as keras's `EarlyStopping` reads it (KL divergence, Poisson,
+            log-cosh: `"min"`); else `"min"` for a loss or an error (a
+            name holding "loss", "error", "mae", "mse", "mape", "msle",
             "crossentropy", "perplexity" or "hinge"), else `"max"`. The
             first epoch wins a tie.
 
@@ -127,7 +129,8 @@ class KeepBest(keras.callbacks.Callback):
         super().__init__()
         if mode not in ("auto", "min", "max"):
             raise invalid("mode", "one of 'auto', 'min', 'max'", mode)
-        if mode == "auto":
+        self._auto = mode == "auto"
+        if self._auto:
             name = monitor.lower()
             lower = any(word in name for word in _LOWER_IS_BETTER)
             mode = "min" if lower else "max"
@@ -138,6 +141,21 @@ class KeepBest(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.best, self.weights = np.inf, None
         self._warned = False
+        self._direction_read = not self._auto
+
+    def _read_direction(self):
+        """The named metric's own direction (keras's `_direction`), once
+        the model's metrics are built (after the first step)."""
+        self._direction_read = True
+        name = self.monitor.removeprefix("val_")
+        found = []
+        for metric in getattr(self.model, "metrics", []):
+            found += getattr(metric, "metrics", [metric])
+        for metric in found:
+            direction = getattr(metric, "_direction", None)
+            if metric.name == name and direction in ("up", "down"):
+                self.mode = "max" if direction == "up" else "min"
+                self.sign = 1.0 if self.mode == "min" else -1.0
 
     def on_epoch_end(self, epoch, logs=None):
         value = (logs or {}).get(self.monitor)
@@ -151,6 +169,8 @@ class KeepBest(keras.callbacks.Callback):
                     stacklevel=2,
                 )
             return
+        if not self._direction_read:
+            self._read_direction()
         score = self.sign * value
         if score < self.best:
             self.best, self.weights = score, self.model.get_weights()
