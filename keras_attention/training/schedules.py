@@ -137,6 +137,7 @@ class KeepBest(keras.callbacks.Callback):
         self.monitor, self.mode = monitor, mode
         self.sign = 1.0 if mode == "min" else -1.0
         self.best, self.weights = np.inf, None
+        self._direction_read = not self._auto
 
     def on_train_begin(self, logs=None):
         self.best, self.weights = np.inf, None
