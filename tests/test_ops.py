@@ -412,3 +412,23 @@ def test_a_mask_that_does_not_broadcast_is_named(implementation, mask_shape):
             q, k, k, attention_mask=np.ones(good, bool),
             implementation=implementation,
         )
+
+
+def test_the_fused_path_accumulates_float16_scores_in_float32():
+    # keras's TensorFlow kernel computed float16 scores in float16: large
+    # logits overflowed to NaN there, where every other path and backend
+    # keeps float32 scores.
+    rng = np.random.default_rng(0)
+    q, k = (rng.standard_normal((1, 6, 2, 4)) * 150 for _ in range(2))
+    v = rng.standard_normal((1, 6, 2, 4))
+    reference = keras.ops.convert_to_numpy(
+        attention_ops.dot_product_attention(
+            *(keras.ops.cast(x, "float32") for x in (q, k, v)), implementation="dense"
+        )
+    )
+    half = [keras.ops.cast(x, "float16") for x in (q, k, v)]
+    out = attention_ops.dot_product_attention(*half, implementation="fused")
+    assert keras.backend.standardize_dtype(out.dtype) == "float16"
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(keras.ops.cast(out, "float32")), reference, atol=5e-3
+    )

@@ -384,6 +384,12 @@ def fused_attention(query, key, value, mask=None, is_causal=False, scale=None,
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     out_dtype = value.dtype
+    if keras.backend.backend() == "tensorflow" and (
+        keras.backend.standardize_dtype(query.dtype) == "float16"
+    ):
+        # keras's TensorFlow kernel computes the scores in float16, which
+        # overflow (NaN) where the others accumulate in float32.
+        query, key, value = (ops.cast(x, "float32") for x in (query, key, value))
     if keras.backend.backend() == "tensorflow" and key.shape[2] == 1 < num_heads:
         # keras's TensorFlow kernel shares grouped heads only from two of
         # them: one key/value head fails in its einsum.
