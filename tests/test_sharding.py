@@ -81,6 +81,24 @@ def test_every_projection_kernel_is_sharded(results, case):
         assert spec is None or all(s is None for s in spec), (path, spec)
 
 
+def _on_eight_devices(script):
+    """The finished run of the Python `script` on JAX with 8 CPU devices."""
+    env = dict(
+        os.environ,
+        KERAS_BACKEND="jax",
+        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=os.path.dirname(HERE),
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed
+
+
 def test_layout_map_errors_and_what_it_cannot_split():
     # A missing axis and an unbuilt model raise (the map was empty, and
     # ModelParallel replicated everything without a word); kernels the
@@ -111,19 +129,7 @@ def test_layout_map_errors_and_what_it_cannot_split():
         "        layouts = layout_map(model, mesh)\n"
         "    print('WARNING', len(layouts.keys()), *[str(w.message) for w in caught])\n"
     )
-    env = dict(
-        os.environ,
-        KERAS_BACKEND="jax",
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        JAX_PLATFORMS="cpu",
-        PYTHONPATH=os.path.dirname(HERE),
-    )
-    completed = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True,
-        timeout=300,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    completed = _on_eight_devices(script)
     lines = completed.stdout.splitlines()
     errors = [line for line in lines if line.startswith("ERROR")]
     assert len(errors) == 2, completed.stdout
@@ -139,3 +145,41 @@ def test_layout_map_errors_and_what_it_cannot_split():
     assert "non_local_block/theta/kernel (6, 3)" in warned[1]
     assert "multi_head_attention" not in warned[1]
     assert warned[1].startswith("WARNING 7 "), warned[1]  # q, k, v, output + 3 biases
+
+
+def test_layers_named_alike_that_need_different_layouts_keep_their_own():
+    # GAT's two layers (`graph_attention_1`, `graph_attention_2`) shared one
+    # key: the second's (64, 7) kernel, which 4 devices cannot split, was
+    # covered by the first's split layout, and building the model under
+    # `ModelParallel` failed (jax's IndivisibleError).
+    script = (
+        "import warnings, numpy as np, keras\n"
+        "from keras_attention.applications import GATNodeClassifier\n"
+        "from keras_attention.distribution import layout_map\n"
+        "devices = keras.distribution.list_devices()\n"
+        "mesh = keras.distribution.DeviceMesh((2, 4), ['data', 'model'], devices)\n"
+        "rng = np.random.default_rng(0)\n"
+        "x = [rng.normal(size=(1, 20, 16)).astype('float32'),\n"
+        "     rng.integers(0, 20, (1, 2, 40)).astype('int32')]\n"
+        "build = lambda: GATNodeClassifier(num_features=16, num_classes=7)\n"
+        "one = build()\n"
+        "reference = np.asarray(one(x))\n"
+        "with warnings.catch_warnings():\n"
+        "    warnings.simplefilter('ignore')\n"
+        "    layouts = layout_map(one, mesh)\n"
+        "with keras.distribution.ModelParallel(layout_map=layouts, batch_dim_name='data').scope():\n"
+        "    sharded = build()\n"
+        "    sharded.set_weights(one.get_weights())\n"
+        "    out = np.asarray(sharded(x))\n"
+        "print('ERROR', float(np.abs(out - reference).max()))\n"
+        "for v in sharded.weights:\n"
+        "    if v.path.endswith('projection/kernel'):\n"
+        "        print('SPEC', v.path, v.value.sharding.spec)\n"
+    )
+    completed = _on_eight_devices(script)
+    lines = completed.stdout.splitlines()
+    error = [float(line.split()[1]) for line in lines if line.startswith("ERROR")]
+    assert error and error[0] < 1e-5, completed.stdout
+    specs = {line.split()[1]: line for line in lines if line.startswith("SPEC")}
+    assert "'model'" in specs["graph_attention_1/projection/kernel"], specs
+    assert "'model'" not in specs["graph_attention_2/projection/kernel"], specs

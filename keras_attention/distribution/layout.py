@@ -134,13 +134,17 @@ def layout_map(model, mesh, model_axis="model"):
         mesh: a `keras.distribution.DeviceMesh` with an axis `model_axis`.
         model_axis: name of the mesh axis that splits the heads.
 
+    Layers whose names differ only by that suffix but need different
+    layouts (GAT's two layers, of 64 and of `num_classes` units) are keyed
+    by their own names.
+
     Returns:
         A `keras.distribution.LayoutMap`.
 
     Raises:
         ValueError: `model_axis` is not an axis of `mesh`; `model` is not
             built (it has no variables yet: the map would be empty); or two
-            layers sharing a key need different layouts.
+            layers of the same name need different layouts.
     """
     if model_axis not in mesh.axis_names:
         raise ValueError(
@@ -158,22 +162,25 @@ def layout_map(model, mesh, model_axis="model"):
         )
     size = mesh.shape[list(mesh.axis_names).index(model_axis)]
     layouts = keras.distribution.LayoutMap(mesh)
-    chosen, replicated = {}, []
+    wanted, replicated = [], []  # (layer, relative, spec); None: replicated
     kernels = {}  # a column-parallel layer's kernel axis, for its bias
     for layer, variable, role, relative in projection_kernels(model):
         shape = tuple(variable.shape)
         axis = _sharded_axis(role, shape, size)
         if axis is None:
             replicated.append(f"{variable.path} {shape}")
+            wanted.append((layer, relative, None))
             continue
         if role != "output":
             kernels[(id(layer), relative.rsplit("kernel", 1)[0])] = axis - 1
-        _choose(chosen, layer, relative, _spec(axis, len(shape), model_axis))
+        wanted.append((layer, relative, _spec(axis, len(shape), model_axis)))
     for layer, variable, role, relative in _projection_variables(model, _BIAS):
         axis = kernels.get((id(layer), relative.rsplit("bias", 1)[0]))
+        spec = None
         if axis is not None and axis < len(variable.shape):
             spec = _spec(axis, len(variable.shape), model_axis)
-            _choose(chosen, layer, relative, spec)
+        wanted.append((layer, relative, spec))
+    chosen = _keys(wanted)
     if replicated:
         warnings.warn(
             f"layout_map: {len(replicated)} projection kernel(s) have no "
@@ -191,12 +198,36 @@ def _spec(axis, rank, model_axis):
     return tuple(model_axis if i == axis else None for i in range(rank))
 
 
-def _choose(chosen, layer, relative, spec):
-    key = _key(layer, relative)
-    if key in chosen and chosen[key] != spec:
-        raise ValueError(
-            f"Layers named like {layer.name!r} need different layouts for "
-            f"{relative} ({chosen[key]} and {spec}); give them distinct "
-            "names."
+def _keys(wanted):
+    """`{regex: spec}` for the `(layer, relative, spec)` wanted (`spec`
+    None: replicated, no key). Layers whose names differ only by a `_<n>`
+    suffix share a key (`_key`) while they want one layout; where they
+    differ (a projection that one splits and another, of other sizes,
+    cannot), each such layer is keyed by its own name, so that no key
+    covers a layer it does not fit (another instance of the model then
+    needs the same layer names: name such layers, or build the model the
+    same way)."""
+    groups = {}
+    for layer, relative, spec in wanted:
+        groups.setdefault(_key(layer, relative), []).append(
+            (layer, relative, spec)
         )
-    chosen[key] = spec
+    chosen = {}
+    for key, members in groups.items():
+        specs = {spec for _, _, spec in members}
+        if len(specs) == 1:
+            if None not in specs:
+                chosen[key] = specs.pop()
+            continue
+        exact = {}
+        for layer, relative, spec in members:
+            name = rf"(?:.*/)?{re.escape(layer.name)}/{re.escape(relative)}"
+            if exact.get(name, spec) != spec:
+                raise ValueError(
+                    f"Two layers named {layer.name!r} need different layouts "
+                    f"for {relative} ({exact[name]} and {spec}); give them "
+                    "distinct names."
+                )
+            exact[name] = spec
+        chosen.update({k: v for k, v in exact.items() if v is not None})
+    return chosen
