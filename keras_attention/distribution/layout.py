@@ -112,7 +112,9 @@ def layout_map(model, mesh, model_axis="model"):
     layer, GAT's projections) split their outputs — heads, else head size
     or units (`_sharded_axis`) — and their biases the same way; the output
     projections split their input side, so each device computes its heads
-    end to end and one all-reduce sums the output. A projection with no
+    end to end and one all-reduce sums the output (a fused qkv kernel
+    `(C, 3 * H * D)` is split by columns, which are not whole heads: XLA
+    gathers them once more). A projection with no
     dimension the axis size divides (CBAM's one hidden unit, three heads
     on four devices) is replicated, and a warning names it. Other variables
     are replicated. Keys are regexes on variable paths that ignore Keras's
