@@ -217,9 +217,34 @@ def test_malformed_tf_config_is_a_value_error(monkeypatch):
             multi_worker_strategy()
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["localhost:1"]},
                                                 "task": {"type": "worker", "index": 0}}))
-    for timeout in (float("nan"), 0, -1.0, True, "60"):  # NaN passed before
+    # NaN passed before; past a day the watchdog's wait overflowed, and the
+    # process hung without it.
+    for timeout in (float("nan"), 0, -1.0, True, "60", float("inf"), 1e10):
         with pytest.raises(ValueError, match="`timeout`"):
             multi_worker_strategy(timeout=timeout)
+    # int() read an index of 0.7 as worker 0 and true as worker 1.
+    for index in (0.7, True):
+        monkeypatch.setenv("TF_CONFIG", json.dumps(
+            {"cluster": {"worker": ["localhost:1", "localhost:2"]},
+             "task": {"type": "worker", "index": index}}))
+        with pytest.raises(ValueError, match="not an integer"):
+            multi_worker_strategy()
     monkeypatch.delenv("TF_CONFIG")
     with pytest.raises(ValueError, match="TF_CONFIG unset"):
         multi_worker_strategy()
+
+
+def test_the_tf_config_helpers_check_their_arguments():
+    # A string made one worker per character; an index outside the
+    # workers and a negative count passed.
+    assert json.loads(tf_config(["h:1", "h:2"], 1))["task"]["index"] == 1
+    for workers, index, argument in (
+        ("127.0.0.1:2001", 0, "`workers`"), (["h:1", "h:2"], 2, "`index`"),
+        (["h:1"], -1, "`index`"), (["h:1"], True, "`index`"),
+    ):
+        with pytest.raises(ValueError, match=argument):
+            tf_config(workers, index)
+    for count in (-1, 0, 1.5):
+        with pytest.raises(ValueError, match="`count`"):
+            free_ports(count)
+    assert len(set(free_ports(3))) == 3

@@ -16,9 +16,16 @@ import socket
 import sys
 import time
 
+from keras_attention._validation import check_positive_int
+from keras_attention._validation import invalid
+
+
+MAX_TIMEOUT = 86400.0
+
 
 def free_ports(count, host="127.0.0.1"):
     """`count` distinct TCP ports that were free on `host` (bound to port 0)."""
+    count = check_positive_int("count", count)
     sockets, ports = [], []
     try:
         for _ in range(count):
@@ -34,6 +41,16 @@ def free_ports(count, host="127.0.0.1"):
 
 def tf_config(workers, index):
     """The `TF_CONFIG` JSON string of worker `index` of `workers` (host:port)."""
+    if isinstance(workers, (str, bytes)) or not all(
+        isinstance(w, str) for w in workers
+    ):
+        # A string's characters became one worker each.
+        raise invalid("workers", "a list of 'host:port' strings", workers)
+    workers = list(workers)
+    if isinstance(index, bool) or not isinstance(index, int) or not (
+        0 <= index < len(workers)
+    ):
+        raise invalid("index", f"an integer in [0, {len(workers)})", index)
     return json.dumps(
         {"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}}
     )
@@ -61,7 +78,11 @@ def _read_tf_config():
             for job, members in cluster.items()
             for i, address in enumerate(members)
         }
-        me = (task["type"], int(task["index"]))
+        index = task["index"]
+        if isinstance(index, bool) or not isinstance(index, int):
+            # int() took 0.7 as worker 0 and true as worker 1.
+            raise TypeError(f"the task's index {index!r} is not an integer")
+        me = (task["type"], index)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(
             "Received an invalid value for TF_CONFIG, expected JSON with "
@@ -107,7 +128,7 @@ def multi_worker_strategy(timeout=120.0, **kwargs):
 
     Args:
         timeout: seconds to wait for all workers (they may start at
-            different times).
+            different times), at most `MAX_TIMEOUT` (a day).
         **kwargs: passed to `MultiWorkerMirroredStrategy`.
 
     Returns:
@@ -119,11 +140,14 @@ def multi_worker_strategy(timeout=120.0, **kwargs):
 
     addresses, me = _read_tf_config()
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
-        timeout > 0
+        0 < timeout <= MAX_TIMEOUT
     ):
+        # Beyond a day the watchdog's wait overflowed and it died: the
+        # process then hung, deaf to SIGTERM.
         raise ValueError(
             "Received an invalid value for argument `timeout`, expected a "
-            f"positive number of seconds. Received: timeout={timeout!r}"
+            f"positive number of seconds, at most {MAX_TIMEOUT:g} (a day). "
+            f"Received: timeout={timeout!r}"
         )
     others = [
         [job, index, address]
