@@ -44,6 +44,18 @@ def test_budget_schedule_and_budget_reject_arguments_that_break_fit():
         training.BudgetLinearDecay(budget, peak=1e-3, warmup=0)
     with pytest.raises(ValueError, match="`decay_fraction`"):
         training.BudgetLinearDecay(budget, 1e-3, 10, decay_fraction=0)
+    with pytest.raises(ValueError, match="`budget`.*TimeBudget"):
+        training.BudgetLinearDecay(10.0, 1e-3, 10)
+    # Without its TimeBudget in `fit`: a TypeError about NoneType at the
+    # first step.
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    schedule = training.BudgetLinearDecay(budget, 1e-3, 10, verbose=False)
+    with pytest.raises(ValueError, match="TimeBudget that has not started"):
+        model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0, callbacks=[schedule])
+    history = model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0,
+                        callbacks=[schedule, budget])
+    assert len(history.history["loss"]) == 1
     # A negative budget made `spent()` negative: `fit` never stopped.
     with pytest.raises(ValueError, match="`seconds`"):
         training.TimeBudget(seconds=-60)

@@ -349,6 +349,14 @@ def test_hash_dropout_keeps_the_expected_share_and_changes_per_step():
     np.testing.assert_array_equal(numpy(layer(x)), x)
     assert abs((numpy(layer(x, training=True)) > 0).mean() - 0.7) < 0.01
     assert HashDropout.from_config(layer.get_config()).rate == 0.3
+    # NumPy's floats are rates too ("expected a float ... rate=np.float32(0.5)").
+    np.testing.assert_array_equal(
+        numpy(attention_ops.hash_dropout(x, np.float32(0.6), 5)),
+        numpy(attention_ops.hash_dropout(x, 0.6, 5)),
+    )
+    for rate in (True, 1.0, -0.1, "0.5"):
+        with pytest.raises(ValueError, match="`rate`"):
+            attention_ops.hash_dropout(x, rate, 5)
 
 
 BAD_ARGUMENTS = [

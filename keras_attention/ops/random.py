@@ -1,5 +1,7 @@
 """Counter-based random bits and dropout masks, fused by XLA."""
 
+import numbers
+
 import keras
 import numpy as np
 from keras import ops
@@ -100,7 +102,9 @@ def hash_dropout(inputs, rate, seed):
     >>> 0.45 < float(keras.ops.mean(keras.ops.cast(y > 0, "float32"))) < 0.55
     True
     """
-    if not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
+    if isinstance(rate, (bool, np.bool_)) or not isinstance(
+        rate, numbers.Real
+    ) or not 0.0 <= rate < 1.0:  # NumPy's floats too
         raise ValueError(
             "Received an invalid value for argument `rate`, expected a float "
             f"in [0, 1). Received: rate={rate!r}"

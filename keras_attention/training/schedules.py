@@ -33,6 +33,10 @@ class BudgetLinearDecay(keras.callbacks.Callback):
 
     def __init__(self, budget, peak, warmup, decay_fraction=0.3, verbose=True):
         super().__init__()
+        from keras_attention.training.budget import TimeBudget
+
+        if not isinstance(budget, TimeBudget):
+            raise invalid("budget", "a TimeBudget (given to the same fit)", budget)
         self.budget = budget
         self.peak = check_positive_number("peak", peak)
         self.warmup = check_positive_number("warmup", warmup)
@@ -49,6 +53,16 @@ class BudgetLinearDecay(keras.callbacks.Callback):
         return int(self.model.optimizer.iterations) + 1
 
     def on_train_batch_begin(self, batch, logs=None):
+        budget = self.budget
+        if (budget.seconds and budget.start is None) or (
+            budget.cpu_seconds and budget.cpu_start is None
+        ):
+            # It failed here with "unsupported operand ... NoneType".
+            raise ValueError(
+                "BudgetLinearDecay reads a TimeBudget that has not started: "
+                "give that TimeBudget to the same `fit`'s callbacks "
+                "(`callbacks=[budget, schedule]`)."
+            )
         left = max(1.0 - self.budget.spent(), 0.0)
         rate = self.peak * min(
             self.step / self.warmup, 1.0, left / self.decay_fraction
@@ -58,7 +72,7 @@ class BudgetLinearDecay(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.verbose:
             print(
-                f"step {self.step}: learning rate "
+                f"step {self.step - 1}: learning rate "
                 f"{float(self.model.optimizer.learning_rate):.2e}, "
                 f"{self.budget.spent():.0%} of the budget spent",
                 flush=True,
