@@ -352,7 +352,7 @@ def test_hash_dropout_keeps_the_expected_share_and_changes_per_step():
     # NumPy's floats are rates too ("expected a float ... rate=np.float32(0.5)").
     np.testing.assert_array_equal(
         numpy(attention_ops.hash_dropout(x, np.float32(0.6), 5)),
-        numpy(attention_ops.hash_dropout(x, 0.6, 5)),
+        numpy(attention_ops.hash_dropout(x, float(np.float32(0.6)), 5)),
     )
     for rate in (True, 1.0, -0.1, "0.5"):
         with pytest.raises(ValueError, match="`rate`"):
