@@ -139,3 +139,15 @@ def test_processes_storing_at_once_keep_every_entry(tmp_path):
     with open(path, encoding="utf-8") as handle:
         keys = {entry["key"] for entry in json.load(handle)["entries"]}
     assert len(keys) == processes * each
+
+
+def test_a_cache_file_named_by_the_environment_is_checked(tmp_path, monkeypatch):
+    # A folder (or a file in a missing folder) was taken, warned about only
+    # at the first long call, and a stray `<folder>.lock` made beside it.
+    monkeypatch.setenv("KERAS_ATTENTION_AUTOTUNE_CACHE", str(tmp_path / "choices.json"))
+    assert autotune._cache_from_environment() == str(tmp_path / "choices.json")
+    for bad in (str(tmp_path), str(tmp_path / "missing" / "choices.json")):
+        monkeypatch.setenv("KERAS_ATTENTION_AUTOTUNE_CACHE", bad)
+        with pytest.warns(UserWarning, match="KERAS_ATTENTION_AUTOTUNE_CACHE.*ignored"):
+            assert autotune._cache_from_environment() is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -77,8 +77,31 @@ _OPTIONS = {
     "enabled": _enabled_by_environment(),
     "memory_budget": None,
     "repeats": 2,
-    "cache_file": os.environ.get("KERAS_ATTENTION_AUTOTUNE_CACHE") or None,
+    "cache_file": None,
 }
+
+
+def _cache_from_environment():
+    """`KERAS_ATTENTION_AUTOTUNE_CACHE`, checked as `set_autotune` checks
+    `cache_file` (a folder, or a file in a missing folder, warned about
+    only at the first long call, and left a stray `.lock` beside it): a
+    bad one is warned about here and no file is kept."""
+    path = os.environ.get("KERAS_ATTENTION_AUTOTUNE_CACHE") or None
+    if path is None:
+        return None
+    try:
+        return choice_file.check_path(path)
+    except ValueError as error:
+        import warnings
+
+        warnings.warn(
+            f"KERAS_ATTENTION_AUTOTUNE_CACHE={path!r} is ignored: {error}",
+            stacklevel=2,
+        )
+        return None
+
+
+_OPTIONS["cache_file"] = _cache_from_environment()
 
 
 def set_autotune(enabled=None, memory_budget=None, repeats=None, cache_file=None):
