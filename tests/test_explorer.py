@@ -481,6 +481,26 @@ def test_control_characters_in_tokens_are_visible_in_browser(browser, tmp_path):
     no_console_errors(browser)
 
 
+def test_html_in_tokens_and_title_is_text_in_browser(browser, tmp_path):
+    # "<!--" in a token or the title was written as "<\\!--", no JSON
+    # escape: JSON.parse failed and the page stayed blank. A title holding
+    # "__SCRIPT__" got the whole script pasted into it.
+    tokens = ["<b>", "a&b", "\"q'", "</script>", "<!--", "-->"]
+    title = "x <!-- y __SCRIPT__"
+    path = explore(token_model(), tokens_input(), tmp_path / "html.html",
+                   tokens=tokens, title=title)
+    text = open(path, encoding="utf-8").read()
+    assert "<!--" not in text.split('id="data">', 1)[1].split("</script>", 1)[0]
+    assert page_data(path)["title"] == title
+    open_page(browser, path)
+    assert browser.title == title
+    shown = browser.execute_script(
+        "return [...document.querySelectorAll('#queries .token')].map((n) => n.textContent)"
+    )
+    assert shown == tokens
+    no_console_errors(browser)
+
+
 def test_image_page_in_browser(browser, tmp_path):
     path = explore(tiny_vit(), bar_image(), tmp_path / "vit.html")
     open_page(browser, path)

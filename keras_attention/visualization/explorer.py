@@ -30,6 +30,7 @@ import html
 import importlib.resources
 import json
 import os
+import re
 
 import numpy as np
 
@@ -255,13 +256,20 @@ def _build(model, inputs, index):
 
 def render_page(payload):
     """The HTML text of the explorer for a payload (see `explore`)."""
-    data_text = json.dumps(payload, separators=(",", ":"))
-    data_text = data_text.replace("</", "<\\/").replace("<!--", "<\\!--")
-    return (
-        _page_file("html").replace("__TITLE__", html.escape(payload["title"]))
-        .replace("__STYLE__", _page_file("css"))
-        .replace("__SCRIPT__", _page_file("js"))
-        .replace("__DATA__", data_text)
+    # "<" only occurs inside the JSON's strings: as the escape \u003c no
+    # "</script>" or "<!--" can end or unsettle the script element ("<\!--"
+    # was no JSON escape: JSON.parse failed and the page stayed blank).
+    data_text = json.dumps(payload, separators=(",", ":")).replace("<", "\\u003c")
+    parts = {
+        "TITLE": html.escape(payload["title"]),
+        "STYLE": _page_file("css"),
+        "SCRIPT": _page_file("js"),
+        "DATA": data_text,
+    }
+    # One pass: a title holding "__SCRIPT__" stays text.
+    return re.sub(
+        r"__(TITLE|STYLE|SCRIPT|DATA)__", lambda m: parts[m.group(1)],
+        _page_file("html"),
     )
 
 
