@@ -764,3 +764,18 @@ def test_explore_command_reads_an_image_file(tmp_path, capsys):
     data = page_data(page)
     assert data["kind"] == "image"
     assert (data["image"]["height"], data["image"]["width"]) == (16, 16)  # resized
+
+
+def test_negative_weights_are_named_in_the_notes(tmp_path):
+    # The non-local block's "dot" mode has weights below 0 (half of them
+    # here): the page drew them as 0 without a word.
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 4))
+    x = ka_layers.NonLocalBlock(mode="dot", name="nl")(inputs)
+    model = keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(x))
+    image = np.random.default_rng(0).standard_normal((1, 8, 8, 4)).astype("float32")
+    path = explore(model, image, tmp_path / "nl.html", cam_methods=())
+    notes = page_data(path)["notes"]
+    assert any(note.startswith("nl: some weights are negative (down to -") for note in notes), notes
+    plain = explore(token_model(), tokens_input(), tmp_path / "seq.html")
+    assert not any("negative" in note for note in page_data(plain)["notes"])

@@ -158,12 +158,30 @@ def quantised_rows(weights):
 
 
 def matrix_layer(name, weights, **extra):
-    """A layer entry for `(H, T, S)` weights."""
+    """A layer entry for `(H, T, S)` weights; `"below_zero"`, the lowest
+    weight, where some are negative (shown as 0: `negative_notes`)."""
     heads, rows, cols = weights.shape
     entry = {"name": name, "heads": heads, "rows": rows, "cols": cols}
     entry.update(quantised_rows(weights))
+    lowest = float(np.nanmin(weights)) if np.size(weights) else 0.0
+    if lowest < 0:
+        entry["below_zero"] = lowest
     entry.update(extra)
     return entry
+
+
+def negative_notes(payload):
+    """A note per layer of `payload` whose weights go below 0 (the
+    non-local block's `"dot"` mode: dot products over N, no softmax): the
+    page draws weights from 0, so those read as 0 there."""
+    notes = []
+    for entry in payload.get("layers", []):
+        if isinstance(entry, dict) and "below_zero" in entry:
+            notes.append(
+                f"{entry['name']}: some weights are negative (down to "
+                f"{entry['below_zero']:.3g}); the page shows them as 0."
+            )
+    return notes
 
 
 def fit_budget(context, entries):
