@@ -230,8 +230,14 @@ def test_graph_page_keeps_the_nodes_nearest_node_0(tmp_path):
     assert len(kept) == 10 and 0 in kept
     assert set(kept) - {0} <= neighbours  # node 0 has 16 neighbours
     assert any("10 nodes nearest node 0" in n for n in data["notes"])
-    coefficients = np.frombuffer(base64.b64decode(data["layers"][0]["data"]), "uint8")
+    coefficients = np.frombuffer(base64.b64decode(data["layers"][0]["data"]), "<f4")
     assert len(coefficients) == len(data["edges"]["source"]) * data["layers"][0]["heads"]
+    # Every node kept: the model's own coefficients, as float32 (they were
+    # 256 steps of [0, 1]: a hub's, about 1/degree each, fell to 0).
+    data = page_data(explore(model, prepared.inputs, tmp_path / "all.html", max_nodes=34))
+    first = np.frombuffer(base64.b64decode(data["layers"][0]["data"]), "<f4")
+    expected = np.asarray(model.attention_scores(prepared.inputs)[0], "float32")
+    np.testing.assert_allclose(first.reshape(expected.shape), expected, rtol=1e-6)
 
 
 def test_no_registry_layer_is_an_error(tmp_path):

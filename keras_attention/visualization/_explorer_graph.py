@@ -28,7 +28,9 @@ def graph_payload(context, inputs, layers, node_labels):
             {
                 "name": name,
                 "heads": int(value.shape[1]),
-                "data": data.b64(np.rint(np.clip(value, 0, 1) * 255).astype("uint8")),
+                # float32: a hub's coefficients (about 1/degree each)
+                # fell into a few of 256 steps of [0, 1], some to 0.
+                "data": data.b64(np.asarray(value, "<f4")),
             }
         )
     payload = {

@@ -21,7 +21,8 @@ Four views, chosen from the model and the inputs:
   colour by its coefficient, a node's neighbourhood highlighted on hover.
 
 Storage: each attention row is scaled to its own maximum and stored as
-`uint8` (with the maximum as float32), so a 12-layer x 12-head model on 197
+`uint8` (with the maximum as float32; a graph's coefficients, a node's
+row spread over edges, as float32), so a 12-layer x 12-head model on 197
 tokens takes about 8 MB; larger inputs are cut (tokens to `max_tokens`,
 graphs to `max_nodes`, layers to fit `max_megabytes`) and the page says so.
 """

@@ -501,7 +501,7 @@ function drawDetection() {
 // -------------------------------------------------------------------- graphs
 function initGraph() {
   const n = D.nodes.ids.length, src = D.edges.source, dst = D.edges.target;
-  const layers = D.layers.map((s) => ({ name: s.name, heads: s.heads, codes: bytes(s.data) }));
+  const layers = D.layers.map((s) => ({ name: s.name, heads: s.heads, codes: floats(s.data) }));
   Object.assign(state, { layers, layer: 0, head: "mean", focus: null });
   controls.append(
     select("layer", "Layer", layers.map((l, i) => [String(i), `${i}: ${l.name}`]), "0", (v) => { state.layer = Number(v); refreshGraphHeads(); drawGraph(); }),
@@ -548,8 +548,8 @@ function refreshGraphHeads() {
   holder.append(select("head", "Head", headOptions(layer, false), String(state.head), (v) => { state.head = parseHead(v); drawGraph(); }));
 }
 function coefficient(layer, e) {
-  if (state.head === "mean") { let s = 0; for (let h = 0; h < layer.heads; h++) s += layer.codes[e * layer.heads + h]; return s / layer.heads / 255; }
-  return layer.codes[e * layer.heads + state.head] / 255;
+  if (state.head === "mean") { let s = 0; for (let h = 0; h < layer.heads; h++) s += layer.codes[e * layer.heads + h]; return s / layer.heads; }
+  return layer.codes[e * layer.heads + state.head];
 }
 function drawGraph() {
   const layer = state.layers[state.layer], src = D.edges.source, dst = D.edges.target;
