@@ -534,6 +534,10 @@ def test_swin_page_in_browser(browser, tmp_path):
     path = explore(tiny_swin(), bar_image(), tmp_path / "swin.html", cam_methods=())
     open_page(browser, path)
     assert_not_blank(browser, "image")
+    # Opened on the 4 x 4 stage, the query was set on the first layer's
+    # 8 x 8 grid: "patch (9, 0)", a patch that does not exist, and row 15
+    # drawn. Now the centre of the image on each layer's own grid.
+    assert "patch (2, 2)" in browser.find_element("id", "querytext").text
     main = browser.find_element("id", "main")
     near = int(main.size["width"] * 0.45)  # from the centre to a corner patch
     for layer, last in (("1", 7), ("2", 3)):  # shifted 8 x 8; the 4 x 4 stage
@@ -544,6 +548,10 @@ def test_swin_page_in_browser(browser, tmp_path):
         hover(browser, main, near, near)
         assert drawing(browser, "#main") != corner
         assert f"patch ({last}, {last})" in browser.find_element("id", "querytext").text
+    # The same point of the image on the other grid: the 8 x 8 stage's
+    # bottom-right patch, not the 4 x 4 one's flat index 15 read there.
+    choose(browser, "layer", "1")
+    assert "patch (7, 7)" in browser.find_element("id", "querytext").text
     no_console_errors(browser)
     browser.save_screenshot(str(tmp_path / "swin.png"))
 

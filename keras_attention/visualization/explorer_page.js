@@ -335,25 +335,28 @@ function initImage() {
   const picture = imageCanvas(D.image);
   const layers = D.layers.map((s) => new Layer(s));
   const rollout = D.rollout ? new Layer(D.rollout) : null;
-  Object.assign(state, { picture, layers, rollout, layer: layers.length - 1, head: "mean", query: null });
+  // The query is a point of the image (or [CLS], or null: the mean of the
+  // patches), so that layers on other grids (Swin's stages) show the patch
+  // under the same point: `queryIndex`.
+  Object.assign(state, { picture, layers, rollout, layer: layers.length - 1, head: "mean", point: null });
   if (D.predicted) $("subtitle").textContent += ` \u2014 predicted: ${D.predicted} (p = ${D.probability})`;
   if (layers.length) {
     const first = layers[0];
-    state.query = first.classToken ? 0 : (first.grid[0] >> 1) * first.grid[1] + (first.grid[1] >> 1);
+    state.point = first.classToken ? { cls: true } : { fy: 0.5, fx: 0.5 };
     controls.append(
       select("layer", "Layer", layers.map((l, i) => [String(i), `${i}: ${l.name}`]), String(state.layer), (v) => { state.layer = Number(v); drawImage(); }),
       select("head", "Head", headOptions(layers[state.layer], false), "mean", (v) => { state.head = parseHead(v); drawImage(); }),
       el("label", {}, el("button", { id: "cls", text: first.classToken ? "query: [CLS] token" : "query: mean of patches",
-        onclick: () => { state.query = first.classToken ? 0 : null; drawImage(); } })),
+        onclick: () => { state.point = first.classToken ? { cls: true } : null; drawImage(); } })),
       el("span", { id: "querytext", class: "hint" }));
     const main = el("canvas", { id: "main", class: "picture" });
     main.addEventListener("mousemove", (e) => {
       const layer = state.layers[state.layer], r = main.getBoundingClientRect();
-      const [gh, gw] = layer.grid;
-      const x = Math.floor((e.clientX - r.left) / r.width * gw), y = Math.floor((e.clientY - r.top) / r.height * gh);
-      if (x < 0 || y < 0 || x >= gw || y >= gh) return;
-      const q = (layer.classToken ? 1 : 0) + y * gw + x;
-      if (q !== state.query) { state.query = q; drawImage(); }
+      const fx = (e.clientX - r.left) / r.width, fy = (e.clientY - r.top) / r.height;
+      if (fx < 0 || fy < 0 || fx >= 1 || fy >= 1) return;
+      const before = queryIndex(layer);
+      state.point = { fy, fx };
+      if (queryIndex(layer) !== before) drawImage();
     });
     app.append(
       panel("Attention of a patch", "Hover the image to choose the query patch (white square); the overlay is where it attends in the selected layer and head.",
@@ -380,18 +383,30 @@ function overlayCanvas(values, rows, cols) {
   overlay(c, state.picture, values && Float32Array.from(values), rows, cols, 0.5, 200);
   return c;
 }
+function queryIndex(layer) {
+  // The row of `layer` for the query point: [CLS] (0), the patch under the
+  // point on this layer's grid, or null (the mean of the rows).
+  const p = state.point;
+  if (p == null) return null;
+  if (p.cls) return layer.classToken ? 0 : null;
+  const [gh, gw] = layer.grid;
+  const y = Math.min(gh - 1, Math.floor(p.fy * gh)), x = Math.min(gw - 1, Math.floor(p.fx * gw));
+  return (layer.classToken ? 1 : 0) + y * gw + x;
+}
 function queryRow(layer, head) {
-  if (state.query == null) {  // mean of all rows
+  const q = queryIndex(layer);
+  if (q == null) {  // mean of all rows
     const out = new Float32Array(layer.cols);
     for (let i = 0; i < layer.rows; i++) layer.row(head, i).forEach((v, j) => { out[j] += v / layer.rows; });
     return out;
   }
-  return layer.row(head, Math.min(state.query, layer.rows - 1));
+  return layer.row(head, q);
 }
 function patches(layer, values) { return layer.classToken ? values.slice(1) : values; }
 function markQuery(canvas, layer, scale) {
-  if (state.query == null || (layer.classToken && state.query === 0)) return;
-  const [gh, gw] = layer.grid, p = state.query - (layer.classToken ? 1 : 0);
+  const q = queryIndex(layer);
+  if (q == null || (layer.classToken && q === 0)) return;
+  const [gh, gw] = layer.grid, p = q - (layer.classToken ? 1 : 0);
   const cw = canvas.width / gw, ch = canvas.height / gh;
   const ctx = canvas.getContext("2d");
   ctx.strokeStyle = "#fff"; ctx.lineWidth = 2;
@@ -408,7 +423,7 @@ function drawImage() {
   const main = $("main");
   overlay(main, state.picture, values, gh, gw, 0.55, 360);
   markQuery(main, layer);
-  const q = state.query;
+  const q = queryIndex(layer);
   $("querytext").textContent = q == null ? "query: mean of all patches" : layer.classToken && q === 0 ? "query: [CLS]" : `query: patch (${Math.floor((q - (layer.classToken ? 1 : 0)) / gw)}, ${(q - (layer.classToken ? 1 : 0)) % gw})`;
   const lg = $("mainlegend"); lg.textContent = "";
   lg.append(legend("jet", min(values).toFixed(3), max(values).toFixed(3), "attention weight (min to max)"));
