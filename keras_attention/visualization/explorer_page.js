@@ -24,6 +24,9 @@ function bytes(text) {
   for (let i = 0; i < raw.length; i++) out[i] = raw.charCodeAt(i);
   return out;
 }
+// A legend's figure: two significant digits (0.005 read "0.01", and at a
+// thousand tokens every maximum read "0.00").
+function figure(v) { return v >= 0.1 ? v.toFixed(2) : v.toPrecision(2); }
 function floats(text) { const b = bytes(text); return new Float32Array(b.buffer, 0, b.length / 4); }
 const CMAPS = {};
 for (const [name, text] of Object.entries(D.colormaps)) CMAPS[name] = bytes(text);
@@ -239,7 +242,7 @@ function drawSequence() {
   };
   heat.onmouseleave = hideTip;
   const lg = $("heatlegend"); lg.textContent = "";
-  lg.append(legend("viridis", "0", top.toFixed(2), head === "mean" ? "mean of heads" : `head ${head}`));
+  lg.append(legend("viridis", "0", figure(top), head === "mean" ? "mean of heads" : `head ${head}`));
   // Small multiples of this layer's heads.
   const grid = $("heads"); grid.textContent = "";
   const columns = Math.min(layer.heads, 4);
@@ -588,7 +591,7 @@ function drawGraph() {
     c.setAttribute("stroke-width", i === focus ? 3 : neighbours.has(i) ? 2 : 0.8);
   });
   const lg = $("edgelegend"); lg.textContent = "";
-  lg.append(legend("viridis", "0", top.toFixed(2), `attention coefficient, ${state.head === "mean" ? "mean of heads" : "head " + state.head}`));
+  lg.append(legend("viridis", "0", figure(top), `attention coefficient, ${state.head === "mean" ? "mean of heads" : "head " + state.head}`));
   const info = $("info"); info.textContent = "";
   if (focus == null) { info.append(el("h2", { text: "Node" }), el("p", { class: "hint", text: "Hover a node to list the neighbours it attends to." })); return; }
   const id = D.nodes.ids[focus];
