@@ -184,6 +184,10 @@ def test_shapes_and_padding_do_not_change_outputs(name):
     np.testing.assert_allclose(weights[0, :, 3:], 0.0, atol=1e-7)
     real = x["target_ids"] != 0
     np.testing.assert_allclose(weights.sum(-1)[real], 1.0, atol=1e-5)
+    # Checked as `call` checks its ids (JAX clamped this one: garbage maps).
+    bad = dict(x, target_ids=np.where(x["target_ids"] > 0, 10**6, 0))
+    with pytest.raises(ValueError, match="`target_ids`"):
+        model.cross_attention(bad)
     # Fewer padding columns in the source: identical outputs.
     short = dict(x, source_ids=x["source_ids"][:, :6])
     np.testing.assert_allclose(

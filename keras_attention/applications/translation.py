@@ -252,7 +252,9 @@ class Translator(
         return logits
 
     def cross_attention(self, inputs):
-        """Teacher-forced cross-attention weights `(B, T, S)` of a batch."""
+        """Teacher-forced cross-attention weights `(B, T, S)` of a batch
+        (its ids checked as `call` checks them)."""
+        self.check_inputs(inputs)
         source_ids, target_ids = self._unpack(inputs)
         encoded = self.encode(ops.cast(source_ids, "int32"), training=False)
         _, weights = self.decode_sequence(
