@@ -311,6 +311,26 @@ def test_grad_cam_tape_path_matches_tf_keras_vis(method):
     assert model.get_layer("logits").activation is keras.activations.softmax
 
 
+def test_small_raw_maps_are_scaled_alike_on_both_paths():
+    # tf-keras-vis divides by `max - min + 1e-6`-ish: a map of raw values
+    # spanning 5e-8 peaked at 0.35 on TensorFlow, at 1 on the tape path
+    # (and on JAX and torch).
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 1))
+    features = keras.layers.Conv2D(4, 3, activation="relu", name="c")(inputs)
+    pooled = keras.layers.GlobalAveragePooling2D()(features)
+    model = keras.Model(inputs, keras.layers.Dense(3, name="d")(pooled))
+    dense = model.get_layer("d")
+    dense.kernel.assign(dense.kernel * 1e-5)
+    x = rand(2, 8, 8, 1)
+    target = vis.find_cam_target(model, x, "c")
+    options = cam_lib.CamOptions(expand=False)
+    reference = cam_lib.tf_keras_vis_cam(model, x, [0, 0], target, "gradcam", options)
+    got = cam_lib.tape_cam(model, x, [0, 0], target, "gradcam", options)
+    np.testing.assert_allclose(reference.reshape(2, -1).max(1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(got, reference, atol=1e-4)
+
+
 @pytest.mark.parametrize("engine", ["tf_keras_vis_cam", "tape_cam"])
 def test_score_cam_weights_are_the_softmax_of_the_logits(engine):
     # Score-CAM (Wang et al.) softmaxes the logits of the masked images; a

@@ -263,7 +263,10 @@ def tf_keras_vis_cam(model, images, indices, target, method, options=CamOptions(
         penultimate_layer=target.layer,
         seek_penultimate_conv_layer=False,
         expand_cam=options.expand,
-        normalize_cam=options.normalize,
+        # Scaled here as the tape path scales: tf-keras-vis divides by
+        # `max - min + epsilon`, so a map of small raw values peaked at
+        # 0.35 on TensorFlow and at 1 on JAX and torch.
+        normalize_cam=False,
     )
     if method == "scorecam":
         # tf-keras-vis clones the model: the clone takes the linear outputs.
@@ -279,7 +282,8 @@ def tf_keras_vis_cam(model, images, indices, target, method, options=CamOptions(
         visualizer = Gradcam if method == "gradcam" else GradcamPlusPlus
         with linear_outputs(model):
             cam = visualizer(model)(score, images, **kwargs)
-    return np.asarray(cam, "float32")
+    cam = np.asarray(cam, "float32")
+    return _grid.normalize_maps(cam) if options.normalize else cam
 
 
 def _stream_target(walked, path, layer, classes):
