@@ -1,6 +1,7 @@
 """Attention maps of any model, rollout, Grad-CAM and the plots."""
 
 import os
+import warnings
 
 import keras
 import numpy as np
@@ -729,3 +730,33 @@ def test_plot_graph_attention(tmp_path):
         vis.plot_graph_attention(np.zeros((2, 0), "int32"), np.ones((0, 2)))
     with pytest.raises(ValueError, match=r"`head`.*below 2"):
         vis.plot_graph_attention(edges, np_(coefficients), head=5)
+
+
+def test_grad_cam_warns_of_probabilities_made_inside_call():
+    # A softmax applied with ops in `call` has no layer to make linear: the
+    # maps silently followed the probabilities (0.42x the logits' here).
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.conv = keras.layers.Conv2D(4, 3, activation="relu")
+            self.pool = keras.layers.GlobalAveragePooling2D()
+            self.dense = keras.layers.Dense(3)
+
+        def call(self, x):
+            return keras.ops.softmax(self.dense(self.pool(self.conv(x))))
+
+    x = rand(2, 8, 8, 1)
+    net = Net()
+    net(x)
+    with pytest.warns(UserWarning, match="look like probabilities made inside its `call`"):
+        vis.grad_cam(net, x, class_index=0, expand=False)
+
+    class Logits(Net):
+        def call(self, x):
+            return self.dense(self.pool(self.conv(x)))
+
+    logits = Logits()
+    logits(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        vis.grad_cam(logits, x, class_index=0, expand=False)

@@ -11,6 +11,7 @@ import contextlib
 import warnings
 
 import keras
+import numpy as np
 
 from keras_attention.visualization import _cam_inputs as inputs_lib
 from keras_attention.visualization import _hooks
@@ -51,7 +52,30 @@ def output_layers(model, images=None):
     walked = _hooks.walk(model)
     with _hooks.patched_calls([(layer, make(layer)) for _, layer in walked]):
         result = model(inputs_lib.as_tensor(images), training=False)
-    return [layer for layer, outputs in returned if outputs is result]
+    found = [layer for layer, outputs in returned if outputs is result]
+    if not found and _look_like_probabilities(result):
+        warnings.warn(
+            f"{type(model).__name__}'s outputs look like probabilities made "
+            "inside its `call` (rows of non-negative numbers summing to 1), "
+            "with no output layer whose activation could be made linear: "
+            "the class scores read are those probabilities, not the "
+            "logits. Apply the softmax with a layer (an activation, or "
+            "keras.layers.Softmax) to have it removed.",
+            stacklevel=4,
+        )
+    return found
+
+
+def _look_like_probabilities(result):
+    try:
+        values = np.asarray(keras.ops.convert_to_numpy(result), "float64")
+    except Exception:  # a structure of outputs: not one score tensor
+        return False
+    if values.ndim < 2 or values.shape[-1] < 2 or not values.size:
+        return False
+    return bool(
+        (values >= 0).all() and np.allclose(values.sum(-1), 1.0, atol=1e-4)
+    )
 
 
 @contextlib.contextmanager
