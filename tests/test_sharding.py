@@ -40,21 +40,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("sharding") / "results.json"
-    env = dict(
-        os.environ,
-        KERAS_BACKEND="jax",
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        JAX_PLATFORMS="cpu",
-    )
-    completed = subprocess.run(
-        [sys.executable, os.path.join(HERE, "sharding_check.py"), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert completed.returncode == 0, completed.stderr[-4000:]
+    _on_eight_devices(os.path.join(HERE, "sharding_check.py"), str(out), timeout=600)
     with open(out) as f:
         return json.load(f)
 
@@ -81,8 +67,9 @@ def test_every_projection_kernel_is_sharded(results, case):
         assert spec is None or all(s is None for s in spec), (path, spec)
 
 
-def _on_eight_devices(script):
-    """The finished run of the Python `script` on JAX with 8 CPU devices."""
+def _on_eight_devices(*arguments, timeout=300):
+    """The finished run of Python with `arguments` (`"-c", script`, or a
+    file and its arguments) on JAX with 8 CPU devices."""
     env = dict(
         os.environ,
         KERAS_BACKEND="jax",
@@ -92,10 +79,10 @@ def _on_eight_devices(script):
         PYTHONPATH=os.path.dirname(HERE),
     )
     completed = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True,
-        timeout=300,
+        [sys.executable, *arguments], env=env, capture_output=True, text=True,
+        timeout=timeout,
     )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.returncode == 0, completed.stderr[-4000:]
     return completed
 
 
@@ -129,7 +116,7 @@ def test_layout_map_errors_and_what_it_cannot_split():
         "        layouts = layout_map(model, mesh)\n"
         "    print('WARNING', len(layouts.keys()), *[str(w.message) for w in caught])\n"
     )
-    completed = _on_eight_devices(script)
+    completed = _on_eight_devices("-c", script)
     lines = completed.stdout.splitlines()
     errors = [line for line in lines if line.startswith("ERROR")]
     assert len(errors) == 2, completed.stdout
@@ -176,7 +163,7 @@ def test_layers_named_alike_that_need_different_layouts_keep_their_own():
         "    if v.path.endswith('projection/kernel'):\n"
         "        print('SPEC', v.path, v.value.sharding.spec)\n"
     )
-    completed = _on_eight_devices(script)
+    completed = _on_eight_devices("-c", script)
     lines = completed.stdout.splitlines()
     error = [float(line.split()[1]) for line in lines if line.startswith("ERROR")]
     assert error and error[0] < 1e-5, completed.stdout

@@ -22,6 +22,7 @@ import numpy as np
 
 from keras_attention.datasets.sampling import NeighborSampler
 from keras_attention.datasets.sampling import check_edges
+from keras_attention.datasets.sampling import class_ids_with_none
 from keras_attention.datasets.sampling import check_fanouts
 from keras_attention.datasets.sampling import check_seeds
 from keras_attention.datasets.sampling import csr_by_target
@@ -64,14 +65,12 @@ def check_graph_labels(graph, num_nodes, labelled=None, argument="seeds"):
             "none)",
             f"an array of shape {labels.shape} and dtype {labels.dtype}",
         )
-    if labels.dtype.kind == "f":
-        labels = np.where(np.isnan(labels), -1, labels)
-        if not np.all(labels == np.round(labels)):
-            bad = np.flatnonzero(labels != np.round(labels))
-            raise invalid(
-                "graph.labels", "whole class ids (-1 for none)",
-                f"{labels[bad[0]]} at node {bad[0]}",
-            )
+    labels, bad = class_ids_with_none(labels)
+    if len(bad):
+        raise invalid(
+            "graph.labels", "whole class ids (-1 for none)",
+            f"{labels[bad[0]]} at node {bad[0]}",
+        )
     classes = getattr(graph, "num_classes", None)
     if classes is not None and labels.size and labels.max() >= classes:
         bad = np.flatnonzero(labels >= classes)

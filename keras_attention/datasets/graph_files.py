@@ -26,6 +26,7 @@ from keras_attention.datasets._files import DataFileNotFoundError
 from keras_attention.datasets._files import missing_file_error
 from keras_attention.datasets.graphs import GraphData
 from keras_attention.datasets.graphs import _edges_from_pairs
+from keras_attention.datasets.sampling import class_ids_with_none
 
 _EXTENSIONS = (".npy", ".csv", ".csv.gz")
 _NAMES = {
@@ -199,12 +200,11 @@ def load_graph_files(path, undirected=True, normalize_features=False):
             f"the rows of {found['features']}). Received: shape={labels.shape}"
         )
     if labels.dtype.kind == "f":  # OGB writes NaN for unlabelled nodes
-        labels = np.where(np.isnan(labels), -1, labels)
-        if not np.all(labels == np.round(labels)):
+        labels, bad = class_ids_with_none(labels)
+        if len(bad):
             raise ValueError(
                 f"{found['labels']} should hold integer class ids (NaN or "
-                "-1 for none). Received: "
-                f"{labels[labels != np.round(labels)][:3].tolist()}"
+                f"-1 for none). Received: {labels[bad[:3]].tolist()}"
             )
     elif labels.dtype.kind not in "iu":
         raise ValueError(

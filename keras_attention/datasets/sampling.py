@@ -46,6 +46,17 @@ Fields:
 """
 
 
+def class_ids_with_none(labels):
+    """`(labels, not_whole)`: float labels with NaN read as -1 (no label,
+    as OGB writes it), and the indices of the values that are not whole
+    class ids (empty for integer labels)."""
+    labels = np.asarray(labels)
+    if labels.dtype.kind != "f":
+        return labels, np.zeros(0, "int64")
+    labels = np.where(np.isnan(labels), -1, labels)
+    return labels, np.flatnonzero(labels != np.round(labels))
+
+
 def check_fanouts(fanouts):
     """`fanouts` as a tuple of positive ints, or a ValueError naming it."""
     if isinstance(fanouts, (int, np.integer)) and not isinstance(fanouts, bool):

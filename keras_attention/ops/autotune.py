@@ -48,6 +48,7 @@ that later processes on the same machine read instead
 import collections
 import logging
 import os
+import warnings
 
 import keras
 import numpy as np
@@ -92,8 +93,6 @@ def _cache_from_environment():
     try:
         return choice_file.check_path(path)
     except ValueError as error:
-        import warnings
-
         warnings.warn(
             f"KERAS_ATTENTION_AUTOTUNE_CACHE={path!r} is ignored: {error}",
             stacklevel=2,
