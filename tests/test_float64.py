@@ -1,6 +1,7 @@
 """float64 computes in float64 on every path of the core and of
 `MultiHeadAttention`: the dense, blocked and chunked cores, the chunked
-long-context path, RoPE and ALiBi.
+long-context path, RoPE and ALiBi, and `"auto"` (which on torch would
+otherwise take Keras's fused op, float32 inside for float64).
 
 On TensorFlow `ops.cast` of a Python float goes through float32, so the
 dense core's `1 / sqrt(D)` kept float32's precision (errors of ~1e-8); the
@@ -49,7 +50,7 @@ def _reference(q, k, v, causal, slopes=None):
     return np.einsum("bhts,bshd->bthd", w / w.sum(-1, keepdims=True), v)
 
 
-@pytest.mark.parametrize("implementation", ["dense", "blocked", "chunked"])
+@pytest.mark.parametrize("implementation", ["auto", "dense", "blocked", "chunked"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_float64_core_matches_a_float64_reference(implementation, causal):
     # D = 8: the scale 1 / sqrt(8) is not a float32 number. Three heads:

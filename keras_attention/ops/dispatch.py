@@ -140,7 +140,7 @@ def dot_product_attention(
             (the dense core over chunks of queries, `ops/dense.py`) or
             `"fused"`. `"auto"`, without weights, bias or dropout, takes
             the backend's fused kernel where there is one (PyTorch SDPA on
-            the torch backend, cuDNN on JAX with a GPU); elsewhere, once
+            torch, cuDNN on JAX with a GPU; not for float64); elsewhere, once
             `T * S` passes `DENSE_THRESHOLD`, the fastest path for this
             machine and shape, measured at the first call
             (`ops/autotune.py`; `dispatch_choices()` says what and why);
@@ -261,7 +261,11 @@ def _pick_path(implementation, can_block, same_dims, query, key, sliding_window)
         sliding_window is not None or not _fused_kernel_available()
     ):
         return "measure"
-    if can_block and same_dims and _fused_kernel_available():
+    if can_block and same_dims and _fused_kernel_available() and not (
+        keras.backend.standardize_dtype(query.dtype) == "float64"
+    ):
+        # Keras 3.15's fused op computes float64 in float32 (its
+        # `result_type`), so a float64 call stays on the dense path.
         return "fused"
     return "dense"
 
