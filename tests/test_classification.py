@@ -343,6 +343,19 @@ def test_text_classifier_trains_saves_and_explains(tmp_path):
     np.testing.assert_allclose(probabilities.sum(-1), 1.0, atol=1e-5)
 
 
+def test_text_token_weights_of_a_mixed_precision_model_are_float32():
+    preprocessor = TextClassifierPreprocessor.from_texts(
+        TEXTS, vocabulary_size=100, sequence_length=8
+    )
+    model = TextClassifier(
+        num_classes=2, preprocessor=preprocessor, hidden_dim=8, depth=1,
+        num_heads=2, mlp_dim=8, pooling_units=4, dtype="mixed_bfloat16",
+    )
+    weights = model.token_weights(preprocessor(TEXTS[:2]))
+    assert weights.dtype == np.float32
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-2)
+
+
 def test_attention_pooling_matches_numpy():
     from keras_attention.applications.text_classifier import AttentionPooling
 

@@ -760,3 +760,18 @@ def test_grad_cam_warns_of_probabilities_made_inside_call():
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         vis.grad_cam(logits, x, class_index=0, expand=False)
+
+
+def test_attention_maps_of_a_mixed_precision_model_are_float32():
+    # bfloat16 weights as NumPy break SciPy (`zoom`) and read as rows
+    # summing to 0.992; the maps come back widened to float32, as the
+    # pictures, Grad-CAM and the translators' weights do.
+    layer = ka_layers.MultiHeadAttention(
+        num_heads=2, key_dim=4, name="mha", dtype="mixed_bfloat16"
+    )
+    model = keras.Sequential([keras.Input((6, 8)), layer])
+    weights = vis.attention_maps(model, rand(2, 6, 8))["mha"]
+    assert weights.dtype == np.float32
+    _, direct = layer(rand(2, 6, 8), return_attention_scores=True)
+    assert keras.backend.standardize_dtype(direct.dtype) == "bfloat16"
+    np.testing.assert_allclose(weights, np_(keras.ops.cast(direct, "float32")))

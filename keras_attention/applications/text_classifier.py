@@ -26,6 +26,7 @@ from keras_attention.applications.text_layers import AttentionPooling
 from keras_attention.applications.text_layers import ClassTokenPooler
 from keras_attention.applications.text_layers import TokenAndPositionEmbedding
 from keras_attention.applications.word_pieces import WordPiecePreprocessor
+from keras_attention.ops.masks import widened
 
 PAD, UNK = "[PAD]", "[UNK]"
 POOLINGS = ("attention", "cls")
@@ -361,7 +362,8 @@ class TextClassifierBackbone(app_base.Backbone):
         self.check_inputs(token_ids)
         if self._weights_model is None:
             self._weights_model = keras.Model(self.input, self._weights_output)
-        return ops.convert_to_numpy(self._weights_model(token_ids, training=False))
+        weights = self._weights_model(token_ids, training=False)
+        return ops.convert_to_numpy(widened(weights))  # float32 when mixed
 
     @classmethod
     def from_transformers(cls, source, sequence_length=None, **kwargs):

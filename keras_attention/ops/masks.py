@@ -21,6 +21,13 @@ def wide_dtype(dtype):
     return "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
 
 
+def widened(x):
+    """`x` in `wide_dtype` when it is a float tensor (float16 or bfloat16
+    weights read as float32, for NumPy and pictures), else unchanged."""
+    dtype = keras.backend.standardize_dtype(x.dtype)
+    return ops.cast(x, wide_dtype(dtype)) if "float" in dtype else x
+
+
 def matmul(x1, x2):
     """`ops.matmul` that multiplies float64 operands in float64. Keras's
     matmul computes in `keras.backend.result_type` of its operands, which

@@ -7,6 +7,7 @@ import numpy as np
 
 from keras_attention import registry
 from keras_attention._validation import is_symbolic
+from keras_attention.ops.masks import widened
 from keras_attention.visualization import _hooks
 
 
@@ -228,7 +229,12 @@ def window_attention_on_grid(weights, height, width, window_size, shift_size=0):
 
 
 def _to_numpy(x):
-    return None if x is None else np.asarray(keras.ops.convert_to_numpy(x))
+    """A map as NumPy, half-precision weights widened to float32."""
+    if x is None:
+        return None
+    if keras.ops.is_tensor(x):
+        x = keras.ops.convert_to_numpy(widened(x))
+    return np.asarray(x)
 
 
 def _is_symbolic_structure(structure):
