@@ -194,3 +194,23 @@ def test_graph_edge_list_exports_as_a_saved_model_on_jax(tmp_path, version):
         loaded.serve([tf.constant(t) for t in x]).numpy() for x in feeds
     ]
     _assert_same(model, feeds, outputs)
+
+
+@on_jax
+def test_a_transformer_block_exports_as_a_servable_saved_model_on_jax(tmp_path):
+    # The blocks' GELU once used `ops.erf`, which JAX lowers to a StableHLO
+    # composite TensorFlow cannot load: the export wrote, `serve` failed.
+    import tensorflow as tf
+
+    from keras_attention.applications.blocks import TransformerEncoderBlock
+
+    model = keras.Sequential(
+        [keras.Input((6, 8)), TransformerEncoderBlock(num_heads=2, mlp_dim=16)]
+    )
+    x = RNG.random((3, 6, 8), "float32")
+    model.export(tmp_path / "saved", format="tf_saved_model", verbose=False)
+    loaded = tf.saved_model.load(str(tmp_path / "saved"))
+    served = loaded.serve(tf.constant(x))
+    np.testing.assert_allclose(
+        served.numpy(), keras.ops.convert_to_numpy(model(x)), atol=1e-5
+    )

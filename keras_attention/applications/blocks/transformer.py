@@ -18,13 +18,18 @@ DROPOUT_KINDS = ("keras", "hash")
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 def gelu(x):
-    """Exact GELU, `x * Phi(x)`, written with `erf`.
+    """Exact GELU, `x * Phi(x)`: on TensorFlow written with `erf`, on the
+    other backends keras's `gelu(x, approximate=False)`.
 
-    Equal to `keras.activations.gelu(x, approximate=False)` within float32
-    rounding; TensorFlow's own GELU uses `erfc`, which ONNX lacks, so this
-    form keeps `model.export(format="onnx")` working. The blocks use it for
-    `activation="gelu"`.
+    The two are equal within float32 rounding. TensorFlow's own GELU uses
+    `erfc`, which ONNX lacks, so there the `erf` form keeps
+    `model.export(format="onnx")` working; JAX lowers `erf` to a StableHLO
+    composite that TensorFlow cannot load, so there keras's (`erfc`) keeps
+    `model.export(format="tf_saved_model")` servable. The blocks use it
+    for `activation="gelu"`.
     """
+    if keras.backend.backend() != "tensorflow":
+        return keras.activations.gelu(x, approximate=False)
     return 0.5 * x * (1.0 + ops.erf(x * 0.7071067811865476))
 
 
