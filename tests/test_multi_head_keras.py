@@ -218,6 +218,9 @@ def test_compute_output_shape_checks_key_against_value():
         layer.compute_output_shape((B, T, DIM), (B, S, DIM), (B, S + 1, DIM))
     assert layer.compute_output_shape((B, T, DIM), (B, S, DIM)) == (B, T, DIM)
     assert layer.compute_output_shape((B, T, DIM)) == (B, T, DIM)
+    # keras's grouped-query test passes an int: an error naming it.
+    with pytest.raises(ValueError, match="argument `key_shape`.*key_shape=2"):
+        layer.compute_output_shape((B, T, DIM), (B, S, DIM), 2)
 
 
 @pytest.mark.parametrize("bad", [8.0, 0, (4, -1), "8"])

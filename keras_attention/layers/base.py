@@ -86,10 +86,23 @@ def split_shapes(query_shape, value_shape=None, key_shape=None):
         query_shape = shapes[0]
         value_shape = shapes[1] if len(shapes) > 1 else None
         key_shape = shapes[2] if len(shapes) > 2 else None
-    query_shape = tuple(query_shape)
-    value_shape = query_shape if value_shape is None else tuple(value_shape)
-    key_shape = value_shape if key_shape is None else tuple(key_shape)
+    query_shape = _as_shape("query_shape", query_shape)
+    value_shape = (
+        query_shape if value_shape is None else _as_shape("value_shape", value_shape)
+    )
+    key_shape = value_shape if key_shape is None else _as_shape("key_shape", key_shape)
     return query_shape, value_shape, key_shape
+
+
+def _as_shape(argument, shape):
+    """`shape` as a tuple; a clear error for what is not a shape (an int)."""
+    try:
+        return tuple(shape)
+    except TypeError:
+        raise ValueError(
+            f"Received an invalid value for argument `{argument}`, expected "
+            f"a shape (a tuple of ints and None). Received: {argument}={shape!r}"
+        ) from None
 
 
 def check_rank(argument, shape, rank=3):
