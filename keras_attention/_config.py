@@ -397,7 +397,32 @@ def dtype_config(model):
 
 class DTypeArgument:
     """Mixin of the functional applications: `dtype=` honoured
-    (`under_dtype_policy`) by every subclass's constructor."""
+    (`under_dtype_policy`) by every subclass's constructor, and a keyword
+    that no constructor took refused (keras's functional constructor drops
+    what it does not know: a misspelt `dropout_rate=` went unnoticed)."""
+
+    # What keras's functional constructor takes besides the graph.
+    model_arguments = ("inputs", "outputs", "name", "trainable", "dtype")
+
+    def __init__(self, *args, **kwargs):
+        unknown = sorted(set(kwargs) - set(self.model_arguments))
+        if unknown:
+            raise ValueError(
+                f"Unrecognized keyword arguments passed to "
+                f"{type(self).__name__}: {unknown}; expected its own "
+                f"({', '.join(self._own_arguments())}) or keras.Model's "
+                "(name, dtype, trainable)."
+            )
+        super().__init__(*args, **kwargs)
+
+    def _own_arguments(self):
+        """The constructor's named arguments, and its backbone class's."""
+        named = [
+            name for name, p in inspect.signature(type(self).__init__).parameters.items()
+            if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
+        backbone = getattr(type(self), "backbone_class", None)
+        return named + [k for k in getattr(backbone, "config_keys", ()) if k not in named]
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

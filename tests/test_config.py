@@ -317,3 +317,30 @@ def test_a_failing_constructor_restores_the_global_dtype_policy():
                           num_heads=2, mlp_dim=8, num_channels=1,
                           num_classes=2, dtype="mixed_bfloat16")
     assert keras.config.dtype_policy().name == before
+
+
+_APPLICATIONS = {
+    "VisionTransformer": dict(image_size=8, patch_size=4, num_classes=2, hidden_dim=8,
+                              depth=1, num_heads=2, mlp_dim=8),
+    "VisionTransformerBackbone": dict(image_size=8, patch_size=4, hidden_dim=8,
+                                      depth=1, num_heads=2, mlp_dim=8),
+    "CBAMResNet": dict(image_size=8, num_classes=2),
+    "TextClassifier": dict(num_classes=2, vocabulary_size=50, sequence_length=8,
+                           hidden_dim=8, depth=1, num_heads=2, mlp_dim=8),
+    "GATNodeClassifier": dict(num_features=4, num_classes=2),
+    "CausalLM": dict(vocabulary_size=20, hidden_dim=8, depth=1, num_heads=2, mlp_dim=8),
+    "TransformerTranslator": {},
+    "DETR": dict(num_classes=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_APPLICATIONS))
+def test_a_misspelt_keyword_of_an_application_is_refused(name):
+    # keras's functional constructor drops what it does not know: the
+    # functional applications took `dropout_rate=0.5` (or a test's
+    # `num_layers=1` for `depth`) without a word and built the defaults.
+    cls = getattr(keras_attention.applications, name)
+    with pytest.raises(ValueError, match=r"Unrecognized keyword arguments.*dropout_rate"):
+        cls(**_APPLICATIONS[name], dropout_rate=0.5)
+    model = cls(**_APPLICATIONS[name], name="mine", trainable=False)
+    assert model.name == "mine" and not model.trainable

@@ -134,7 +134,7 @@ def test_text_classifier_splits_words_on_every_unicode_space():
 def test_texts_given_to_predict_point_to_predict_texts():
     model = TextClassifier(
         vocabulary_size=30, sequence_length=8, num_classes=2,
-        hidden_dim=8, num_layers=1, num_heads=2, intermediate_dim=8,
+        hidden_dim=8, depth=1, num_heads=2, mlp_dim=8,
     )
     # Was "expected integer ids of shape (None, 8). Received: (3,)".
     for texts in (np.array(["a b", "c", "d e f"]), np.array(["a"], dtype=object)):

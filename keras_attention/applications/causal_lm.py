@@ -285,10 +285,12 @@ class CausalLM(
     backbone_class = CausalLMBackbone
 
     def __init__(self, backbone=None, preprocessor=None, **backbone_kwargs):
+        # The rest go to keras.Model, whose check (`DTypeArgument`) names
+        # an unknown one.
         model_kwargs = {
             k: backbone_kwargs.pop(k)
-            for k in ("name", "dtype", "trainable")
-            if k in backbone_kwargs
+            for k in list(backbone_kwargs)
+            if k not in CausalLMBackbone.config_keys
         }
         preprocessor = app_base.deserialize_preprocessor(preprocessor)
         if preprocessor is not None and not isinstance(
@@ -320,13 +322,6 @@ class CausalLM(
                     f"backbone={backbone!r}, arguments={sorted(kwargs)}"
                 )
             return backbone
-        unknown = sorted(set(kwargs) - set(CausalLMBackbone.config_keys))
-        if unknown:
-            raise ValueError(
-                f"Unknown arguments of CausalLM: {unknown}; expected "
-                f"{', '.join(CausalLMBackbone.config_keys)}. Received: "
-                f"{', '.join(f'{k}={kwargs[k]!r}' for k in unknown)}"
-            )
         if preprocessor is not None:
             kwargs.setdefault("vocabulary_size", preprocessor.vocabulary_size)
         return app_base.make_backbone(
