@@ -222,3 +222,65 @@ def test_a_distributed_data_parallel_file_converts(tmp_path):
         model_kwargs=dict(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4),
     )
     assert _difference(reference, model) < 1e-5
+
+
+def test_a_timm_training_checkpoint_converts_as_timm_loads_it(tmp_path):
+    """timm's train.py writes `model_best.pth.tar` with the EMA weights
+    beside the raw ones, and a compiled model's names under `_orig_mod.`:
+    the `.tar` suffix was refused, the raw weights taken over timm's EMA
+    (0.7 apart in the logits), and `_orig_mod.` read as "no head"."""
+    from timm.models import load_checkpoint
+
+    raw, ema = _small_vit(), _small_vit()
+    _randomize(ema, seed=1)
+    path = str(tmp_path / "model_best.pth.tar")
+    torch.save(
+        {"epoch": 9, "state_dict": raw.state_dict(),
+         "state_dict_ema": {"_orig_mod." + k: v for k, v in ema.state_dict().items()}},
+        path,
+    )
+    timm_loaded = _small_vit(); load_checkpoint(timm_loaded, path)
+    with pytest.warns(UserWarning, match="took the EMA's"):
+        model = VisionTransformer.from_timm(
+            path, model_name="vit_base_patch16_224",
+            model_kwargs=dict(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4),
+        )
+    assert _difference(timm_loaded, model) < 1e-5
+    assert _difference(raw, model) > 1e-2
+
+
+def test_a_keyword_that_contradicts_the_checkpoint_is_refused():
+    """Eight heads read from four, or another norm epsilon, keep every
+    shape: they loaded with logits 1e-3 and 0.24 off timm's."""
+    reference = _small_vit()
+    for override in (dict(num_heads=8), dict(layer_norm_epsilon=1e-2)):
+        (key,) = override
+        with pytest.raises(ValueError, match=f"the checkpoint fixes {key}="):
+            VisionTransformer.from_timm(reference, **override)
+    # The checkpoint's own values, and dropout, may be given.
+    model = VisionTransformer.from_timm(
+        reference, num_heads=4, patch_size=(8, 8), dropout=0.1
+    )
+    assert _difference(reference, model) < 1e-5
+
+
+def test_a_rectangular_swin_window_is_refused_as_such():
+    """It was refused as a patch grid "smaller than the window" (16 x 16
+    against 4 x 8)."""
+    from timm.models import swin_transformer as timm_swin
+
+    reference = timm_swin.SwinTransformer(
+        img_size=64, patch_size=4, window_size=(4, 8), embed_dim=16,
+        depths=(1,), num_heads=(2,), num_classes=5,
+    ).eval()
+    with pytest.raises(ValueError, match=r"window_size=\(4, 8\).*square windows only"):
+        VisionTransformer.from_timm(reference)
+
+
+def test_timm_s_own_exact_gelu_converts_and_its_tanh_form_is_refused():
+    """`act_layer="gelu"` builds timm's `GELU` (`F.gelu`, exact), not
+    torch's `nn.GELU`: it was refused as another activation."""
+    reference = _small_vit(act_layer="gelu")
+    assert _difference(reference, VisionTransformer.from_timm(reference)) < 1e-5
+    with pytest.raises(ValueError, match="act_layer"):
+        VisionTransformer.from_timm(_small_vit(act_layer="gelu_tanh"))

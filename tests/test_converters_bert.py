@@ -420,3 +420,24 @@ def test_converted_masked_lm_saves_and_fine_tunes(tmp_path):
     before = keras.ops.convert_to_numpy(pooler)
     classifier.fit(inputs, np.array([0, 1, 1]), epochs=1, verbose=0)
     assert not np.array_equal(before, keras.ops.convert_to_numpy(pooler))
+
+
+def test_a_regression_head_is_refused_and_a_new_head_taken():
+    # One label is Hugging Face's regression (STS-B): it converted to a
+    # one-class softmax, whose loss is 0 whatever the weights.
+    reference = _reference(num_labels=1)
+    with pytest.raises(ValueError, match="regression head.*pass `num_classes`"):
+        TextClassifier.from_transformers(reference, sequence_length=LENGTH)
+    model = TextClassifier.from_transformers(
+        reference, num_classes=3, sequence_length=LENGTH
+    )
+    assert model.num_classes == 3
+
+
+def test_a_folder_naming_no_architecture_says_how_it_is_read(tmp_path):
+    _reference().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["architectures"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.warns(UserWarning, match="names no architecture"):
+        TextClassifier.from_transformers(str(tmp_path), sequence_length=LENGTH)

@@ -218,7 +218,9 @@ def _prepare(source, sequence_length, kwargs, heads=_HEAD_PREFIXES):
     """The checked config and tensors; `ignore` holds the buffers and the
     tensors of the pretraining `heads` (name prefixes) left out."""
     config, tensors, name, vocabulary = read_source(source)
-    arguments = {**backbone_arguments(config, sequence_length), **kwargs}
+    arguments = common.with_overrides(
+        backbone_arguments(config, sequence_length), kwargs
+    )
     tensors = _canonical(tensors)
     _check_config(config, tensors, arguments)
     ignore = [n for n in tensors if n.startswith(heads) or n in _BUFFERS]
@@ -274,6 +276,16 @@ def classifier_from_transformers(
         )
     if num_classes is None:  # 0 is not None: the classifier refuses it
         num_classes = source_classes
+    regression = config.get("problem_type") == "regression" or (
+        source_classes == 1 and config.get("problem_type") is None
+    )  # Hugging Face's reading of one label
+    if regression and num_classes == source_classes:
+        raise ValueError(
+            "The checkpoint's head is a regression head (num_labels="
+            f"{source_classes}, problem_type={config.get('problem_type')!r}); "
+            "TextClassifier classifies: pass `num_classes` for a new "
+            f"classification head on its encoder. Received: num_classes={num_classes}"
+        )
     load_head = num_classes == source_classes
     if not load_head:
         ignore += ["classifier.weight", "classifier.bias"]

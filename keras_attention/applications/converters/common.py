@@ -2,10 +2,17 @@
 
 import json
 import os
+import warnings
 
 import numpy as np
 
-TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
+TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".tar")
+# Where training checkpoints keep the weights, in timm's order of
+# preference (`timm.models.load_state_dict`, `use_ema=True`): the EMA first.
+STATE_KEYS = ("state_dict_ema", "model_ema", "state_dict", "model", "module")
+# Wrappers' name prefixes that timm's `clean_state_dict` strips:
+# DistributedDataParallel's and `torch.compile`'s, in either order.
+WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_orig_mod.")
 
 
 def _to_numpy(tensor):
@@ -80,10 +87,20 @@ def _read_torch(path):
             f"Could not read the torch checkpoint {path!r} (truncated, or "
             f"not a checkpoint?): {error}"
         ) from error
-    # Training checkpoints wrap the weights: {"state_dict": ...}, {"model": ...}.
-    for key in ("state_dict", "model", "module"):
-        if isinstance(content, dict) and isinstance(content.get(key), dict):
-            content = content[key]
+    # Training checkpoints wrap the weights: {"state_dict": ...}, {"model":
+    # ...}, with the EMA's beside them (taken first, as timm does).
+    while isinstance(content, dict):
+        keys = [k for k in STATE_KEYS if isinstance(content.get(k), dict)]
+        if not keys:
+            break
+        if keys[0].endswith("ema"):
+            warnings.warn(
+                f"{path!r} holds EMA weights ({keys[0]!r}) beside others "
+                f"({', '.join(repr(k) for k in keys[1:]) or 'none'}): took "
+                "the EMA's, as timm's `load_checkpoint` does.",
+                stacklevel=5,
+            )
+        content = content[keys[0]]
     if not isinstance(content, dict):
         raise ValueError(
             f"Expected a state dict (name -> tensor) in {path!r}. Received: "
@@ -98,11 +115,13 @@ def read_checkpoint(path):
     Args:
         path: a `.safetensors` file (read with the `safetensors` package into
             NumPy, no torch needed) or a torch file (`.pth`, `.pt`, `.bin`,
-            `.ckpt`, read with `torch.load(weights_only=True)`).
+            `.ckpt`, `.pth.tar`, read with `torch.load(weights_only=True)`;
+            a training checkpoint's EMA weights first, as timm's).
 
     Returns:
-        The tensors by name, float tensors as `float32`; names that all
-        start with `module.` (DistributedDataParallel's) without it.
+        The tensors by name, float tensors as `float32`; names without
+        the prefixes of DistributedDataParallel (`module.`) and
+        `torch.compile` (`_orig_mod.`), as timm's `clean_state_dict`.
 
     Raises:
         ValueError: a missing, unreadable or truncated file, or another
@@ -121,14 +140,62 @@ def read_checkpoint(path):
             f".safetensors or torch ({', '.join(TORCH_SUFFIXES)}) file. "
             f"Received: source={path!r}"
         )
-    # A model saved inside DistributedDataParallel: every name under
-    # `module.` (timm's `load_checkpoint` strips it too).
-    if arrays and all(name.startswith("module.") for name in arrays):
-        arrays = {name[len("module."):]: a for name, a in arrays.items()}
+    arrays = {_without_wrappers(name): a for name, a in arrays.items()}
     return {
         name: a.astype("float32") if a.dtype.kind == "f" else a
         for name, a in arrays.items()
     }
+
+
+# What a keyword may change in a converted model: regularisation, and the
+# input sizes the converters resample positions for (or a loss).
+FREE_ARGUMENTS = ("image_size", "sequence_length", "loss_settings")
+
+
+def with_overrides(arguments, overrides):
+    """The arguments read from a checkpoint, with the caller's keywords.
+
+    A keyword that contradicts what the checkpoint fixed (its heads, its
+    norms' epsilon, its sizes) is refused: the weights hold only under the
+    checkpoint's values (eight heads read from four, or another epsilon,
+    keep every shape and load silently wrong). Dropout rates and the
+    `FREE_ARGUMENTS` may differ.
+    """
+    for key, value in overrides.items():
+        fixed = key in arguments and "dropout" not in key and key not in FREE_ARGUMENTS
+        if fixed and not _same(value, arguments[key]):
+            raise ValueError(
+                f"Received an invalid value for argument `{key}`: the "
+                f"checkpoint fixes {key}={arguments[key]!r}, and its weights "
+                f"hold only under it; leave `{key}` out. Received: {key}={value!r}"
+            )
+    return {**arguments, **overrides}
+
+
+def _same(a, b):
+    """Equal as arguments: lists as tuples, `n` as `(n, n)`."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (list, tuple)) != isinstance(b, (list, tuple)):
+        pair, one = (a, b) if isinstance(a, (list, tuple)) else (b, a)
+        return all(_same(x, one) for x in pair)
+    return a == b
+
+
+def _without_wrappers(name):
+    for prefix in WRAPPER_PREFIXES:
+        name = name[len(prefix):] if name.startswith(prefix) else name
+    return name
+
+
+def is_exact_gelu(act):
+    """Whether a timm block's activation is the exact GELU: torch's
+    `nn.GELU()` or timm's own `GELU` (`act_layer="gelu"`, `F.gelu`)."""
+    import torch.nn as nn
+
+    if isinstance(act, nn.GELU):
+        return act.approximate == "none"
+    return type(act).__module__.startswith("timm.") and type(act).__name__ == "GELU"
 
 
 def unwrap_compiled(source):
@@ -211,6 +278,14 @@ def read_transformers_source(source, architectures):
     listed = config.get("architectures") or []
     if any(a not in architectures for a in listed):
         raise ValueError(f"{expected} Received: architectures={listed}")
+    if not listed:
+        warnings.warn(
+            f"{os.fspath(source)!r}: config.json names no architecture; its "
+            f"tensors are read as a {' or '.join(architectures)}'s (a "
+            "head of another kind, such as token classification, would "
+            "load as this one's).",
+            stacklevel=4,
+        )
     return config, tensors, f"The folder {os.fspath(source)!r}"
 
 

@@ -307,7 +307,7 @@ def from_transformers(cls, source, num_classes=None, image_size=(800, 800),
         kwargs["loss_settings"] = {
             **arguments["loss_settings"], **(kwargs["loss_settings"] or {})
         }
-    model = cls(num_classes=num_classes, **{**arguments, **kwargs})
+    model = cls(num_classes=num_classes, **common.with_overrides(arguments, kwargs))
     model.build((None, height, width, int(channels)))
     ignore = [] if load_class_head else [
         "class_labels_classifier.weight", "class_labels_classifier.bias"

@@ -65,7 +65,11 @@ def swin_arguments(model):
             size = tuple(block.window_size)
             window = window or size
             grid = tuple(block.input_resolution)
-            if size != window or size[0] != size[1]:
+            if size[0] != size[1]:
+                raise _unsupported(
+                    "window_size", size, f"{where} (square windows only)"
+                )
+            if size != window:
                 # timm shrinks a window to a grid smaller than it: the size
                 # it was given is the first stage's.
                 raise _unsupported(
@@ -103,7 +107,7 @@ def swin_arguments(model):
             if (block.attn.qkv.bias is not None) != qkv_bias:
                 raise _unsupported("qkv_bias", not qkv_bias, where + " (blocks differ)")
             act = block.mlp.act
-            if not (isinstance(act, nn.GELU) and act.approximate == "none"):
+            if not common.is_exact_gelu(act):
                 raise _unsupported("act_layer", repr(act), where)
             epsilons.update((block.norm1.eps, block.norm2.eps))
     if len(epsilons) > 1:

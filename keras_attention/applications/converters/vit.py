@@ -138,8 +138,7 @@ def _build(cls, arguments, source_classes, num_classes, overrides):
                 "`num_classes` for a new one. Received: num_classes=None"
             )
         num_classes = source_classes
-    arguments = {**arguments, **overrides}
-    model = cls(num_classes=num_classes, **arguments)
+    model = cls(num_classes=num_classes, **common.with_overrides(arguments, overrides))
     return model, num_classes == source_classes
 
 
@@ -256,7 +255,7 @@ def timm_arguments(model):
         if not identity(getattr(mlp, "norm", None)):
             raise _unsupported("scale_mlp_norm", True, where)
         act = mlp.act
-        if not (isinstance(act, nn.GELU) and act.approximate == "none"):
+        if not common.is_exact_gelu(act):
             raise _unsupported("act_layer", repr(act), where)
         for norm in (block.norm1, block.norm2):
             if not isinstance(norm, nn.LayerNorm):
