@@ -3,8 +3,9 @@
 `MaskedLanguageModel` puts keras-hub's `MaskedLMHead` (Dense, GELU,
 LayerNorm, then the token embedding transposed as the output projection,
 plus a bias) on a `TextClassifierBackbone`'s tokens and predicts the word
-pieces at the masked positions. `masked_lm_dataset` masks ids with keras-hub's
-`MaskedLMMaskGenerator`: 15 % of the word pieces (never padding, nor the
+pieces at the masked positions. `masked_lm_dataset` masks ids as keras-hub's
+`MaskedLMMaskGenerator` does, from a seed (`_masking.bert_masks`; keras-hub's
+follows none): 15 % of the word pieces (never padding, nor the
 `unselectable_ids` given: `pretrain_masked_lm` passes `[CLS]` and `[SEP]`)
 are chosen; of those, 80 % become `[MASK]`, 10 % a random
 token, 10 % stay (Devlin et al., 2019), drawn anew every epoch.
@@ -260,6 +261,7 @@ def masked_lm_dataset(
     token_type_ids=None,
     shuffle=True,
     seed=None,
+    remask_each_epoch=True,
 ):
     """A `tf.data.Dataset` of masked batches for `MaskedLanguageModel.fit`.
 
@@ -278,14 +280,20 @@ def masked_lm_dataset(
             about a third of the choices fall on `[CLS]`/`[SEP]`).
         token_type_ids: optional int `(N, T)` for a backbone with token types.
         shuffle: reshuffle every epoch.
-        seed: seed of the shuffle (the masks follow the global TF seed).
+        seed: seed of the shuffle and the masks (`None`: the global TF
+            seed, `keras.utils.set_random_seed`); the same seed gives the
+            same batches, epoch by epoch.
+        remask_each_epoch: draw other masks every epoch (for training);
+            `False` keeps the first epoch's (a validation set's loss then
+            moves with the weights only).
 
     Returns:
         Batches `(inputs, mask_ids, mask_weights)`: `inputs` holds the
         masked `"token_ids"`, `"mask_positions"` (and `"token_type_ids"`).
     """
-    import keras_hub
     import tensorflow as tf
+
+    from keras_attention.applications._masking import bert_masks
 
     token_ids = np.asarray(token_ids, "int32")
     if token_ids.ndim != 2:
@@ -295,28 +303,28 @@ def masked_lm_dataset(
     if vocabulary_size is None:
         vocabulary_size = int(max(token_ids.max(), mask_token_id)) + 1
     mask_length = mask_length or default_mask_length(token_ids.shape[1], mask_rate)
-    generator = keras_hub.layers.MaskedLMMaskGenerator(
-        vocabulary_size=vocabulary_size,
-        mask_selection_rate=mask_rate,
-        mask_token_id=mask_token_id,
-        mask_selection_length=mask_length,
-        unselectable_token_ids=[int(i) for i in unselectable_ids],
-    )
+    unselectable = [int(i) for i in unselectable_ids]
     data = {"token_ids": token_ids}
     if token_type_ids is not None:
         data["token_type_ids"] = np.asarray(token_type_ids, "int32")
     dataset = tf.data.Dataset.from_tensor_slices(data)
     if shuffle:
         dataset = dataset.shuffle(len(token_ids), seed=seed, reshuffle_each_iteration=True)
+    # One seed per batch, other ones every epoch (pass over the dataset)
+    # unless kept; the same ones for the same `seed` (or global seed).
+    seeds = tf.data.Dataset.random(
+        seed=seed, rerandomize_each_iteration=bool(remask_each_epoch)
+    )
 
-    def mask(batch):
-        masked = generator(batch["token_ids"])
-        inputs = {
-            "token_ids": masked["token_ids"],
-            "mask_positions": tf.cast(masked["mask_positions"], "int32"),
-        }
+    def mask(batch, batch_seed):
+        masked, positions, mask_ids, weights = bert_masks(
+            batch["token_ids"], tf.stack([batch_seed, 0]), mask_token_id,
+            vocabulary_size, mask_rate, mask_length, unselectable,
+        )
+        inputs = {"token_ids": masked, "mask_positions": positions}
         if "token_type_ids" in batch:
             inputs["token_type_ids"] = batch["token_type_ids"]
-        return inputs, masked["mask_ids"], masked["mask_weights"]
+        return inputs, mask_ids, weights
 
-    return dataset.batch(batch_size).map(mask, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = tf.data.Dataset.zip(dataset.batch(batch_size), seeds)
+    return dataset.map(mask, num_parallel_calls=tf.data.AUTOTUNE)

@@ -2,8 +2,8 @@
 
 `pretrain_masked_lm(texts_or_folder)` learns a WordPiece vocabulary from
 unlabelled text (or takes a preprocessor, e.g. a converted BERT's), masks
-15 % of the word pieces (80 % `[MASK]`, 10 % random, 10 % kept; keras-hub's
-`MaskedLMMaskGenerator`) and trains a `MaskedLanguageModel` on them; its
+15 % of the word pieces (80 % `[MASK]`, 10 % random, 10 % kept, as keras-hub's
+`MaskedLMMaskGenerator`, from the seed) and trains a `MaskedLanguageModel` on them; its
 `with_head(num_classes)` is the classifier to fine-tune on the labelled few.
 """
 
@@ -171,25 +171,26 @@ def pretrain_masked_lm(
         )
     model = MaskedLanguageModel(backbone, preprocessor=preprocessor)
 
-    def dataset(ids, types, shuffle):
+    def dataset(ids, types, training):
         return masked_lm_dataset(
             ids, mask_id, vocabulary_size=backbone.vocabulary_size,
             batch_size=batch_size, mask_rate=mask_rate,
             mask_length=model.mask_length, unselectable_ids=unselectable,
-            token_type_ids=types, shuffle=shuffle, seed=seed,
+            token_type_ids=types, shuffle=training, seed=seed,
+            remask_each_epoch=training,  # validation: the same masks
         )
 
     validation = None
     if validation_texts is not None:
         ids, types, _, _ = _ids(preprocessor, base.check_texts(validation_texts))
         _check_maskable("validation_texts", ids, unselectable)
-        validation = dataset(ids, types, shuffle=False)
+        validation = dataset(ids, types, training=False)
     model.compile(
         optimizer=keras.optimizers.AdamW(learning_rate, weight_decay=0.01),
         jit_compile=jit_compile,
     )
     history = model.fit(
-        dataset(token_ids, token_types, shuffle=True),
+        dataset(token_ids, token_types, training=True),
         validation_data=validation,
         epochs=epochs,
         callbacks=callbacks,
