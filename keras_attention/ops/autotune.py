@@ -303,7 +303,9 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training,
                     timings = timing.measure_jax(
                         run, timed, query.dtype, value.dtype, timed_mask_shape,
                         training, candidates, rows, causal, _OPTIONS["repeats"])
-                return _fastest(key_, timings, notes + ([over] if over else []))
+                return _fastest(
+                    key_, timings, notes + ([over] if over else []), "blocked"
+                )
 
             choice = _measured_or_kept(key_, candidates, measure)
         _CHOICES[key_] = choice
@@ -396,7 +398,7 @@ def pair_group(q, k, v, mask, run):
                 choice = _measured_or_kept(key_, list(sizes), lambda: _fastest(
                     key_, _measure(lambda name, *args: run(sizes[name], *args),
                                    shapes, q.dtype, v.dtype, mask_shape, "graph",
-                                   training, list(sizes))))
+                                   training, list(sizes)), rule="all pairs"))
             _CHOICES[key_] = choice
             logger.info("keras_attention: dense core, %s, for %s (%s)",
                         choice.implementation, key_, choice.reason)
@@ -409,11 +411,23 @@ def pair_group(q, k, v, mask, run):
     return group if _CHOICES[key_].implementation == label else 0
 
 
-def _fastest(key_, timings, notes=()):
-    """The `Choice` of the fastest of `timings` (`{name: ms}`)."""
+# A path is taken over the fixed rule's only when this much faster: paths
+# within timing noise of each other flipped from run to run, and with them
+# the result's last bits (the paths agree within float rounding only).
+TIE_RATIO = 1.05
+
+
+def _fastest(key_, timings, notes=(), rule=None):
+    """The `Choice` of the fastest of `timings` (`{name: ms}`), or the fixed
+    `rule`'s path when the fastest is not `TIE_RATIO` faster than it."""
     text = ", ".join(f"{name} {ms:.1f} ms" for name, ms in timings.items())
     text += f" ({'; '.join(notes)})" if notes else ""
-    return Choice(key_, min(timings, key=timings.get), f"measured: {text}", timings)
+    fastest = min(timings, key=timings.get)
+    if rule in timings and timings[rule] <= TIE_RATIO * timings[fastest]:
+        if fastest != rule:
+            text += f"; {rule}, the rule's, within {TIE_RATIO - 1:.0%}"
+        fastest = rule
+    return Choice(key_, fastest, f"measured: {text}", timings)
 
 
 def _measured_or_kept(key_, candidates, measure):
