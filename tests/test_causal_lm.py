@@ -390,3 +390,22 @@ def test_beam_search_gives_each_row_its_result_alone():
     for row, got in zip(rows, batched):
         alone = model.generate(row, 34, sampler=beam, jit_compile=False)
         np.testing.assert_array_equal(got, alone)
+
+
+def test_prompts_and_lengths_of_one_bucket_share_a_compiled_loop():
+    # Every prompt length and `max_length` (generate_text: the longest
+    # prompt plus 32) compiled its own XLA loop: 7 s a call on TensorFlow.
+    model = tiny()
+    lengths, max_lengths = (3, 14), (17, 23)
+    for length in lengths:
+        for max_length in max_lengths:
+            prompt = ids(1, length, seed=length)[0]
+            out = model.generate(prompt, max_length=max_length, jit_compile=False)
+            assert out.shape == (max_length,)
+            np.testing.assert_array_equal(out[:length], prompt)
+            # Greedy: each id the argmax of the full forward of those before.
+            logits = numpy(model(out[None]))[0]
+            np.testing.assert_array_equal(
+                np.argmax(logits[length - 1:-1, 1:], -1) + 1, out[length:]
+            )
+    assert len(model._generation.loops._loops) == 1

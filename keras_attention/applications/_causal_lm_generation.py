@@ -4,7 +4,7 @@
 call) or checks a given one (`_check_sampler`: what keras-hub would only
 fail on deep in the loop); `_check_prompts` turns the prompts into padded
 `(B, max_length)` ids, their mask and lengths; `_generate_function` builds
-(once per batch size, lengths and setting) the loop that prefills the
+(once per batch size, bucket of lengths and setting) the loop that prefills the
 cache and runs the sampler, through the key/value cache or re-running the
 whole sequence. `CausalLM.generate` puts them together.
 """

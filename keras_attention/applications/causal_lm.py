@@ -218,6 +218,16 @@ class CausalLMBackbone(app_base.Backbone):
         return self.get_layer("final_norm")(x), tuple(new_cache)
 
 
+# Generation compiles one loop per bucket of lengths (`generate`).
+LENGTH_BUCKET = 16
+
+
+def _bucket(length, up=False):
+    """`length` rounded down (or up) to a multiple of `LENGTH_BUCKET`."""
+    steps = -(-length // LENGTH_BUCKET) if up else length // LENGTH_BUCKET
+    return steps * LENGTH_BUCKET
+
+
 def _is_beam(sampler):
     import keras_hub
 
@@ -395,7 +405,9 @@ class CausalLM(
                 (one token per step); `False` re-runs the whole sequence
                 every step (same tokens, much slower).
             jit_compile: compile the loop with XLA (TensorFlow, JAX; torch
-                runs it eagerly), once per batch size, lengths and setting.
+                runs it eagerly), once per batch size, setting and bucket
+                of lengths (`max_length` and the shortest prompt in steps
+                of `LENGTH_BUCKET`; a beam search per exact lengths).
 
         Returns:
             int32 ids `(B, max_length)` (`(max_length,)` for a `(P,)`
@@ -419,12 +431,19 @@ class CausalLM(
         stop = None if stop_token_ids is None else tuple(
             int(i) for i in np.ravel(stop_token_ids)
         )
-        key = (
-            len(ids), ids.shape[1], min(lengths), bool(use_cache), stop,
-            bool(jit_compile),
-        )
+        width, start = ids.shape[1], min(lengths)
+        if not _is_beam(sampler):
+            # One compiled loop for prompts and lengths of a bucket: a loop
+            # that starts inside a prompt keeps its ids, and one that runs
+            # past `max_length` is cut (each step's id depends on the
+            # earlier ones only; a beam's ranking is not, so beams don't).
+            width, start = _bucket(width, up=True), max(1, _bucket(start))
+            ids = np.pad(ids, [(0, 0), (0, width - ids.shape[1])])
+            mask = np.pad(mask, [(0, 0), (0, width - mask.shape[1])])
+        key = (len(ids), width, start, bool(use_cache), stop, bool(jit_compile))
         function = self._generate_function(key, sampler)
         out = np.array(ops.convert_to_numpy(function(ids, mask)), "int32")
+        out = out[:, :max_length]
         if stop is not None:
             for row, length in zip(out, lengths):
                 hits = np.flatnonzero(np.isin(row[length:], stop))
