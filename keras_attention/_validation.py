@@ -99,7 +99,20 @@ def traced_by_torch(dim):
     """Whether `dim` is a size recorded by `torch.jit.trace`: keras's ONNX
     export on torch gives every size as a 0-d tensor (its traced value,
     1 where the export's signature left it unknown)."""
+    if dim is None or isinstance(dim, int):
+        return False  # (and `torch.compile` traces this test, not the next)
     return type(dim).__module__.startswith("torch")
+
+
+def torch_compiling():
+    """Whether `torch.compile` traces this call: a check that reads a
+    tensor's values (into NumPy) would break its graph, so it is left to
+    eager calls."""
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    return torch.compiler.is_compiling()
 
 
 def shape_fits(shape, expected):

@@ -361,7 +361,13 @@ def test_auto_measures_the_paths_on_jax(monkeypatch):
     assert set(chosen) == {"train", "infer"}
     for choice in chosen.values():
         assert set(choice.timings_ms) == {"dense", "blocked"}
-        assert choice.implementation == min(choice.timings_ms, key=choice.timings_ms.get)
+        timings = choice.timings_ms
+        fastest = min(timings, key=timings.get)
+        # The fastest, or the rule's (blocked) when within timing noise.
+        assert choice.implementation == fastest or (
+            choice.implementation == "blocked"
+            and timings["blocked"] <= autotune.TIE_RATIO * timings[fastest]
+        )
 
 
 def test_the_applications_xla_default_runs_eagerly_on_torch():
@@ -560,3 +566,24 @@ def test_a_choice_file_entry_names_the_backend_version_and_accelerators():
         import jax
 
         assert found["jax"].startswith(jax.__version__ + "/")
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile")
+def test_graph_attention_reads_no_edge_values_under_torch_compile():
+    # Reading the edge ids into NumPy (the eager range check) broke the
+    # compiled graph; `torch.compile` leaves that check to eager calls.
+    import torch
+
+    from keras_attention.layers import GraphAttention
+
+    layer = GraphAttention(units=4, num_heads=2)
+    nodes = torch.ones((5, 3))
+    edges = torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 0]], dtype=torch.int32)
+    eager = keras.ops.convert_to_numpy(layer([nodes, edges]))
+    explained = torch._dynamo.explain(lambda n, e: layer([n, e]))(nodes, edges)
+    reasons = " ".join(str(r.reason) for r in explained.break_reasons)
+    assert "ndarray" not in reasons and "numpy" not in reasons.lower()
+    compiled = torch.compile(lambda n, e: layer([n, e]), backend="eager")
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(compiled(nodes, edges)), eager, atol=1e-6
+    )

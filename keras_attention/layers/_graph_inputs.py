@@ -8,6 +8,7 @@ from keras import ops
 
 from keras_attention._validation import check_ids_in_range
 from keras_attention._validation import known_dim
+from keras_attention._validation import torch_compiling
 from keras_attention._validation import traced_by_torch
 from keras_attention.layers import base
 
@@ -21,6 +22,8 @@ def _known_values(x):
     """`x` as a NumPy array when its values are known (eager), else None."""
     if isinstance(x, np.ndarray):
         return x
+    if torch_compiling():
+        return None
     try:
         return ops.convert_to_numpy(x)
     except Exception:  # a symbolic or traced tensor has no values yet
