@@ -191,6 +191,7 @@ def test_predict_boxes_checks_its_arguments_and_takes_an_empty_batch():
         (dict(batch_size=0, return_attention=True), "batch_size"),
         (dict(score_threshold=None), "score_threshold"),
         (dict(score_threshold=-0.1), "score_threshold"),
+        (dict(score_threshold=1.5), "score_threshold"),  # kept none
     ]:
         with pytest.raises(ValueError, match=f"`{name}`"):
             model.predict_boxes(images, **arguments)

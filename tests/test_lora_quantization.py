@@ -544,3 +544,17 @@ def test_lora_on_a_float8_model_is_refused_before_anything_changes():
         model.backbone.enable_lora(2)
     assert_unchanged(model, before)
     assert len(model.trainable_weights) == trainable
+
+
+def test_application_quantize_leaves_out_keras_per_layer_warnings():
+    # Keras warns once per layer without a quantized form (norms, dropout,
+    # the input): half a dozen a call, read as failures.
+    from keras_attention.applications import VisionTransformer
+
+    model = VisionTransformer(image_size=8, patch_size=4, num_classes=2,
+                              hidden_dim=8, depth=1, num_heads=2, mlp_dim=8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.quantize("int8")
+    assert not [w for w in caught if "quantize` method" in str(w.message)]
+    assert model.get_layer("predictions").quantization_mode == "int8"

@@ -23,6 +23,7 @@ config.
 
 
 import inspect
+import warnings
 
 import keras
 from keras import ops
@@ -180,10 +181,15 @@ class QuickQuantize(AllOrNothingWeights):
     (`keras_attention._config.collections_of_new_objects`); the same
     arguments and result as `keras.Model.quantize`. (Every application has
     it, so it also brings `AllOrNothingWeights`: `set_weights` and
-    `load_weights` that change nothing when they fail.)"""
+    `load_weights` that change nothing when they fail.) Keras's warning
+    for each layer that has no quantized form (norms, dropout, the input:
+    half a dozen per call, which read as failures) is left out."""
 
     def quantize(self, mode=None, *args, **kwargs):
-        with collections_of_new_objects():
+        with collections_of_new_objects(), warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message=".*does not have a `?quantize`? method implemented"
+            )
             return super().quantize(mode, *args, **kwargs)
 
 

@@ -511,7 +511,7 @@ class DETR(
         Raises:
             ValueError: for images not `(B, height, width, C)`, a
                 `batch_size` not a positive integer, a `score_threshold`
-                not a number of at least 0, or a bad `pixel_mask`.
+                not a number in [0, 1], or a bad `pixel_mask`.
         """
         images = np.asarray(images, dtype="float32")
         self._check_images(images)
@@ -519,6 +519,8 @@ class DETR(
         base.check_positive_number(
             "score_threshold", score_threshold, allow_zero=True
         )
+        if score_threshold > 1:  # scores are probabilities: none kept
+            raise base.invalid("score_threshold", "a score in [0, 1]", score_threshold)
         if not len(images):
             return []
         height, width = images.shape[1:3]
