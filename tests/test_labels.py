@@ -44,8 +44,8 @@ def translator():
 
 def masked_lm():
     backbone = TextClassifierBackbone(
-        vocabulary_size=30, sequence_length=8, hidden_dim=8, num_layers=1,
-        num_heads=2, intermediate_dim=8,
+        vocabulary_size=30, sequence_length=8, hidden_dim=8, depth=1,
+        num_heads=2, mlp_dim=8,
     )
     model = MaskedLanguageModel(backbone, mask_length=2)
     model.compile(jit_compile=False)
