@@ -239,7 +239,8 @@ def test_a_timm_training_checkpoint_converts_as_timm_loads_it(tmp_path):
          "state_dict_ema": {"_orig_mod." + k: v for k, v in ema.state_dict().items()}},
         path,
     )
-    timm_loaded = _small_vit(); load_checkpoint(timm_loaded, path)
+    timm_loaded = _small_vit()
+    load_checkpoint(timm_loaded, path)
     with pytest.warns(UserWarning, match="took the EMA's"):
         model = VisionTransformer.from_timm(
             path, model_name="vit_base_patch16_224",
