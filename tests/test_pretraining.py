@@ -323,3 +323,16 @@ def test_summary_counts_the_untrained_pooling_as_non_trainable():
     lines = []
     model.summary(print_fn=lambda line, **kwargs: lines.append(line))
     assert f"Total params: {model.count_params():,}" in "\n".join(lines)
+
+
+def test_each_row_masks_bert_s_count_of_its_pieces():
+    # round(0.15 n) of a row's n selectable pieces, at least one, at most
+    # mask_length (BERT's create_pretraining_data.py); keras-hub's counts
+    # varied between rows of one length.
+    ids = np.full((6, 40), 7, "int32")
+    for row, n in enumerate((2, 8, 13, 20, 27, 39)):
+        ids[row, n:] = 0
+    _, _, weights = _batch(masked_lm_dataset(
+        ids, 2, vocabulary_size=10, batch_size=6, mask_length=5, shuffle=False,
+    ))
+    assert weights.sum(-1).tolist() == [1, 1, 2, 3, 4, 5]

@@ -1,12 +1,14 @@
 """BERT's masking of a batch of word pieces, drawn from a seed.
 
-The draw follows keras-hub's `MaskedLMMaskGenerator` (tf.text's
-`RandomItemSelector` and `MaskValuesChooser`): each row chooses
-`min(mask_length, ceil(rate * n))` of its `n` selectable positions
-uniformly, and of those 80 % become `[MASK]`, 10 % a random id, 10 % stay.
-That generator draws with unseeded ops, which follow no seed (neither
-`tf.random.set_seed` nor an op seed): masked-LM pretraining never repeated.
-Here every random number comes from a stateless op on the batch's seed.
+BERT's reference recipe (Devlin et al.'s `create_pretraining_data.py`):
+each row chooses `min(mask_length, max(1, round(rate * n)))` of its `n`
+selectable positions uniformly, and of those 80 % become `[MASK]`, 10 % a
+random id, 10 % stay. keras-hub's `MaskedLMMaskGenerator` (tf.text's
+`RandomItemSelector` and `MaskValuesChooser`), used before, draws with
+unseeded ops that follow no seed (neither `tf.random.set_seed` nor an op
+seed), so masked-LM pretraining never repeated; its counts also differ
+(they vary between rows of one length). Here every random number comes
+from a stateless op on the batch's seed.
 """
 
 import tensorflow as tf
@@ -31,7 +33,8 @@ def bert_masks(token_ids, seed, mask_token_id, vocabulary_size, rate, mask_lengt
         token_ids[:, :, None] != unselectable[None, None, :], axis=-1
     )
     count = tf.reduce_sum(tf.cast(selectable, tf.float32), axis=-1)
-    chosen = tf.minimum(tf.cast(tf.math.ceil(count * rate), tf.int32), mask_length)
+    chosen = tf.cast(tf.maximum(tf.round(count * rate), 1.0), tf.int32)
+    chosen = tf.minimum(chosen, tf.minimum(tf.cast(count, tf.int32), mask_length))
     # Random scores, the selectable positions' above all others: the top
     # `chosen` of a row are a uniform draw of its selectable positions.
     scores = tf.random.stateless_uniform(tf.shape(token_ids), select_seed)

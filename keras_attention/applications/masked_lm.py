@@ -3,9 +3,9 @@
 `MaskedLanguageModel` puts keras-hub's `MaskedLMHead` (Dense, GELU,
 LayerNorm, then the token embedding transposed as the output projection,
 plus a bias) on a `TextClassifierBackbone`'s tokens and predicts the word
-pieces at the masked positions. `masked_lm_dataset` masks ids as keras-hub's
-`MaskedLMMaskGenerator` does, from a seed (`_masking.bert_masks`; keras-hub's
-follows none): 15 % of the word pieces (never padding, nor the
+pieces at the masked positions. `masked_lm_dataset` masks ids as BERT's
+reference code does, from a seed (`_masking.bert_masks`; keras-hub's
+`MaskedLMMaskGenerator` follows none): 15 % of the word pieces (never padding, nor the
 `unselectable_ids` given: `pretrain_masked_lm` passes `[CLS]` and `[SEP]`)
 are chosen; of those, 80 % become `[MASK]`, 10 % a random
 token, 10 % stay (Devlin et al., 2019), drawn anew every epoch.

@@ -97,9 +97,9 @@ class MultiHeadAttention(
       `implementation` picks a path;
     - a query that sees no key (all its keys masked, or a padded query)
       attends to nothing: its heads and attention weights are zero. keras's
-      layer gives such a query uniform weights over all keys instead (the
-      average of the values); the outputs of queries that see at least one
-      key are the same in both.
+      layer (Keras 3.15) gives it zero weights when asked for its scores,
+      and an output row from its fused path otherwise; the outputs of
+      queries that see at least one key are the same in both.
 
     The attention weights are returned before dropout (they sum to one over
     the keys), as keras returns them.

@@ -14,7 +14,8 @@ one (BENCHMARKS.md, "Dispatch", "Intel Xeon with AMX"). No rule written
 from one machine holds on the other, so the first call of each shape
 measures the candidate paths (forward, and backward when training) on
 random tensors of that shape (its first `MEASURED_ROWS` queries, against
-all keys), keeps the fastest for that shape, dtype and mode, and records
+all keys), keeps the fastest for that shape, dtype and mode (the fixed
+rule's path unless another is `TIE_RATIO` faster), and records
 the choice (on JAX, while the caller's function is traced, the paths
 jitted on the spot, with their gradient under `jax.grad`):
 

@@ -2,8 +2,8 @@
 
 `pretrain_masked_lm(texts_or_folder)` learns a WordPiece vocabulary from
 unlabelled text (or takes a preprocessor, e.g. a converted BERT's), masks
-15 % of the word pieces (80 % `[MASK]`, 10 % random, 10 % kept, as keras-hub's
-`MaskedLMMaskGenerator`, from the seed) and trains a `MaskedLanguageModel` on them; its
+15 % of the word pieces (80 % `[MASK]`, 10 % random, 10 % kept, as BERT's
+reference code, drawn from the seed) and trains a `MaskedLanguageModel` on them; its
 `with_head(num_classes)` is the classifier to fine-tune on the labelled few.
 """
 
