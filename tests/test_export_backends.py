@@ -214,3 +214,21 @@ def test_a_transformer_block_exports_as_a_servable_saved_model_on_jax(tmp_path):
     np.testing.assert_allclose(
         served.numpy(), keras.ops.convert_to_numpy(model(x)), atol=1e-5
     )
+
+
+@on_torch
+def test_the_gat_application_exports_to_onnx_and_runs_other_graphs(tmp_path):
+    # Its input check read torch's traced inputs of ones as the user's
+    # edges and refused them ("node ids in [0, 1) ... values in [1, 1]").
+    pytest.importorskip("onnxruntime")
+    from keras_attention.applications import GATNodeClassifier
+
+    keras.utils.set_random_seed(0)
+    model = GATNodeClassifier(num_features=5, num_classes=2, hidden_units=4, num_heads=2)
+    feeds = [[RNG.random((1, n, 5), "float32"), _edges(n, e)[None]]
+             for n, e in ((7, 12), (3, 4))]
+    model(feeds[0])
+    signature = [[keras.InputSpec(shape=(1, None, 5), dtype="float32"),
+                  keras.InputSpec(shape=(1, 2, None), dtype="int32")]]
+    outputs = _onnx_outputs(model, tmp_path, feeds, input_signature=signature)
+    _assert_same(model, feeds, outputs)

@@ -358,7 +358,15 @@ class GATNodeClassifier(
                 f"inputs={inputs!r}"
             )
         features, edges = inputs
-        f_shape, e_shape = tuple(features.shape), tuple(edges.shape)
+        # Inside an export the sizes are JAX symbols or torch-traced
+        # tensors (whose inputs of ones are no user's values): unknown.
+        exporting = any(
+            d is not None and base.known_dim(d) is None
+            for d in tuple(features.shape) + tuple(edges.shape)
+        )
+        f_shape, e_shape = (
+            tuple(base.known_dim(d) for d in x.shape) for x in (features, edges)
+        )
         if len(f_shape) != 3 or f_shape[0] not in (None, 1) or f_shape[-1] not in (
             None,
             self.num_features,
@@ -382,7 +390,7 @@ class GATNodeClassifier(
         known = isinstance(edges, np.ndarray) or (
             ops.is_tensor(edges) and not base.is_symbolic(edges)
         )  # not a dataset's TensorSpec
-        if num_nodes is not None and known:
+        if num_nodes is not None and known and not exporting:
             # NumPy arrays and eager tensors: their values are known here,
             # before `fit`, `evaluate` or `predict` trace the model.
             base.check_ids_in_range(
