@@ -95,6 +95,14 @@ def known_dim(dim):
     return int(dim) if isinstance(dim, numbers.Integral) else None
 
 
+def exporting(*shapes):
+    """Whether a size of `shapes` is a JAX symbol or torch-traced (inside
+    an export: the values then are no user's)."""
+    return any(
+        d is not None and known_dim(d) is None for s in shapes for d in s
+    )
+
+
 def traced_by_torch(dim):
     """Whether `dim` is a size recorded by `torch.jit.trace`: keras's ONNX
     export on torch gives every size as a 0-d tensor (its traced value,

@@ -360,10 +360,7 @@ class GATNodeClassifier(
         features, edges = inputs
         # Inside an export the sizes are JAX symbols or torch-traced
         # tensors (whose inputs of ones are no user's values): unknown.
-        exporting = any(
-            d is not None and base.known_dim(d) is None
-            for d in tuple(features.shape) + tuple(edges.shape)
-        )
+        exporting = base.exporting(features.shape, edges.shape)
         f_shape, e_shape = (
             tuple(base.known_dim(d) for d in x.shape) for x in (features, edges)
         )

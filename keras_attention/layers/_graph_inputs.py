@@ -7,6 +7,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention._validation import check_ids_in_range
+from keras_attention._validation import exporting
 from keras_attention._validation import known_dim
 from keras_attention._validation import torch_compiling
 from keras_attention._validation import traced_by_torch
@@ -56,13 +57,6 @@ _EXPORT_HINT = {
         "unbatched; F the features) to say that they are the same N."
     ),
 }
-
-
-def _exporting(*shapes):
-    """Whether a size is a JAX symbol or torch-traced (inside an export)."""
-    return any(
-        d is not None and known_dim(d) is None for s in shapes for d in s
-    )
 
 
 def split_graph_shapes(input_shape):
@@ -119,7 +113,7 @@ def check_graph_inputs(features, edges, edge_features):
     node_shape, edge_shape = tuple(features.shape), tuple(edges.shape)
     n = known_dim(node_shape[-2])
     dtype = keras.backend.standardize_dtype(edges.dtype)
-    hints = _EXPORT_HINT if _exporting(node_shape, edge_shape) else {}
+    hints = _EXPORT_HINT if exporting(node_shape, edge_shape) else {}
     if _is_integer(edges):
         # torch's trace holds the first dimension's value: 1 where keras's
         # export made it unknown.
