@@ -5,6 +5,8 @@ batch of images."""
 import keras
 import numpy as np
 
+from keras_attention.ops.masks import widened
+
 
 def model_grids(model):
     """The patch grids `(h, w)` the layers of `model` (and the model) know:
@@ -94,9 +96,12 @@ def token_grid(num_tokens, image_shape=None, grid_shape=None, class_token="auto"
 
 def as_numpy(x, dtype=None):
     """`x` as a NumPy array: a backend tensor through keras (a torch tensor
-    that records gradients is detached), anything else through NumPy."""
+    that records gradients is detached; float16 or bfloat16 widened to
+    float32), anything else through NumPy; `None` stays `None`."""
+    if x is None:
+        return None
     if keras.ops.is_tensor(x):
-        x = keras.ops.convert_to_numpy(x)
+        x = keras.ops.convert_to_numpy(widened(x))
     return np.asarray(x, dtype)
 
 

@@ -7,8 +7,8 @@ import numpy as np
 
 from keras_attention import registry
 from keras_attention._validation import is_symbolic
-from keras_attention.ops.masks import widened
 from keras_attention.visualization import _hooks
+from keras_attention.visualization._grid import as_numpy
 
 
 def attention_classes():
@@ -163,7 +163,7 @@ def attention_maps(model, inputs, layers=None, training=False, **call_kwargs):
         )
     maps = {}
     for path, calls in records.items():
-        calls = [keras.tree.map_structure(_to_numpy, c) for c in calls]
+        calls = [keras.tree.map_structure(as_numpy, c) for c in calls]
         maps[path] = calls[0] if len(calls) == 1 else calls
     return maps
 
@@ -202,7 +202,7 @@ def window_attention_on_grid(weights, height, width, window_size, shift_size=0):
     """
     from keras_attention.layers.local_window import window_geometry
 
-    weights = _to_numpy(weights)
+    weights = as_numpy(weights)
     window, shift, hp, wp = window_geometry(height, width, window_size, shift_size)
     count, t = (hp // window) * (wp // window), window * window
     if weights.ndim != 5 or weights.shape[1] != count or weights.shape[3:] != (t, t):
@@ -226,15 +226,6 @@ def window_attention_on_grid(weights, height, width, window_size, shift_size=0):
     picked = weights[:, where, :, query, key]  # (P, B, H)
     grid[:, :, ids[where, query], ids[where, key]] = np.moveaxis(picked, 0, -1)
     return grid
-
-
-def _to_numpy(x):
-    """A map as NumPy, half-precision weights widened to float32."""
-    if x is None:
-        return None
-    if keras.ops.is_tensor(x):
-        x = keras.ops.convert_to_numpy(widened(x))
-    return np.asarray(x)
 
 
 def _is_symbolic_structure(structure):
