@@ -183,12 +183,18 @@ class QuickQuantize(AllOrNothingWeights):
     it, so it also brings `AllOrNothingWeights`: `set_weights` and
     `load_weights` that change nothing when they fail.) Keras's warning
     for each layer that has no quantized form (norms, dropout, the input:
-    half a dozen per call, which read as failures) is left out."""
+    half a dozen per call, which read as failures) is left out, and so is
+    NumPy 2's DeprecationWarning from Keras's own quantizers (its
+    `convert_to_numpy` of a variable; Keras's own layers warn alike)."""
 
     def quantize(self, mode=None, *args, **kwargs):
         with collections_of_new_objects(), warnings.catch_warnings():
             warnings.filterwarnings(
                 "ignore", message=".*does not have a `?quantize`? method implemented"
+            )
+            warnings.filterwarnings(
+                "ignore", message="__array__ implementation doesn't accept a copy",
+                category=DeprecationWarning,
             )
             return super().quantize(mode, *args, **kwargs)
 
