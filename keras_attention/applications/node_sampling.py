@@ -127,8 +127,11 @@ def sampled_node_dataset(
     Each epoch visits every seed once, `batch_size` seeds per batch
     (shuffled with `shuffle=True`), each batch with its own sampled
     neighbourhood (`NeighborSampler`; PyTorch Geometric's `NeighborLoader`
-    semantics). Epoch `k` of the dataset draws from `[seed, k]`, so two
-    datasets built alike yield the same batches. With `shuffle=False`
+    semantics). The `k`-th iteration over the dataset (counting from 0)
+    draws from `[seed, k]`, so two datasets built alike and iterated alike
+    yield the same batches. Every new iterator counts: one opened to peek
+    at a batch shifts the epochs after it, and Keras's JAX and torch
+    trainers open one before training starts. With `shuffle=False`
     (evaluation) the order and the neighbourhoods are the same every epoch.
 
     The seed nodes come first in each sub-graph and alone carry a weight,
