@@ -24,6 +24,7 @@ from timm.models import vision_transformer as timm_vit  # noqa: E402
 from keras_attention.applications import TextClassifier  # noqa: E402
 from keras_attention.applications import VisionTransformer  # noqa: E402
 from keras_attention.applications.converters import common  # noqa: E402
+from keras_attention.applications.converters import vit as vit_converters  # noqa: E402
 
 
 def _randomize(module, seed=0):
@@ -285,3 +286,42 @@ def test_timm_s_own_exact_gelu_converts_and_its_tanh_form_is_refused():
     assert _difference(reference, VisionTransformer.from_timm(reference)) < 1e-5
     with pytest.raises(ValueError, match="act_layer"):
         VisionTransformer.from_timm(_small_vit(act_layer="gelu_tanh"))
+
+
+def test_a_tensor_of_the_right_size_but_another_shape_is_refused_by_name(tmp_path):
+    """A flattened qkv weight, an attention output weight with a trailing
+    axis of 1 or a 2-D bias reshaped to the kernels without a word and
+    loaded wrong (logits 0.07 off); with `model_name`, timm's own filter
+    failed on a misshapen position embedding with an IndexError."""
+    reference = _small_vit()
+    state = {k: v.numpy() for k, v in reference.state_dict().items()}
+    config, _, _ = vit_converters.timm_arguments(reference)
+    cases = {
+        "blocks.0.attn.qkv.weight": lambda a: a.reshape(-1),
+        "blocks.0.attn.proj.weight": lambda a: a[..., None],
+        "blocks.0.attn.qkv.bias": lambda a: a.reshape(3, -1),
+    }
+    for key, change in cases.items():
+        path = str(tmp_path / "bad.pth")
+        torch.save({k: torch.from_numpy(change(v) if k == key else v)
+                    for k, v in state.items()}, path)
+        with pytest.raises(ValueError, match=f"tensor '{key}' of shape"):
+            VisionTransformer.from_timm(path, config=config)
+    torch.save({k: torch.from_numpy(v[0] if k == "pos_embed" else v)
+                for k, v in state.items()}, path)
+    with pytest.raises(ValueError, match="tensor 'pos_embed' of shape"):
+        VisionTransformer.from_timm(
+            path, model_name="vit_base_patch16_224",
+            model_kwargs=dict(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4),
+        )
+    # One block's missing bias is named as missing (it was read from
+    # block 0 alone: the others' were "unexpected").
+    reference = _randomize(timm_vit.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4,
+        num_classes=10,
+    ))
+    config, _, _ = vit_converters.timm_arguments(reference)
+    torch.save({k: v for k, v in reference.state_dict().items()
+                if k != "blocks.0.attn.qkv.bias"}, path)
+    with pytest.raises(ValueError, match="missing tensor 'blocks.0.attn.qkv.bias'"):
+        VisionTransformer.from_timm(path, config=config)

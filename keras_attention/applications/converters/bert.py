@@ -155,16 +155,16 @@ def _fill_backbone(backbone, loader, warn_no_pooler=True):
             name = prefix + "attention.self." + role
             loader.take(
                 name + ".weight", dense.kernel,
-                lambda w, shape=heads_shape: w.T.reshape(shape),
+                common.linear_as(heads_shape),
             )
             loader.take(
                 name + ".bias", dense.bias,
-                lambda b, shape=heads_shape[1:]: b.reshape(shape),
+                common.bias_as(heads_shape[1:]),
             )
         out = attention._output_dense
         loader.take(
             prefix + "attention.output.dense.weight", out.kernel,
-            lambda w, shape=tuple(out.kernel.shape): w.T.reshape(shape),
+            common.linear_as(out.kernel.shape),
         )
         loader.take(prefix + "attention.output.dense.bias", out.bias)
         common.take_norm(loader, prefix + "attention.output.LayerNorm", block.attention_norm)

@@ -396,6 +396,40 @@ def dense_kernel(weight):
     return weight.T
 
 
+def linear_as(shape):
+    """The transform of a `torch.nn.Linear` weight `(out, in)` into an
+    `EinsumDense` kernel of `shape` (the input's axes, then the output's).
+    Only a 2-D weight whose two axes group `shape`'s is taken: a flattened
+    or padded tensor of as many values would reshape to it and load wrong
+    (`TensorLoader.take` reports the `ValueError` with the tensor's name)."""
+    shape = tuple(int(n) for n in shape)
+
+    def transform(weight):
+        fits = weight.ndim == 2 and any(
+            int(np.prod(shape[:k])) == weight.shape[1]
+            and int(np.prod(shape[k:])) == weight.shape[0]
+            for k in range(1, len(shape))
+        )
+        if not fits:
+            raise ValueError(f"expected a 2-D (out, in) weight for {shape}")
+        return weight.T.reshape(shape)
+
+    return transform
+
+
+def bias_as(shape):
+    """The transform of a 1-D bias into `shape` (an `EinsumDense` bias);
+    another rank is refused, as in `linear_as`."""
+    shape = tuple(int(n) for n in shape)
+
+    def transform(bias):
+        if bias.ndim != 1:
+            raise ValueError(f"expected a 1-D bias for {shape}")
+        return bias.reshape(shape)
+
+    return transform
+
+
 def take_norm(loader, name, norm):
     """`name.weight`/`name.bias` -> a LayerNormalization's gamma/beta."""
     loader.take(name + ".weight", norm.gamma)
@@ -407,11 +441,11 @@ def take_linear(loader, name, dense, shape=None):
     `shape`, an EinsumDense kernel of that shape and its bias)."""
     loader.take(
         name + ".weight", dense.kernel,
-        dense_kernel if shape is None else lambda w: w.T.reshape(shape),
+        dense_kernel if shape is None else linear_as(shape),
     )
     loader.take(
         name + ".bias", dense.bias,
-        None if shape is None else lambda b: b.reshape(tuple(dense.bias.shape)),
+        None if shape is None else bias_as(dense.bias.shape),
     )
 
 

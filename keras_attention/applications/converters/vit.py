@@ -74,8 +74,8 @@ def _fill(model, loader, layout, qkv_bias, load_head, source_grid=None,
         q, k, v = attention._query_dense, attention._key_dense, attention._value_dense
         heads_shape = tuple(q.kernel.shape)  # (C, H, D)
 
-        def heads(weight, shape=heads_shape):
-            return weight.T.reshape(shape)
+        heads = common.linear_as(heads_shape)
+        head_bias = common.bias_as(heads_shape[1:])
 
         common.take_norm(loader, prefix + layout["norm1"], block.attention_norm)
         if "qkv" in layout:
@@ -89,27 +89,21 @@ def _fill(model, loader, layout, qkv_bias, load_head, source_grid=None,
                 loader.take(
                     qkv + ".bias",
                     [q.bias, k.bias, v.bias],
-                    lambda b: [
-                        part.reshape(heads_shape[1:]) for part in np.split(b, 3)
-                    ],
+                    lambda b: [head_bias(part) for part in np.split(b, 3)],
                 )
         else:
             for role, dense in (("query", q), ("key", k), ("value", v)):
                 name = prefix + layout[role]
                 loader.take(name + ".weight", dense.kernel, heads)
                 if qkv_bias:
-                    loader.take(
-                        name + ".bias",
-                        dense.bias,
-                        lambda b: b.reshape(heads_shape[1:]),
-                    )
+                    loader.take(name + ".bias", dense.bias, head_bias)
         if not qkv_bias:
             loader.zeros([q.bias, k.bias, v.bias])
         out = attention._output_dense
         loader.take(
             prefix + layout["output"] + ".weight",
             out.kernel,
-            lambda w, shape=tuple(out.kernel.shape): w.T.reshape(shape),
+            common.linear_as(out.kernel.shape),
         )
         common.take_norm(loader, prefix + layout["norm2"], block.mlp_norm)
         for role, dense in (("fc1", block.mlp_hidden), ("fc2", block.mlp_output)):
@@ -296,11 +290,14 @@ def timm_arguments(model):
     return arguments, num_classes, first.attn.qkv.bias is not None
 
 
-def _timm_filtered(tensors, timm_model):
+def _timm_filtered(tensors, timm_model, source_name):
     """A checkpoint file's tensors as timm's `load_checkpoint` gives them to
     `timm_model`: through its module's `checkpoint_filter_fn` (the original
     Swin layout, with its downsampling at the end of a stage and its `head`;
-    a position embedding or patch kernel of another size resampled)."""
+    a position embedding or patch kernel of another size resampled). A
+    tensor of another rank than the model's is refused by name first, and
+    whatever else the filter fails on is a `ValueError` naming the file
+    (timm's own errors were IndexError, AssertionError, RuntimeError)."""
     import sys
 
     import torch
@@ -309,10 +306,24 @@ def _timm_filtered(tensors, timm_model):
     filter_fn = getattr(module, "checkpoint_filter_fn", None)
     if filter_fn is None:
         return tensors
+    own = timm_model.state_dict()
+    for name, array in tensors.items():
+        if name in own and np.ndim(array) != own[name].ndim:
+            raise ValueError(
+                f"{source_name} does not match the model: tensor {name!r} "
+                f"of shape {tuple(np.shape(array))}, the model's is "
+                f"{tuple(own[name].shape)}; no weight was assigned"
+            )
     state = {name: torch.from_numpy(np.array(a)) for name, a in tensors.items()}
-    return {
-        name: common._to_numpy(t) for name, t in filter_fn(state, timm_model).items()
-    }
+    try:
+        filtered = filter_fn(state, timm_model)
+    except Exception as error:  # noqa: BLE001 - timm's, of any type
+        raise ValueError(
+            f"{source_name} could not be read as timm reads it (its "
+            f"`checkpoint_filter_fn` failed: {type(error).__name__}: "
+            f"{error}); no weight was assigned"
+        ) from error
+    return {name: common._to_numpy(t) for name, t in filtered.items()}
 
 
 def _timm_model_from_name(model_name, num_classes, model_kwargs):
@@ -370,8 +381,10 @@ def from_timm(
         source_classes = 0 if head is None else int(head.shape[0])
         if config is not None:
             arguments = dict(config)
-            qkv_bias = "blocks.0.attn.qkv.bias" in tensors
-            proj_bias = "blocks.0.attn.proj.bias" in tensors
+            # Read from every block: one block's missing bias is named
+            # as missing, not the others' as unexpected.
+            qkv_bias = any(k.endswith(".attn.qkv.bias") for k in tensors)
+            proj_bias = any(k.endswith(".attn.proj.bias") for k in tensors)
         elif model_name is not None:
             timm_model = _timm_model_from_name(
                 model_name, source_classes, dict(model_kwargs or {})
@@ -397,7 +410,7 @@ def from_timm(
             source_classes = model_classes
             tensors = common.state_dict_arrays(source)
         else:
-            tensors = _timm_filtered(tensors, timm_model)
+            tensors = _timm_filtered(tensors, timm_model, name)
     if is_swin and "image_size" in kwargs:
         raise ValueError(
             "A converted Swin keeps its image size (its window grids and "
