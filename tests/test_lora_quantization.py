@@ -560,3 +560,51 @@ def test_application_quantize_leaves_out_keras_per_layer_warnings():
     assert not [w for w in caught if "quantize` method" in str(w.message)]
     assert not [w for w in caught if "copy keyword" in str(w.message)]
     assert model.get_layer("predictions").quantization_mode == "int8"
+
+
+def test_model_wide_lora_refuses_a_second_call_and_a_misspelt_target():
+    # A second call with other targets froze the first one's factors (and
+    # its own, whose layers the first had frozen); a misspelt name beside
+    # a right one was skipped without a word.
+    from keras_attention.applications import VisionTransformer
+
+    model = VisionTransformer(
+        image_size=8, patch_size=4, num_classes=3, hidden_dim=8, depth=1,
+        num_heads=2, mlp_dim=8, num_channels=1,
+    )
+    before = snapshot(model)
+    trainable = [w.path for w in model.trainable_weights]
+    with pytest.raises(ValueError, match=r"unknown: \['valeu'\]"):
+        model.backbone.enable_lora(4, target_names=["query", "valeu"])
+    assert_unchanged(model, before)
+    assert [w.path for w in model.trainable_weights] == trainable
+    model.backbone.enable_lora(4)
+    after = snapshot(model)
+    trainable = [w.path for w in model.trainable_weights]
+    with pytest.raises(ValueError, match="already enabled.*target_names=\\['key'\\]"):
+        model.backbone.enable_lora(4, target_names=["key"])
+    assert_unchanged(model, after)
+    assert [w.path for w in model.trainable_weights] == trainable
+    assert any("lora_kernel" in path for path in trainable)
+
+
+def test_lora_on_a_frozen_backbone_trains_its_factors(tmp_path):
+    # keras-hub's `enable_lora` makes the model trainable first; ours left
+    # a frozen backbone without a trainable factor.
+    from keras_attention.applications import VisionTransformer
+
+    model = VisionTransformer(
+        image_size=8, patch_size=4, num_classes=3, hidden_dim=8, depth=1,
+        num_heads=2, mlp_dim=8, num_channels=1,
+    )
+    model.backbone.get_layer("final_norm").trainable = False
+    model.backbone.trainable = False
+    model.backbone.enable_lora(2)
+    paths = [w.path for w in model.backbone.trainable_weights]
+    assert paths and all("lora_kernel" in p or p.endswith("bias") for p in paths)
+    assert sum("lora_kernel" in p for p in paths) == 2 * 2  # query, value: a and b
+    # The file freezes what was frozen before, layer by layer (the leaves:
+    # a frozen container's are frozen with it).
+    model.save(tmp_path / "vit.keras")
+    loaded = keras.saving.load_model(tmp_path / "vit.keras")
+    assert not loaded.backbone.get_layer("final_norm").trainable

@@ -126,7 +126,8 @@ DEFAULT_LORA_TARGETS = ("query", "value")
 def enable_lora(model, rank, lora_alpha=None, target_names=None):
     """LoRA fine-tuning of a model's attention layers, as keras-hub's
     `Backbone.enable_lora`: the named projections get trainable low-rank
-    updates and every other weight of `model` is frozen.
+    updates and every other weight of `model` is frozen (a frozen model's
+    targets are made trainable first, as keras-hub does).
 
     Args:
         model: a built `keras.Model` or layer (a backbone) holding
@@ -146,9 +147,9 @@ def enable_lora(model, rank, lora_alpha=None, target_names=None):
         The adapted projection sublayers, `{path: layer}`.
 
     Raises:
-        ValueError: for a bad argument, an unbuilt model, no matching
-            projection, LoRA already enabled on one, or one quantized to
-            float8; nothing changes then.
+        ValueError: for a bad argument, an unbuilt model, a target name
+            no projection has, LoRA already enabled on any projection of
+            `model`, or a target quantized to float8; nothing changes then.
 
     Example:
 
@@ -180,17 +181,35 @@ def enable_lora(model, rank, lora_alpha=None, target_names=None):
         layer for layer in model._flatten_layers(include_self=True)
         if isinstance(layer, (ProjectionMixin,) + registered)
     ]
-    targets, seen, available = {}, set(), set()
+    targets, seen, available, adapted = {}, set(), set(), set()
     for layer in owners:
         for key, sub in projection_sublayers(layer).items():
             if id(sub) in seen:
                 continue  # a nested attention layer (CBAM's parts)
             available.add(key.split("/")[-1])
+            if sub.lora_enabled:
+                adapted.add(sub.path)
             wanted = getattr(layer, "lora_targets", DEFAULT_LORA_TARGETS)
             wanted = wanted if names is None else names
             if key.split("/")[-1] in wanted:
                 targets[sub.path] = sub
                 seen.add(id(sub))
+    unknown = [n for n in names or () if n not in available]
+    if unknown:  # a misspelt name beside a right one was skipped
+        raise invalid(
+            "target_names",
+            f"names of projections in {model.name!r}'s attention layers "
+            f"(found: {sorted(available)}; unknown: {unknown})",
+            target_names,
+        )
+    if adapted:
+        # A second call froze the first one's factors (its freezing
+        # covers every leaf but its own targets).
+        raise ValueError(
+            f"LoRA is already enabled on {sorted(adapted)}; enable it once, "
+            f"with every target you want. Received: rank={rank}, "
+            f"target_names={target_names}"
+        )
     if not targets:
         raise invalid(
             "target_names",
@@ -202,11 +221,6 @@ def enable_lora(model, rank, lora_alpha=None, target_names=None):
         )
     # Check everything before the first change (all or nothing).
     for sub in targets.values():
-        if sub.lora_enabled:
-            raise ValueError(
-                f"LoRA is already enabled on {sub.path!r}; it can be "
-                f"enabled once. Received: rank={rank}"
-            )
         if getattr(sub, "quantization_mode", None) == "float8":
             # keras's float8 call has no LoRA path: `fit` failed later.
             raise ValueError(
@@ -220,6 +234,12 @@ def enable_lora(model, rank, lora_alpha=None, target_names=None):
                 f"{sub.path!r}. Received: rank={rank}"
             )
     _check_lora_alpha(lora_alpha)
+    frozen_before = {
+        id(layer) for layer in model._flatten_layers(include_self=True)
+        if not layer.trainable
+    }
+    # As keras-hub's: a frozen model's factors train too (they did not).
+    model.trainable = True
     for sub in targets.values():
         sub.enable_lora(rank, lora_alpha=lora_alpha)
     target_ids = {id(sub) for sub in targets.values()}
@@ -227,8 +247,9 @@ def enable_lora(model, rank, lora_alpha=None, target_names=None):
         if id(layer) in target_ids:
             continue  # keras froze its kernel; its factors and bias train
         if not list(layer._flatten_layers(include_self=False)):
-            if layer.trainable:  # a leaf (BatchNormalization: inference)
-                layer.trainable = False
+            # A leaf (BatchNormalization: inference).
+            layer.trainable = False
+            if id(layer) not in frozen_before:
                 # Not frozen by its user: a `.keras` file (which holds the
                 # updates merged, without LoRA) does not freeze it again
                 # (`frozen_layers_config`).
