@@ -608,3 +608,43 @@ def test_lora_on_a_frozen_backbone_trains_its_factors(tmp_path):
     model.save(tmp_path / "vit.keras")
     loaded = keras.saving.load_model(tmp_path / "vit.keras")
     assert not loaded.backbone.get_layer("final_norm").trainable
+
+
+def test_application_quantize_checks_every_layer_before_the_first_change():
+    # A quantized head made Keras quantize the backbone, then raise: half a
+    # model in int8, its config changed. float8 after LoRA went through and
+    # the model could not be called (keras's float8 call has no LoRA path).
+    from keras_attention.applications import VisionTransformer
+
+    def vit():
+        return VisionTransformer(
+            image_size=8, patch_size=4, num_classes=3, hidden_dim=8, depth=1,
+            num_heads=2, mlp_dim=8, num_channels=1,
+        )
+
+    model = vit()
+    model.get_layer("predictions").quantize("int8")
+    before, config = snapshot(model), model.get_config()
+    with pytest.raises(ValueError, match=r"\['predictions'\].*already quantized"):
+        model.quantize("int8")
+    assert_unchanged(model, before)
+    assert model.get_config() == config
+    model = vit()
+    model.backbone.enable_lora(2, target_names=["value"])
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="float8 cannot quantize.*value.*LoRA"):
+        model.quantize("float8")
+    assert_unchanged(model, before)
+    model.quantize("int8")  # int8 takes LoRA (QLoRA-style)
+    model(np.zeros((1, 8, 8, 1), "float32"))
+
+
+def test_a_head_activation_keras_cannot_read_is_named():
+    from keras_attention.applications import VisionTransformer
+
+    model = VisionTransformer(
+        image_size=8, patch_size=4, num_classes=3, hidden_dim=8, depth=1,
+        num_heads=2, mlp_dim=8, num_channels=1,
+    )
+    with pytest.raises(ValueError, match="argument `activation`.*nope"):
+        model.with_head(2, activation="nope")

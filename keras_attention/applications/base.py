@@ -188,6 +188,19 @@ class QuickQuantize(AllOrNothingWeights):
     `convert_to_numpy` of a variable; Keras's own layers warn alike)."""
 
     def quantize(self, mode=None, *args, **kwargs):
+        # Keras quantizes layer by layer and raised at an already quantized
+        # one, half the model quantized: checked first here.
+        config = kwargs.get("config", args[0] if args else None)
+        filters = kwargs.get("filters", args[1] if len(args) > 1 else None)
+        leaves = [
+            layer for layer in self._flatten_layers()
+            if len(list(layer._flatten_layers())) == 1
+            and hasattr(layer, "quantization_mode")
+            and _quantized_by(layer, filters)
+        ]
+        layer_base.check_quantizable(
+            leaves, mode or getattr(config, "mode", None), f"{self.name!r}"
+        )
         with collections_of_new_objects(), warnings.catch_warnings():
             warnings.filterwarnings(
                 "ignore", message=".*does not have a `?quantize`? method implemented"
@@ -197,6 +210,15 @@ class QuickQuantize(AllOrNothingWeights):
                 category=DeprecationWarning,
             )
             return super().quantize(mode, *args, **kwargs)
+
+
+def _quantized_by(layer, filters):
+    """Whether `model.quantize(..., filters=filters)` reaches `layer`."""
+    if filters is None:
+        return True
+    from keras.src.quantizers.utils import should_quantize_layer
+
+    return should_quantize_layer(layer, filters)
 
 
 class Backbone(FunctionalConfig, InputChecks, QuickQuantize, keras.Model):
@@ -391,6 +413,12 @@ class Classifier(
             )
         _validation.check_positive_int("num_classes", num_classes)
         _validation.check_rate("head_dropout", head_dropout)
+        try:
+            keras.activations.get(activation)
+        except ValueError:  # Keras's message named no argument
+            raise _validation.invalid(
+                "activation", "a Keras activation or None", activation
+            ) from None
         inputs = backbone.input
         features = backbone(inputs)
         x = features

@@ -234,6 +234,13 @@ def enable_lora(model, rank, lora_alpha=None, target_names=None):
                 f"{sub.path!r}. Received: rank={rank}"
             )
     _check_lora_alpha(lora_alpha)
+    _adapt_and_freeze(model, targets, rank, lora_alpha)
+    return targets
+
+
+def _adapt_and_freeze(model, targets, rank, lora_alpha):
+    """`enable_lora`'s change, once every check passed: LoRA on `targets`,
+    every other weight of `model` frozen."""
     frozen_before = {
         id(layer) for layer in model._flatten_layers(include_self=True)
         if not layer.trainable
@@ -258,7 +265,6 @@ def enable_lora(model, rank, lora_alpha=None, target_names=None):
             # A container of targets: freeze only its own weights.
             for variable in layer._trainable_variables:
                 variable.trainable = False
-    return targets
 
 
 # The arguments of the projection sublayers' weights that the layers with
@@ -313,6 +319,30 @@ def keep_seed(layer, seed):
     layer.seed_generator = (
         keras.random.SeedGenerator(seed) if layer.dropout > 0 else None
     )
+
+
+def check_quantizable(sublayers, mode, owner):
+    """Raises a `ValueError` when quantizing `sublayers` (keras layers with
+    `quantize`) to `mode` cannot go through: one of them already quantized
+    (keras quantized the others first, then raised), or float8 on one with
+    LoRA (keras's float8 call has no LoRA path: the model could not be
+    called after). Checked before anything changes."""
+    done = sorted(
+        s.path for s in sublayers if getattr(s, "quantization_mode", None)
+    )
+    if done:
+        raise ValueError(
+            f"{done} of {owner} are already quantized (a layer is quantized "
+            f"once). Received: mode={mode!r}"
+        )
+    adapted = sorted(s.path for s in sublayers if getattr(s, "lora_enabled", False))
+    if mode == "float8" and adapted:
+        raise ValueError(
+            f"float8 cannot quantize {adapted} of {owner}, which have LoRA "
+            "(keras's float8 layers take no LoRA): save the model (the "
+            "updates merged) and quantize the loaded one, or take int8 or "
+            f"int4. Received: mode={mode!r}"
+        )
 
 
 class ProjectionMixin(AllOrNothingWeights, ArgumentConfig, FreezesSublayers):
@@ -385,12 +415,7 @@ class ProjectionMixin(AllOrNothingWeights, ArgumentConfig, FreezesSublayers):
                 f"The layer {self.name!r} has no dense projections to "
                 f"quantize. Received: mode={mode!r}"
             )
-        done = sorted(s.path for s in targets if s.quantization_mode is not None)
-        if done:
-            raise ValueError(
-                f"The projections {done} of the layer {self.name!r} are "
-                f"already quantized. Received: mode={mode!r}"
-            )
+        check_quantizable(targets, mode, f"the layer {self.name!r}")
         with collections_of_new_objects():
             for sub in targets:
                 sub.quantize(mode, type_check=type_check, config=config)

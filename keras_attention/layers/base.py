@@ -17,6 +17,7 @@ from keras_attention._validation import shape_fits
 from keras_attention.layers._projections import WEIGHT_ARGUMENTS  # noqa: F401
 from keras_attention.layers._projections import ProjectionMixin  # noqa: F401
 from keras_attention._config import arguments_config  # noqa: F401
+from keras_attention.layers._projections import check_quantizable  # noqa: F401
 from keras_attention.layers._projections import clone_initializer  # noqa: F401
 from keras_attention.layers._projections import enable_lora  # noqa: F401
 from keras_attention.layers._projections import keep_weight_arguments  # noqa: F401
