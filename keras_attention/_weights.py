@@ -5,11 +5,26 @@ first one of another shape, leaving those before it changed; a model's
 `load_weights` of a file made for another configuration raises after
 loading what fitted. `AllOrNothingWeights` checks every shape before
 assigning any (naming the weight that does not fit, by index and path),
-and a model's `load_weights` puts every variable back when loading
-fails."""
+and both put every variable back when assigning fails (a value that does
+not convert to its variable's dtype, a file made for another model)."""
 
-import keras
+import contextlib
+
 import numpy as np
+
+
+@contextlib.contextmanager
+def _restored_on_failure(variables):
+    """Puts `variables` back to their values from before the block when it
+    raises."""
+    variables = list(variables)
+    before = [v.numpy() for v in variables]  # faster on TF than convert_to_numpy
+    try:
+        yield
+    except Exception:
+        for variable, value in zip(variables, before):
+            variable.assign(value)
+        raise
 
 
 class AllOrNothingWeights:
@@ -29,7 +44,10 @@ class AllOrNothingWeights:
                         f"has shape {tuple(variable.shape)}. No weight was "
                         "assigned."
                     )
-        return super().set_weights(weights)
+        with _restored_on_failure(variables):
+            # A value of the right shape that does not convert (strings)
+            # raised after the weights before it were assigned.
+            return super().set_weights(weights)
 
     def load_weights(self, filepath, *args, **kwargs):
         """keras's `Model.load_weights`; when it fails, every variable
@@ -38,10 +56,5 @@ class AllOrNothingWeights:
         optimizer = getattr(self, "optimizer", None)
         if optimizer is not None and hasattr(optimizer, "variables"):
             variables += list(optimizer.variables)
-        before = [v.numpy() for v in variables]  # faster on TF than convert_to_numpy
-        try:
+        with _restored_on_failure(variables):
             return super().load_weights(filepath, *args, **kwargs)
-        except Exception:
-            for variable, value in zip(variables, before):
-                variable.assign(value)
-            raise

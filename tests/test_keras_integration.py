@@ -346,5 +346,12 @@ def test_set_weights_with_one_wrong_shape_assigns_none(name):
         layer.set_weights(wrong)
     for old, new in zip(before, layer.weights):
         np.testing.assert_array_equal(numpy(new), old)
+    # The right shape, but a value that does not convert: Keras raised
+    # after assigning the weights before it.
+    wrong[-1] = np.full(before[-1].shape, "x")
+    with pytest.raises(ValueError):
+        layer.set_weights(wrong)
+    for old, new in zip(before, layer.weights):
+        np.testing.assert_array_equal(numpy(new), old)
     layer.set_weights([value + 1.0 for value in before])  # a right list still
     np.testing.assert_array_equal(numpy(layer.weights[0]), before[0] + 1.0)
