@@ -315,3 +315,16 @@ def test_explorer_takes_uint8_images_and_shows_every_call_of_a_shared_layer(tmp_
     page = explore(model, np.random.default_rng(3).random((1, 5, 8)), tmp_path / "s.html")
     text = open(page, encoding="utf-8").read()
     assert '"name":"shared (call 3)"' in text and '"name":"shared"' in text
+
+
+@pytest.mark.parametrize("make", [small_cnn, Subclassed])
+def test_score_cam_with_more_channels_allowed_than_the_map_has(make):
+    # tf-keras-vis (the graph models' engine on TensorFlow) refused a
+    # `max_N` above the channel count, so the explorer's 64 lost Score-CAM
+    # for every small CNN; the tape path took all channels.
+    model = make()
+    model(IMAGES)
+    np.testing.assert_allclose(
+        grad_cam(model, IMAGES, method="scorecam", max_channels=64),
+        grad_cam(model, IMAGES, method="scorecam"), atol=1e-6,
+    )

@@ -269,12 +269,17 @@ def tf_keras_vis_cam(model, images, indices, target, method, options=CamOptions(
         normalize_cam=False,
     )
     if method == "scorecam":
+        # tf-keras-vis refuses a `max_N` above the channel count; all of
+        # them is `None` there, as on the tape path (JAX, torch).
+        max_n = options.max_channels
+        if max_n is not None and max_n >= target.layer.output.shape[-1]:
+            max_n = None
         # tf-keras-vis clones the model: the clone takes the linear outputs.
         with quiet_predict(), linear_outputs(model):
             cam = Scorecam(model)(
                 score,
                 images,
-                max_N=options.max_channels,
+                max_N=max_n,
                 batch_size=options.batch_size,
                 **kwargs,
             )
