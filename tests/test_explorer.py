@@ -240,6 +240,61 @@ def test_graph_page_keeps_the_nodes_nearest_node_0(tmp_path):
     np.testing.assert_allclose(first.reshape(expected.shape), expected, rtol=1e-6)
 
 
+def test_graph_page_of_layers_with_and_without_self_loops(tmp_path):
+    # The self loops were read from the first layer alone: a second one
+    # without them (or the other order) failed with an IndexError.
+    nodes, edges = keras.Input((3,)), keras.Input((None,), dtype="int32")
+    x = np.random.default_rng(0).random((6, 3)).astype("float32")
+    e = np.array([[0, 1, 2, 3, 4, 5, 1], [1, 2, 3, 4, 5, 0, 0]], "int32")
+    for loops in ((True, False), (False, True)):
+        keras.utils.set_random_seed(0)
+        h = ka_layers.GraphAttention(4, num_heads=2, add_self_loops=loops[0],
+                                     name="first")([nodes, edges])
+        h = ka_layers.GraphAttention(2, num_heads=1, add_self_loops=loops[1],
+                                     name="second")([h, edges])
+        model = keras.Model([nodes, edges], h)
+        data = page_data(explore(model, [x, e], tmp_path / "g.html"))
+        assert len(data["edges"]["source"]) == 7 + 6
+        without = "second" if loops[0] else "first"
+        for layer in data["layers"]:
+            values = np.frombuffer(base64.b64decode(layer["data"]), "<f4")
+            values = values.reshape(13, layer["heads"])
+            if layer["name"] == without:
+                assert not values[7:].any()
+        assert any(f"{without} adds no self loops" in n for n in data["notes"])
+
+
+def test_image_page_of_a_one_output_classifier_and_of_chosen_layers(tmp_path):
+    # One sigmoid output read as a softmax over one logit: "class 0 (p = 1)"
+    # for every image. A rollout through the chosen layers said "all".
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16, 16, 1))
+    x = keras.layers.Conv2D(4, 3, padding="same")(inputs)
+    x = ka_layers.CBAM(reduction=2)(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(x))
+    p = float(model(bar_image())[0, 0])
+    data = page_data(explore(model, bar_image(), tmp_path / "b.html", cam_methods=()))
+    assert data["predicted"] == ("class 1" if p >= 0.5 else "class 0")
+    assert data["probability"] == pytest.approx(max(p, 1 - p), abs=1e-4)
+    data = page_data(explore(tiny_vit(), bar_image(), tmp_path / "v.html",
+                             layers=[1], cam_methods=()))
+    assert data["rollout"]["through"] == "the 1 chosen layer"
+    swin = VisionTransformer(
+        image_size=16, patch_size=2, num_classes=3, hidden_dim=8, depth=[2],
+        num_heads=2, mlp_dim=16, num_channels=1, attention="local_window",
+        window_size=4,
+    )
+    data = page_data(explore(swin, bar_image(), tmp_path / "s.html", cam_methods=()))
+    assert "rollout" not in data  # as attention_rollout: none through windows
+
+
+def test_nan_weights_are_noted(tmp_path):
+    image = np.full((1, 16, 16, 1), np.nan, "float32")
+    data = page_data(explore(tiny_vit(), image, tmp_path / "n.html", cam_methods=()))
+    assert any("NaN or infinite" in n for n in data["notes"])
+
+
 def test_no_registry_layer_is_an_error(tmp_path):
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     with pytest.raises(ValueError, match="no attention layer of the registry"):

@@ -159,27 +159,38 @@ def quantised_rows(weights):
 
 def matrix_layer(name, weights, **extra):
     """A layer entry for `(H, T, S)` weights; `"below_zero"`, the lowest
-    weight, where some are negative (shown as 0: `negative_notes`)."""
+    weight, where some are negative, and `"not_finite"`, how many are NaN
+    or infinite (both shown as 0: `weight_notes`)."""
     heads, rows, cols = weights.shape
     entry = {"name": name, "heads": heads, "rows": rows, "cols": cols}
     entry.update(quantised_rows(weights))
-    lowest = float(np.nanmin(weights)) if np.size(weights) else 0.0
+    finite = np.isfinite(weights)
+    lowest = float(np.min(weights, where=finite, initial=0.0))
     if lowest < 0:
         entry["below_zero"] = lowest
+    if not finite.all():
+        entry["not_finite"] = int(np.size(weights) - finite.sum())
     entry.update(extra)
     return entry
 
 
-def negative_notes(payload):
+def weight_notes(payload):
     """A note per layer of `payload` whose weights go below 0 (the
     non-local block's `"dot"` mode: dot products over N, no softmax): the
-    page draws weights from 0, so those read as 0 there."""
+    page draws weights from 0, so those read as 0 there; and one per layer
+    with NaN or infinite weights (a NaN input), also drawn as 0."""
     notes = []
     for entry in payload.get("layers", []):
         if isinstance(entry, dict) and "below_zero" in entry:
             notes.append(
                 f"{entry['name']}: some weights are negative (down to "
                 f"{entry['below_zero']:.3g}); the page shows them as 0."
+            )
+        if isinstance(entry, dict) and "not_finite" in entry:
+            notes.append(
+                f"{entry['name']}: {entry['not_finite']} weights are NaN or "
+                "infinite (the input or the model gave them); the page "
+                "shows them as 0."
             )
     return notes
 

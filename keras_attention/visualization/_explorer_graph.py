@@ -12,9 +12,21 @@ def graph_payload(context, inputs, layers, node_labels):
     num_nodes = features.shape[-2]
     coefficient_sets = _coefficients(context, inputs, layers, flat_edges, num_nodes)
     all_edges = flat_edges
-    if coefficient_sets[0][1].shape[0] == flat_edges.shape[1] + num_nodes:
+    count = flat_edges.shape[1]
+    if any(value.shape[0] == count + num_nodes for _, value in coefficient_sets):
+        # Some layer adds a self loop per node (after the given edges); one
+        # that adds none (`add_self_loops=False`) puts 0 on them.
         loops = np.arange(num_nodes)
         all_edges = np.concatenate([flat_edges, np.stack([loops, loops])], axis=1)
+        for index, (name, value) in enumerate(coefficient_sets):
+            if value.shape[0] == count:
+                coefficient_sets[index] = (name, np.concatenate(
+                    [value, np.zeros((num_nodes, value.shape[1]), value.dtype)]
+                ))
+                context.notes.append(
+                    f"{name} adds no self loops: the loops the other graph "
+                    "layers add show 0 for it."
+                )
     keep_nodes = _nodes_to_keep(context, flat_edges, num_nodes)
     position_of = -np.ones(num_nodes, "int64")
     position_of[keep_nodes] = np.arange(len(keep_nodes))

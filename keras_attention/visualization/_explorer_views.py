@@ -200,6 +200,7 @@ def image_payload(context, inputs, index, layers, class_names, cam_methods):
     size = image.shape[1:3]
     grids = _grid.model_grids(context.model)  # the model's own patch grids
     entries, spatial, self_attention = [], [], []
+    windowed = False
     for name, value in data.each_call(weights):
         if isinstance(value, tuple):  # CBAM: (channel weights, spatial map)
             value = next(
@@ -210,6 +211,7 @@ def image_payload(context, inputs, index, layers, class_names, cam_methods):
                 continue
         value = np.asarray(value)
         if value.ndim == 5:  # LocalWindowAttention: (B, nW, H, T, T)
+            windowed = True
             value = windows_on_grid(context, name, value)
             if value is None:
                 continue
@@ -244,13 +246,19 @@ def image_payload(context, inputs, index, layers, class_names, cam_methods):
     entries = data.fit_budget(context, entries)
     payload = {"image": data.image_bytes(image[0]), "layers": entries, "spatial": spatial}
     sizes = {v.shape[-1] for v in self_attention}
-    if self_attention and len(sizes) == 1:
+    # As `attention_rollout`: none through window attention (its maps
+    # zero outside each window, not a flow between all patches).
+    if self_attention and len(sizes) == 1 and not windowed:
         rolled = rollout_lib.rollout_matrices(self_attention)  # (1, N, N)
         first = entries[0]
+        through = "all layers" if layers is None else (
+            f"the {len(self_attention)} chosen layer"
+            + "s" * (len(self_attention) > 1)
+        )
         payload["rollout"] = data.matrix_layer(
-            "attention rollout (mean of heads, all layers)",
+            f"attention rollout (mean of heads, {through})",
             rolled.astype("float32"), grid=first["grid"],
-            classToken=first["classToken"],
+            classToken=first["classToken"], through=through,
         )
     payload.update(predictions(context, image, class_names))
     cams = []
@@ -268,7 +276,7 @@ def image_payload(context, inputs, index, layers, class_names, cam_methods):
                 {"name": CAM_TITLES[method], "rows": size[0], "cols": size[1],
                  "data": data.map_bytes(values[0])}
             )
-        if "scorecam" in cam_methods and cams:
+        if any(c["name"] == CAM_TITLES["scorecam"] for c in cams):
             context.notes.append(
                 "Score-CAM uses at most the 64 channels with the largest "
                 "spread (Faster Score-CAM)."
@@ -310,7 +318,10 @@ def predictions(context, image, class_names):
     if not keras.ops.is_tensor(outputs) or len(outputs.shape) != 2:
         return {}
     logits = np.asarray(keras.ops.convert_to_numpy(outputs), "float64")[0]
-    if logits.min() >= 0 and abs(logits.sum() - 1) < 1e-3:
+    if len(logits) == 1:  # one output: class 1's probability (sigmoid)
+        p = logits[0] if 0 <= logits[0] <= 1 else 1 / (1 + np.exp(-logits[0]))
+        probabilities = np.array([1 - p, p])
+    elif logits.min() >= 0 and abs(logits.sum() - 1) < 1e-3:
         probabilities = logits
     else:
         probabilities = np.exp(logits - logits.max())

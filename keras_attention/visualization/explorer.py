@@ -148,7 +148,7 @@ def explore(
     payload["kind"] = kind
     payload["model"] = getattr(model, "name", type(model).__name__)
     payload["title"] = title or f"Attention of {payload['model']}"
-    payload["notes"] = context.notes + data.negative_notes(payload)
+    payload["notes"] = context.notes + data.weight_notes(payload)
     payload["colormaps"] = data.colormaps()
     write_text_atomically(target, render_page(payload))
     return target

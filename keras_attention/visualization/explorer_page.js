@@ -365,7 +365,7 @@ function initImage() {
       panel("Attention of a patch", "Hover the image to choose the query patch (white square); the overlay is where it attends in the selected layer and head.",
         main, el("div", { id: "mainlegend" })),
       panel("Heads of this layer", "The same query, every head. Click a head to select it.", el("div", { class: "grid", id: "heads" })));
-    if (rollout) app.append(panel("Attention rollout", "Attention flow through all layers (Abnar & Zuidema, 2020), mean of heads, for the same query.", el("canvas", { id: "rollout" })));
+    if (rollout) app.append(panel("Attention rollout", "Attention flow through " + (D.rollout.through || "all layers") + " (Abnar & Zuidema, 2020), mean of heads, for the same query.", el("canvas", { id: "rollout" })));
   }
   if (!layers.length) controls.append(el("span", { class: "hint", text: "No self-attention over patches in this model: its class activation maps and spatial attention maps are below." }));
   if (D.cams.length) {
