@@ -356,6 +356,24 @@ def test_text_token_weights_of_a_mixed_precision_model_are_float32():
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-2)
 
 
+def test_text_token_weights_take_python_lists():
+    # A list was mapped over as a structure: `'list' object has no
+    # attribute 'shape'`, for ids and texts alike.
+    preprocessor = TextClassifierPreprocessor.from_texts(
+        TEXTS, vocabulary_size=100, sequence_length=8
+    )
+    model = TextClassifier(
+        num_classes=2, preprocessor=preprocessor, hidden_dim=8, depth=1,
+        num_heads=2, mlp_dim=8, pooling_units=4,
+    )
+    ids = np.asarray(preprocessor(TEXTS[:2]))
+    np.testing.assert_array_equal(
+        model.token_weights(ids.tolist()), model.token_weights(ids)
+    )
+    with pytest.raises(ValueError, match="not text"):
+        model.token_weights(TEXTS[:1])
+
+
 def test_attention_pooling_matches_numpy():
     from keras_attention.applications.text_classifier import AttentionPooling
 

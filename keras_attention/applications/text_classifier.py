@@ -140,6 +140,15 @@ def _batches(inputs, batch_size):
         yield keras.tree.map_structure(lambda a: a[i : i + batch_size], inputs)
 
 
+def _as_arrays(inputs):
+    """Token ids as NumPy: a dict's values each, anything else whole (a
+    list of rows, or of texts, is one array: mapped over as a structure,
+    it became a list of rows without a `shape`)."""
+    if isinstance(inputs, dict):
+        return {key: np.asarray(value) for key, value in inputs.items()}
+    return np.asarray(inputs)
+
+
 def _holds_text(value):
     """Whether `value` is strings: a NumPy array of `str`/`bytes`/objects,
     or a TensorFlow string tensor or spec."""
@@ -344,7 +353,7 @@ class TextClassifierBackbone(app_base.Backbone):
 
     def token_features(self, inputs):
         """The encoded tokens `(B, T, hidden_dim)`, before pooling."""
-        inputs = keras.tree.map_structure(np.asarray, inputs)
+        inputs = _as_arrays(inputs)
         self.check_inputs(inputs)
         return ops.convert_to_numpy(self.tokens_model(inputs, training=False))
 
@@ -358,7 +367,7 @@ class TextClassifierBackbone(app_base.Backbone):
                 "token_weights needs attention pooling. Received: "
                 f"pooling={self.pooling!r}"
             )
-        token_ids = keras.tree.map_structure(np.asarray, token_ids)
+        token_ids = _as_arrays(token_ids)
         self.check_inputs(token_ids)
         if self._weights_model is None:
             self._weights_model = keras.Model(self.input, self._weights_output)
