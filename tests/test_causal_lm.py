@@ -409,3 +409,37 @@ def test_prompts_and_lengths_of_one_bucket_share_a_compiled_loop():
                 np.argmax(logits[length - 1:-1, 1:], -1) + 1, out[length:]
             )
     assert len(model._generation.loops._loops) == 1
+
+
+def test_a_new_sampler_object_with_the_same_settings_shares_the_loop():
+    # A new `TopKSampler(k=5)` at each call (the docstring's way) compiled
+    # a new loop each time, and every one stayed cached. The model's twin
+    # of it runs now, seeded from the object, and hands its state back.
+    model = tiny()
+    prompt = ids(2, 4)
+    first = model.generate(prompt, max_length=10, jit_compile=False,
+                           sampler=keras_hub.samplers.TopKSampler(k=V, seed=3))
+    sampler = keras_hub.samplers.TopKSampler(k=V, seed=3)
+    start = [numpy(v) for v in sampler.variables]
+    again = model.generate(prompt, max_length=10, sampler=sampler, jit_compile=False)
+    np.testing.assert_array_equal(again, first)  # the same seed, the same ids
+    assert len(model._generation.loops._loops) == 1
+    moved = [numpy(v) for v in sampler.variables]
+    assert any((a != b).any() for a, b in zip(start, moved))  # it advanced
+    third = model.generate(prompt, max_length=10, sampler=sampler, jit_compile=False)
+    assert (third != again).any()  # from the advanced state, as its own run
+    model.generate(prompt, max_length=10, jit_compile=False,
+                   sampler=keras_hub.samplers.TopKSampler(k=3, seed=3))
+    assert len(model._generation.loops._loops) == 2  # other settings
+
+
+def test_compiled_loops_keep_the_most_recent():
+    from keras_attention.applications.compiling import CompiledLoops
+
+    loops, model = CompiledLoops(), tiny()
+    for key in range(CompiledLoops.MAX_LOOPS + 3):
+        loops.get(model, key, lambda: (lambda: None), jit_compile=False)
+    loops.get(model, 3, lambda: (lambda: None), jit_compile=False)  # used again
+    loops.get(model, "new", lambda: (lambda: None), jit_compile=False)
+    assert len(loops._loops) == CompiledLoops.MAX_LOOPS
+    assert 3 in loops._loops and 4 not in loops._loops

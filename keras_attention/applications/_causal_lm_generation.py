@@ -1,8 +1,9 @@
 """`CausalLM`'s generation machinery: the sampler, the prompts, the loop.
 
 `_sampler` makes a named keras-hub sampler once per model (seeded at each
-call) or checks a given one (`_check_sampler`: what keras-hub would only
-fail on deep in the loop); `_check_prompts` turns the prompts into padded
+call), or checks a given one (`_check_sampler`: what keras-hub would only
+fail on deep in the loop) and runs the model's twin of it (`_twin_of`: one
+compiled loop per settings, not per sampler object); `_check_prompts` turns the prompts into padded
 `(B, max_length)` ids, their mask and lengths; `_generate_function` builds
 (once per batch size, bucket of lengths and setting) the loop that prefills the
 cache and runs the sampler, through the key/value cache or re-running the
@@ -34,7 +35,7 @@ class CausalLMGeneration:
         import keras_hub
 
         if isinstance(sampler, keras_hub.samplers.Sampler):
-            return self._check_sampler(sampler)
+            return self._twin_of(self._check_sampler(sampler))
         if sampler not in SAMPLERS:
             raise base.invalid(
                 "sampler", f"one of {SAMPLERS} or a keras_hub.samplers.Sampler",
@@ -53,6 +54,34 @@ class CausalLMGeneration:
             state.assign(np.array([seed, 0], keras.backend.standardize_dtype(
                 state.dtype)))
         return sampler
+
+    def _twin_of(self, sampler):
+        """The model's own sampler of `sampler`'s class and settings, its
+        seed state copied from `sampler`: the compiled loop is kept per
+        settings (a new `TopPSampler(p=0.9)` at each call compiled anew,
+        and every loop stayed cached). `_hand_back` copies the state
+        back after the call, so `sampler` advances as if it had run."""
+        import json
+
+        config = sampler.get_config()
+        key = (type(sampler).__name__, json.dumps(config, sort_keys=True, default=str))
+        twin = self._generation.samplers.get(key)
+        if twin is None:
+            python_state = random.getstate()  # an unseeded one draws a seed
+            twin = type(sampler).from_config(config)
+            random.setstate(python_state)
+            self._generation.samplers[key] = twin
+        if twin is not sampler:
+            for mine, theirs in zip(twin.variables, sampler.variables):
+                mine.assign(theirs)
+        return twin
+
+    @staticmethod
+    def _hand_back(given, twin):
+        """`given`'s seed state from its twin's after a call (`_twin_of`)."""
+        if given is not twin and not isinstance(given, str):
+            for theirs, mine in zip(given.variables, twin.variables):
+                theirs.assign(mine)
 
     def _check_sampler(self, sampler):
         """Settings keras-hub would only fail on deep in the loop."""

@@ -407,13 +407,16 @@ class CausalLM(
             jit_compile: compile the loop with XLA (TensorFlow, JAX; torch
                 runs it eagerly), once per batch size, setting and bucket
                 of lengths (`max_length` and the shortest prompt in steps
-                of `LENGTH_BUCKET`; a beam search per exact lengths).
+                of `LENGTH_BUCKET`; a beam search per exact lengths). A
+                sampler object's settings count, not the object: a new
+                `TopPSampler(p=0.9)` at each call reuses the loop (with its
+                seed state, which advances as its own would).
 
         Returns:
             int32 ids `(B, max_length)` (`(max_length,)` for a `(P,)`
             prompt), the prompts followed by the generated ids.
         """
-        sampler = self._sampler(sampler)
+        given, sampler = sampler, self._sampler(sampler)
         ids, mask, lengths, single = self._check_prompts(prompt_ids, max_length)
         if _is_beam(sampler) and len(set(lengths)) > 1:
             # keras-hub's beam search ranks the beams before it puts a
@@ -427,6 +430,7 @@ class CausalLM(
                     ids[rows, :length], max_length, sampler, stop_token_ids,
                     use_cache, jit_compile,
                 )
+            self._hand_back(given, sampler)
             return out
         stop = None if stop_token_ids is None else tuple(
             int(i) for i in np.ravel(stop_token_ids)
@@ -443,6 +447,7 @@ class CausalLM(
         key = (len(ids), width, start, bool(use_cache), stop, bool(jit_compile))
         function = self._generate_function(key, sampler)
         out = np.array(ops.convert_to_numpy(function(ids, mask)), "int32")
+        self._hand_back(given, sampler)
         out = out[:, :max_length]
         if stop is not None:
             for row, length in zip(out, lengths):

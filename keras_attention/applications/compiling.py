@@ -26,6 +26,11 @@ class CompiledLoops:
     call (`_jax_jit`), so new values (`fit`, `set_weights`) are seen.
     """
 
+    # The loops kept, the least recently used dropped first: a service that
+    # decodes many batch sizes and lengths kept every one (each holding its
+    # traced graph).
+    MAX_LOOPS = 32
+
     def __init__(self):
         self._loops, self._weights = {}, None
 
@@ -45,6 +50,10 @@ class CompiledLoops:
             elif jit_compile and keras.backend.backend() == "jax":
                 function = _jax_jit(function, [*model.variables, *variables])
             self._loops[key] = function
+            while len(self._loops) > self.MAX_LOOPS:
+                del self._loops[next(iter(self._loops))]
+        else:
+            self._loops[key] = self._loops.pop(key)  # the most recent last
         return self._loops[key]
 
 
