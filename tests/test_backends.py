@@ -584,3 +584,29 @@ def test_graph_attention_reads_no_edge_values_under_torch_compile():
     np.testing.assert_allclose(
         keras.ops.convert_to_numpy(compiled(nodes, edges)), eager, atol=1e-6
     )
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile")
+def test_sequence_layers_trace_as_one_graph_under_torch_compile():
+    # The score scale went through a NumPy float64 (TensorFlow's precision
+    # fix), which Dynamo cannot trace: the additive layer, and the
+    # multi-head and scaled dot-product layers returning their weights,
+    # broke into several graphs.
+    import torch
+
+    from keras_attention.layers import AdditiveAttention
+    from keras_attention.layers import MultiHeadAttention
+    from keras_attention.layers import ScaledDotProductAttention
+
+    x = torch.rand(2, 6, 8)
+    calls = {
+        "additive": (AdditiveAttention(units=4), lambda l: l([x, x])),
+        "multi_head": (MultiHeadAttention(num_heads=2, key_dim=4),
+                       lambda l: l(x, return_attention_scores=True)),
+        "scaled_dot_product": (ScaledDotProductAttention(),
+                               lambda l: l([x, x], return_attention_scores=True)),
+    }
+    for name, (layer, call) in calls.items():
+        call(layer)  # built eagerly
+        explained = torch._dynamo.explain(lambda: call(layer))()
+        assert explained.graph_break_count == 0, (name, explained.break_reasons)

@@ -47,8 +47,9 @@ def scalar_as(value, dtype):
     """`value` as a scalar of `dtype`, a Python number rounded once: on
     TensorFlow `ops.cast` of a Python float goes through float32 (keras's
     floatx), so a float64 score scale like `1 / sqrt(8)` kept float32's
-    precision only."""
-    if isinstance(value, numbers.Real):
+    precision only. (TensorFlow only: elsewhere a Python float converts
+    exactly, and a NumPy scalar broke `torch.compile`'s graph.)"""
+    if isinstance(value, numbers.Real) and keras.backend.backend() == "tensorflow":
         value = np.float64(value)
     return ops.cast(value, dtype)
 
