@@ -2,6 +2,7 @@
 (`set_autotune(cache_file=...)`, `ops/choice_file.py`)."""
 
 import json
+import os
 
 import keras
 import numpy as np
@@ -151,3 +152,17 @@ def test_a_cache_file_named_by_the_environment_is_checked(tmp_path, monkeypatch)
         with pytest.warns(UserWarning, match="KERAS_ATTENTION_AUTOTUNE_CACHE.*ignored"):
             assert autotune._cache_from_environment() is None
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux /proc")
+def test_the_umask_is_read_without_setting_it(monkeypatch):
+    # Setting it to 0 to read it opened, for that instant, any file another
+    # thread of the process made to everyone.
+    real = os.umask(0o022)
+    os.umask(real)
+
+    def refuse(mask):
+        raise AssertionError("os.umask was called")
+
+    monkeypatch.setattr(choice_file.os, "umask", refuse)
+    assert choice_file._umask() == real

@@ -230,10 +230,24 @@ def _mode(path):
     try:
         mode = os.stat(path).st_mode & 0o7777
     except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+        return 0o666 & ~_umask()
     return mode if mode & 0o222 else None
+
+
+def _umask():
+    """The process's umask, read from `/proc` where there is one: setting
+    it to read it (`os.umask`) briefly left any file another thread made
+    meanwhile open to everyone."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    umask = os.umask(0o077)  # the least open while it is being read
+    os.umask(umask)
+    return umask
 
 
 def _store(path, machine_, key, budget, implementation, reason, timings_ms):
