@@ -54,6 +54,7 @@ import keras
 from keras import ops
 
 from keras_attention.ops import positions
+from keras_attention.ops.gradients import custom_gradient
 from keras_attention.ops.masks import MASK_VALUE
 from keras_attention.ops.masks import scalar_as
 from keras_attention.ops.masks import sliding_window_mask
@@ -282,7 +283,7 @@ def long_self_attention(layer, x, causal, chunk, query_block=None):
             layer, denses, x_rows, ws, q_start, k_start, layout
         )
 
-    @ops.custom_gradient
+    @custom_gradient
     def attend(x, *weights):
         batch, dim = ops.shape(x)[0], x.shape[-1]
         tail = [0] * len(out_shape)

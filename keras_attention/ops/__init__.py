@@ -38,6 +38,8 @@ One module per topic:
   own XLA computation (`xla_cpu.compiles_blocked_core`; recorded in
   `dispatch_choices()`).
 - `xla_cpu`: forms XLA's CPU backend runs faster than the simple ones.
+- `gradients`: `custom_gradient`, how every core above gets its own
+  backward pass (keras's, without TensorFlow's registry entry per trace).
 - `positions`: `rotary_embedding` (RoPE, the half-split rotation of
   LLaMA and keras-hub) and `alibi_slopes` (ALiBi's per-head slopes).
 - `random`: `hash_bits`, `hash_dropout`, counter-based random bits and

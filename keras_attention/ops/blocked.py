@@ -29,6 +29,7 @@ import keras
 from keras import ops
 
 from keras_attention._validation import check_positive_int
+from keras_attention.ops.gradients import custom_gradient
 from keras_attention.ops.masks import MASK_VALUE
 from keras_attention.ops.masks import causal_mask
 from keras_attention.ops.masks import check_sliding_window
@@ -408,7 +409,7 @@ def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
     if compiled:
         forward, backward = xla_compiled(_forward), xla_compiled(_backward)
 
-    @ops.custom_gradient
+    @custom_gradient
     def attend(q, k, v):
         # Saved for the backward: the inputs, the output and the
         # log-sum-exp, nothing else of length size.

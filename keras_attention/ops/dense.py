@@ -24,6 +24,7 @@ import keras
 from keras import ops
 
 from keras_attention.ops import autotune
+from keras_attention.ops.gradients import custom_gradient
 from keras_attention.ops import xla_cpu
 from keras_attention.ops.blocked import block_mask
 from keras_attention.ops.blocked import pad_queries
@@ -137,7 +138,7 @@ def dense_core(q, k, v, mask, pairs=None):
     if pairs:
         return _pair_groups(q, k, v, mask, pairs)
 
-    @ops.custom_gradient
+    @custom_gradient
     def attend(q, k, v, *masks):
         weights = _weights(q, k, masks[0] if masks else None, None, v.dtype)
         out = matmul(weights, v)  # (B, H, T, Dv)
@@ -286,7 +287,7 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
         missing = ops.shape(like)[2] - ops.shape(d)[2]
         return ops.pad(ops.cast(d, wide), [[0, 0], [0, 0], [0, missing], [0, 0]])
 
-    @ops.custom_gradient
+    @custom_gradient
     def attend(q, k, v):
         def forward(i, out, kept=None):
             q_i, k_i, v_i = inputs_of(q, k, v, i)

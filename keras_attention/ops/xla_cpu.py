@@ -13,6 +13,7 @@ import keras
 from keras import ops
 
 from keras_attention.ops import autotune
+from keras_attention.ops.gradients import custom_gradient
 from keras_attention.ops.masks import MASK_VALUE
 from keras_attention.ops.masks import mask_arguments
 
@@ -301,7 +302,7 @@ def unnormalised_attention(q, k, v, mask):
         "row sums instead of its (B, H, T, S) weights",
     )
 
-    @ops.custom_gradient
+    @custom_gradient
     def attend(q, k, v, *masks):
         mask = masks[0] if masks else None
         if _forward_in_pairs_taken(q, k):

@@ -1,0 +1,68 @@
+"""`custom_gradient`: Keras's `ops.custom_gradient`, without TensorFlow's
+process-wide registry entry per trace.
+
+In a TensorFlow graph (a `tf.function`, so every Keras `fit`, `predict`
+or XLA step) `tf.custom_gradient` registers each traced call's gradient
+under a new name in TensorFlow's global gradient registry, which is never
+emptied: the entry holds the gradient function, and through it the whole
+traced graph, for the life of the process (tensorflow/tensorflow#27492,
+#97697). A service that traced our layers again and again (new shapes,
+models built and dropped) kept every one of those graphs, where Keras's
+own attention layer (no custom gradient) kept none.
+
+Here the gradient is set on the one op that carries it (TensorFlow's own
+`Graph._override_gradient_function`, which its concrete functions use for
+theirs), so it lives and dies with its graph; a `GradientTape` inside the
+function takes it from the tape record, as `tf.custom_gradient` does.
+Eagerly, and on JAX and torch, this is `keras.ops.custom_gradient`.
+"""
+
+import keras
+from keras import ops
+
+
+def custom_gradient(f):
+    """`keras.ops.custom_gradient(f)` that leaves nothing behind in a
+    TensorFlow graph (see the module's docstring).
+
+    `f(*tensors)` returns `(result, grad)`, `grad(*upstream)` the
+    gradients of the tensors (`None` for one without); no variables are
+    read inside `f` (the attention cores take tensors only).
+    """
+    keras_version = ops.custom_gradient(f)
+    if keras.backend.backend() != "tensorflow":
+        return keras_version
+
+    def wrapped(*args):
+        import tensorflow as tf
+
+        graph = tf.compat.v1.get_default_graph()
+        if tf.executing_eagerly() or graph._gradient_function_map:
+            return keras_version(*args)  # eager: the tape alone, no registry
+        return _graph_call(f, graph, args)
+
+    return wrapped
+
+
+def _graph_call(f, graph, args):
+    import tensorflow as tf
+    from tensorflow.python.eager import record
+
+    args = [tf.convert_to_tensor(a) for a in args]
+    result, grad_fn = f(*args)
+    flat = tf.nest.flatten(result)
+    count = len(flat)
+
+    def tape_grad(*upstream):
+        grads = grad_fn(*upstream[:count])
+        grads = list(grads) if isinstance(grads, (list, tuple)) else [grads]
+        return [None] * count + grads  # one per input of the IdentityN
+
+    def op_grad(unused_op, *upstream):
+        return tape_grad(*upstream)
+
+    originals = flat + args
+    with graph._override_gradient_function({"IdentityN": op_grad}):
+        outputs = tf.identity_n(originals)
+    record.record_operation(f.__name__, outputs, originals, tape_grad)
+    return tf.nest.pack_sequence_as(result, outputs[:count])
