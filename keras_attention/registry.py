@@ -463,9 +463,12 @@ def accepted_arguments(name, offered):
 
     Applications offer every layer the arguments they know (`num_heads`,
     `key_dim`, `window_size`, `reduction`, ...); each layer takes those its
-    constructor names.
+    constructor names, its bases' included where the class keeps them
+    (`config_keys`: a CBAM's `data_format`, taken through `**kwargs`).
     """
-    parameters = inspect.signature(get_class(name).__init__).parameters
+    cls = get_class(name)
+    parameters = set(inspect.signature(cls.__init__).parameters)
+    parameters.update(getattr(cls, "config_keys", ()))
     return {k: v for k, v in offered.items() if k in parameters}
 
 

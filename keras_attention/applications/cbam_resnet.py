@@ -127,6 +127,7 @@ class CBAMResNetBackbone(app_base.ImageBackbone):
             use_bias=False,
             kernel_initializer="he_normal",
             kernel_regularizer=regularizer,
+            data_format="channels_last",
             name="stem_conv",
         )(inputs)
         x = keras.layers.BatchNormalization(name="stem_norm")(x)
@@ -144,7 +145,9 @@ class CBAMResNetBackbone(app_base.ImageBackbone):
                     name=name,
                 )(x)
                 chain.append(name)
-        outputs = keras.layers.GlobalAveragePooling2D(name="pooling")(x)
+        outputs = keras.layers.GlobalAveragePooling2D(
+            data_format="channels_last", name="pooling"
+        )(x)
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
         self.keep_config(locals())

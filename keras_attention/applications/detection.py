@@ -277,7 +277,8 @@ class DETR(
     def _make_layers(self):
         self.backbone = make_backbone(self)
         self.input_projection = keras.layers.Conv2D(
-            self.hidden_dim, 1, name="input_projection", dtype=self.dtype_policy
+            self.hidden_dim, 1, name="input_projection",
+            data_format="channels_last", dtype=self.dtype_policy,
         )
         block_args = dict(
             num_heads=self.num_heads,

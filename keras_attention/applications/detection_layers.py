@@ -204,7 +204,8 @@ class DETRBackbone(ArgumentConfig, keras.layers.Layer):
     def build(self, input_shape):
         self.stem = keras.layers.Conv2D(
             self.filters[0], 3, self.stem_strides, padding="same",
-            use_bias=False, name="stem", dtype=self.dtype_policy,
+            use_bias=False, name="stem", data_format="channels_last",
+            dtype=self.dtype_policy,
         )
         self.stem_bn = keras.layers.BatchNormalization(
             name="stem_bn", dtype=self.dtype_policy

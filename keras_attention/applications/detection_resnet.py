@@ -107,7 +107,7 @@ class ResNetBackbone(ArgumentConfig, keras.layers.Layer):
         name = "_".join(str(part) for part in key)
         conv = keras.layers.Conv2D(
             filters, size, strides, use_bias=False, name=name,
-            dtype=self.dtype_policy,
+            data_format="channels_last", dtype=self.dtype_policy,
         )
         padded = list(shape)
         for axis in (1, 2):
@@ -182,7 +182,9 @@ class ResNetBackbone(ArgumentConfig, keras.layers.Layer):
         # `training` is ignored: the batch norm is frozen.
         x = ops.relu(self._apply(0, inputs))
         # Zero padding equals PyTorch's -inf padding after a ReLU.
-        x = ops.max_pool(_pad(x, 1), 3, 2, padding="valid")
+        x = ops.max_pool(
+            _pad(x, 1), 3, 2, padding="valid", data_format="channels_last"
+        )
         for convs, shortcut in self._blocks:
             h = x
             for position, unit in enumerate(convs):

@@ -66,6 +66,7 @@ class PatchEmbedding(ArgumentConfig, keras.layers.Layer):
             self.patch_size,
             strides=self.patch_size,
             padding="valid",
+            data_format="channels_last",
             name="projection",
             dtype=self.dtype_policy,
         )

@@ -5,10 +5,24 @@ share (CBAM's layers, `NonLocalBlock`): input and mask checks, their
 import keras
 from keras import ops
 
+from keras_attention._validation import invalid
 from keras_attention.layers import base
 
 # Masked positions never win a max-pool (float32 or float64 pooling only).
 NEG_INF = -1e30
+
+
+def standardize_data_format(data_format):
+    """`data_format` as Keras reads it: `None` is
+    `keras.config.image_data_format()`; else `"channels_last"` or
+    `"channels_first"` (a `ValueError` naming the argument otherwise)."""
+    if data_format is None:
+        return keras.config.image_data_format()
+    if data_format not in ("channels_last", "channels_first"):
+        raise invalid(
+            "data_format", '"channels_last", "channels_first" or None', data_format
+        )
+    return data_format
 
 
 def check_feature_map(shape, min_rank=3, max_rank=None):
@@ -70,11 +84,37 @@ class FeatureMapAttention(
         bias_initializer="zeros",
         kernel_regularizer=None,
         bias_regularizer=None,
+        data_format=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.supports_masking = True
         base.keep_weight_arguments(self, locals())
+        self.data_format = standardize_data_format(data_format)
+
+    # `data_format="channels_first"` (or Keras's global setting, as for its
+    # own `Conv2D`): the map is `(B, C, ...)`; the layers compute on the
+    # channels-last map, moved there and back (`to_last`, `from_last`).
+
+    def last_shape(self, shape):
+        """`shape` of a map with its channels last."""
+        shape = tuple(shape)
+        if self.data_format == "channels_first" and len(shape) > 2:
+            return shape[:1] + shape[2:] + shape[1:2]
+        return shape
+
+    def to_last(self, x):
+        """The map `x` with its channels last."""
+        if self.data_format == "channels_first":
+            return ops.moveaxis(x, 1, -1)
+        return x
+
+    def from_last(self, x):
+        """A channels-last map (the output, a spatial map) in this layer's
+        data format."""
+        if self.data_format == "channels_first":
+            return ops.moveaxis(x, -1, 1)
+        return x
 
     def _dense(self, name, units, input_dim, kernel_initializer=None):
         """A built `keras.layers.Dense` projection on the channels (a 1x1
@@ -90,8 +130,9 @@ class FeatureMapAttention(
         later call as keras's `input_spec` (as keras's `Conv2D` does): a
         built layer given a map of another rank or channel count raises
         keras's error naming the layer, not a wrong-shaped result."""
-        check_feature_map(input_shape, max_rank=self._max_rank)
-        channels = {-1: int(input_shape[-1])}
+        check_feature_map(self.last_shape(input_shape), max_rank=self._max_rank)
+        channel_axis = 1 if self.data_format == "channels_first" else -1
+        channels = {channel_axis: int(self.last_shape(input_shape)[-1])}
         if self._rank_fixed_at_build:
             self.input_spec = keras.InputSpec(ndim=len(input_shape), axes=channels)
         else:
@@ -104,5 +145,5 @@ class FeatureMapAttention(
         return mask
 
     def compute_output_shape(self, input_shape):
-        check_feature_map(input_shape, max_rank=self._max_rank)
+        check_feature_map(self.last_shape(input_shape), max_rank=self._max_rank)
         return tuple(input_shape)

@@ -117,7 +117,7 @@ class ChannelAttention(_ImageAttention):
 
     def build(self, input_shape):
         self.check_build_shape(input_shape)
-        channels = input_shape[-1]
+        channels = self.last_shape(input_shape)[-1]
         if channels % self.reduction:
             raise invalid(
                 "reduction",
@@ -143,7 +143,7 @@ class ChannelAttention(_ImageAttention):
 
     def call(self, inputs, return_attention_scores=False, mask=None,
              training=None):  # keras's `stateless_call` passes `training`
-        inputs = float_inputs(self, inputs)
+        inputs = self.to_last(float_inputs(self, inputs))
         mask = check_position_mask(mask, inputs)
         axes = tuple(range(1, len(inputs.shape) - 1))
         if mask is None:
@@ -167,7 +167,7 @@ class ChannelAttention(_ImageAttention):
         broadcast = ops.reshape(
             weights, (-1,) + (1,) * len(axes) + (inputs.shape[-1],)
         )
-        outputs = inputs * ops.cast(broadcast, inputs.dtype)
+        outputs = self.from_last(inputs * ops.cast(broadcast, inputs.dtype))
         if return_attention_scores:
             return outputs, weights
         return outputs
@@ -240,7 +240,7 @@ class SpatialAttention(_ImageAttention):
     def build(self, input_shape):
         self.check_build_shape(input_shape)
         # Kernel (k, ..., k, 2 pooled maps, 1 output channel).
-        pooled_shape = tuple(input_shape[:-1]) + (2,)
+        pooled_shape = self.last_shape(input_shape)[:-1] + (2,)
         self.conv = self._conv("conv", pooled_shape, 1, self.kernel_size)
         self.built = True
 
@@ -249,7 +249,7 @@ class SpatialAttention(_ImageAttention):
 
     def call(self, inputs, return_attention_scores=False, mask=None,
              training=None):  # keras's `stateless_call` passes `training`
-        inputs = float_inputs(self, inputs)
+        inputs = self.to_last(float_inputs(self, inputs))
         mask = check_position_mask(mask, inputs)
         avg = ops.mean(inputs, axis=-1, keepdims=True)  # (B, ..., 1)
         peak = ops.max(inputs, axis=-1, keepdims=True)
@@ -258,9 +258,9 @@ class SpatialAttention(_ImageAttention):
             pooled = ops.where(mask[..., None], pooled, ops.zeros_like(pooled))
         logits = self.conv(pooled)
         attention_map = ops.sigmoid(logits)  # (B, ..., 1)
-        outputs = inputs * attention_map
+        outputs = self.from_last(inputs * attention_map)
         if return_attention_scores:
-            return outputs, attention_map
+            return outputs, self.from_last(attention_map)
         return outputs
 
     def legacy_variables(self):
@@ -336,12 +336,14 @@ class CBAM(_ImageAttention):
             reduction=self.reduction,
             name="channel_attention",
             dtype=self.dtype_policy,
+            data_format=self.data_format,
             **weights_config,
         )
         self.spatial_attention = SpatialAttention(
             kernel_size=self.kernel_size,
             name="spatial_attention",
             dtype=self.dtype_policy,
+            data_format=self.data_format,
             **weights_config,
         )
         self.channel_attention.build(input_shape)

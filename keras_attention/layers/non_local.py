@@ -212,6 +212,7 @@ class NonLocalBlock(FeatureMapAttention):
 
     def build(self, input_shape):
         self.check_build_shape(input_shape)
+        input_shape = self.last_shape(input_shape)
         self.pool_size(len(input_shape) - 2)  # validates `sub_sample`
         channels = input_shape[-1]
         inter = self.inter_channels or max(1, channels // 2)
@@ -276,7 +277,7 @@ class NonLocalBlock(FeatureMapAttention):
         training=None,
         mask=None,
     ):
-        x = float_inputs(self, inputs)
+        x = self.to_last(float_inputs(self, inputs))
         spatial = tuple(x.shape[1:-1])
         mask = check_position_mask(mask, x)
         pool_size = self.pool_size(len(spatial))
@@ -324,7 +325,7 @@ class NonLocalBlock(FeatureMapAttention):
         z = self.output_dense(y)
         if self.batch_norm is not None:
             z = self.batch_norm(z, training=training, mask=mask)
-        outputs = x + ops.cast(z, x.dtype)
+        outputs = self.from_last(x + ops.cast(z, x.dtype))
         if return_attention_scores:
             return outputs, weights
         return outputs

@@ -230,6 +230,14 @@ def grad_cam(
     inputs_lib.check_score_cam_options(max_channels, batch_size)
     images = inputs_lib.check_images(images)
     target = find_cam_target(model, images, layer)
+    if getattr(target.layer, "data_format", None) == "channels_first":
+        # Its map (B, C, h, w) was read as (B, h, w, C): maps of (C, w).
+        raise ValueError(
+            "Grad-CAM reads channels-last feature maps (B, h, w, C), and "
+            f"the layer {target.path!r} is channels_first: build the model "
+            "channels-last, or pass `layer=` a channels-last one. Received: "
+            f"data_format={target.layer.data_format!r}"
+        )
     indices = class_indices(model, images, class_index)
     options = CamOptions(
         expand,

@@ -84,6 +84,7 @@ class ResidualAttentionBlock(ArgumentConfig, keras.layers.Layer):
             kernel_size,
             strides=strides,
             padding="same",
+            data_format="channels_last",
             use_bias=False,
             kernel_initializer=keras.initializers.get(self.kernel_initializer),
             kernel_regularizer=self.kernel_regularizer,
@@ -114,7 +115,10 @@ class ResidualAttentionBlock(ArgumentConfig, keras.layers.Layer):
         if self.attention is not None:
             self.attention_layer = registry.build(
                 self.attention,
-                {"reduction": default_reduction(self.filters), "kernel_size": 7},
+                # The blocks' maps are channels-last, whatever
+                # `keras.config.image_data_format()` says.
+                {"reduction": default_reduction(self.filters), "kernel_size": 7,
+                 "data_format": "channels_last"},
                 self.attention_kwargs,
                 name="attention",
                 dtype=self.dtype_policy,
