@@ -157,3 +157,30 @@ def test_float64_graph_attention_matches_the_papers_equations(version):
     want, want_alpha = graph_reference(layer, [x, edges], return_coefficients=True)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(out), want, rtol=0, atol=1e-12)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(alpha), want_alpha, rtol=0, atol=1e-12)
+
+
+def test_cached_decoding_under_a_float64_floatx():
+    # Under `set_floatx("float64")` Keras's `arange` gives int64: the cache
+    # positions (arange + an int32 index) failed in a TensorFlow graph,
+    # and with them the translators' and the causal LM's generation.
+    keras.config.set_floatx("float64")
+    try:
+        layer = MultiHeadAttention(
+            num_heads=4, key_dim=8, num_key_value_heads=2, sliding_window=16,
+            use_causal_mask=True, position_encoding="rope",
+        )
+        tokens = np.random.default_rng(0).random((1, 5, 32))
+        full = keras.ops.convert_to_numpy(layer(tokens))
+        def step(t, c, i):
+            return layer(t, cache=c, cache_update_index=i)
+
+        if keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            step = tf.function(step)  # the graph failed, not eager
+        out, _ = step(tokens[:, :1], np.zeros((1, 2, 16, 2, 8)), 0)
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(out)[0, 0], full[0, 0], atol=1e-10
+        )
+    finally:
+        keras.config.set_floatx("float32")

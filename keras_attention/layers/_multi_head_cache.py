@@ -162,11 +162,11 @@ class KVCache:
         q = self._query_dense(query)
         t_len, s_max = ops.shape(query)[1], cache.shape[2]
         index = 0 if cache_update_index is None else cache_update_index
-        q_pos = ops.arange(t_len) + ops.cast(index, "int32")
+        q_pos = ops.arange(t_len, dtype="int32") + ops.cast(index, "int32")
         key_cache, value_cache = cache[:, 0], cache[:, 1]
         if cache_update_index is None:
             k, v = key_cache, value_cache
-            k_pos = ops.arange(s_max)
+            k_pos = ops.arange(s_max, dtype="int32")
             valid = ops.ones((1, s_max), "bool")
             q, _, _ = self._encode_positions(q, q, {}, True, q_start=index)
         else:
@@ -189,7 +189,7 @@ class KVCache:
                     cache, [0, 0, index, 0, 0], ops.stack((new_k, new_v), axis=1)
                 )
                 k, v = cache[:, 0], cache[:, 1]
-                k_pos = ops.arange(s_max)
+                k_pos = ops.arange(s_max, dtype="int32")
             filled = ops.logical_and(
                 k_pos >= 0, k_pos < ops.cast(index, "int32") + t_len
             )
@@ -244,8 +244,11 @@ class KVCache:
         s) % W`), then the new tokens: every key at `index - W + s`."""
         window = self._sliding_window
         order = ops.concatenate([
-            ops.mod(ops.cast(index, "int32") + ops.arange(window), window),
-            window + ops.arange(ops.shape(k)[1] - window),
+            ops.mod(
+                ops.cast(index, "int32") + ops.arange(window, dtype="int32"),
+                window,
+            ),
+            window + ops.arange(ops.shape(k)[1] - window, dtype="int32"),
         ])
         return (
             ops.take(k, order, axis=1),
@@ -263,7 +266,7 @@ class KVCache:
         window = self._sliding_window
         t_len = ops.shape(new_k)[1]
         index = ops.cast(index, "int32")
-        slots = ops.arange(window)
+        slots = ops.arange(window, dtype="int32")
         # Slot j holds the newest position before `index` with p % W == j.
         old_pos = index - 1 - ops.mod(index - 1 - slots, window)
         last = index + t_len - 1
@@ -278,7 +281,9 @@ class KVCache:
         )
         k = ops.concatenate([key_cache, new_k], axis=1)
         v = ops.concatenate([value_cache, new_v], axis=1)
-        k_pos = ops.concatenate([old_pos, ops.arange(t_len) + index], axis=0)
+        k_pos = ops.concatenate(
+            [old_pos, ops.arange(t_len, dtype="int32") + index], axis=0
+        )
         return k, v, k_pos, ops.stack((ring_k, ring_v), axis=1)
 
     # ---------------------------------------- helpers of cached decoding
