@@ -235,3 +235,24 @@ def test_a_frozen_backbone_stays_frozen_in_training_and_in_its_file(tmp_path):
     loaded.fit(images, y, epochs=1, batch_size=4, verbose=0)
     for old, new in zip(before, loaded.backbone.get_weights()):
         np.testing.assert_array_equal(new, old)
+
+
+def test_detr_trains_under_a_float64_floatx():
+    # The matching cost's one-hot labels took floatx (float64) and met the
+    # float32 probabilities: a TypeError in `fit` (float16 alike).
+    from keras_attention import datasets
+    from keras_attention.applications import DETR
+
+    keras.config.set_floatx("float64")
+    try:
+        data = datasets.make_detection_set(4, image_size=32, max_objects=2,
+                                           object_scale=(8, 12))
+        model = DETR(num_classes=10, num_queries=4, hidden_dim=16, num_heads=2,
+                     num_encoder_layers=1, num_decoder_layers=1,
+                     feedforward_dim=16, backbone_filters=(8, 8, 8))
+        model.compile()
+        history = model.fit(data.images, {"boxes": data.boxes, "labels": data.labels},
+                            epochs=1, batch_size=4, verbose=0)
+        assert np.isfinite(history.history["loss"][0])
+    finally:
+        keras.config.set_floatx("float32")

@@ -130,7 +130,8 @@ def matching_cost(
     """
     num_logits = logits.shape[-1]
     probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)
-    onehot = ops.one_hot(ops.maximum(target_labels, 0), num_logits)
+    # float32 whatever floatx says (a float64 floatx made it float64).
+    onehot = ops.one_hot(ops.maximum(target_labels, 0), num_logits, dtype="float32")
     onehot = onehot * ops.cast(target_labels >= 0, "float32")[..., None]
     prob = ops.einsum("bnk,bmk->bnm", probs, onehot)
     pred_boxes = ops.cast(pred_boxes, "float32")
@@ -231,8 +232,12 @@ def set_prediction_loss(
     target_onehot = ops.einsum(
         "bnm,bmk->bnk",
         pairs,
-        ops.one_hot(ops.maximum(target_labels, 0), num_classes + 1),
-    ) + (1.0 - matched)[..., None] * ops.one_hot(num_classes, num_classes + 1)
+        ops.one_hot(
+            ops.maximum(target_labels, 0), num_classes + 1, dtype="float32"
+        ),
+    ) + (1.0 - matched)[..., None] * ops.one_hot(
+        num_classes, num_classes + 1, dtype="float32"
+    )
     cross_entropy = -ops.sum(
         target_onehot * ops.log_softmax(logits, axis=-1), axis=-1
     )  # B, N
