@@ -17,6 +17,7 @@ import inspect
 import threading
 
 import keras
+from keras.src.backend.common import global_state
 
 
 # The keras objects a class may take by name or instance: stored as keras's
@@ -311,6 +312,15 @@ def build_with_graph_state(build, config, skip=None):
 _DTYPE_SCOPE = threading.local()
 
 
+def _global_policy():
+    """Keras's global dtype policy, without setting it when it is unset
+    (`keras.config.dtype_policy()` sets it to floatx's)."""
+    policy = global_state.get_global_attribute("dtype_policy", None)
+    return keras.dtype_policies.DTypePolicy(keras.config.floatx()) if (
+        policy is None
+    ) else policy
+
+
 def under_dtype_policy(init):
     """`init` (a functional model's constructor) with its `dtype=` argument
     honoured, as keras-hub's backbones honour theirs.
@@ -336,21 +346,24 @@ def under_dtype_policy(init):
             # it, as keras's layers write theirs (a `mixed_bfloat16` model
             # loaded as float32 in another process gave other logits).
             init(self, *args, **kwargs)
-            self._given_dtype_policy = keras.config.dtype_policy()
+            self._given_dtype_policy = _global_policy()
             return None
         # Inside another's scope (a task's backbone), the scope's policy:
         # the nested model writes it too, as it is loaded on its own.
-        policy = keras.config.dtype_policy() if dtype is None else (
+        policy = _global_policy() if dtype is None else (
             keras.dtype_policies.get(dtype)
         )
-        previous = keras.config.dtype_policy()
+        # The global setting as it was, unset included: restoring
+        # `keras.config.dtype_policy()` (which sets it when unset) pinned
+        # it, and a later `set_floatx` changed no new layer's dtype.
+        previous = global_state.get_global_attribute("dtype_policy", None)
         keras.config.set_dtype_policy(policy)
         _DTYPE_SCOPE.depth = depth + 1
         try:
             init(self, *args, **kwargs)
         finally:
             _DTYPE_SCOPE.depth = depth
-            keras.config.set_dtype_policy(previous)
+            global_state.set_global_attribute("dtype_policy", previous)
         self.dtype_policy = policy
         self._given_dtype_policy = policy
 

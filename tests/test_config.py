@@ -344,3 +344,27 @@ def test_a_misspelt_keyword_of_an_application_is_refused(name):
         cls(**_APPLICATIONS[name], dropout_rate=0.5)
     model = cls(**_APPLICATIONS[name], name="mine", trainable=False)
     assert model.name == "mine" and not model.trainable
+
+
+def test_building_an_application_leaves_keras_global_policy_unset():
+    # Restoring `keras.config.dtype_policy()` after a `dtype=` build set the
+    # global policy where it was unset: a later `set_floatx` changed no new
+    # layer's dtype in the whole process.
+    from keras.src.backend.common import global_state
+
+    from keras_attention.applications import VisionTransformer
+
+    previous = global_state.get_global_attribute("dtype_policy", None)
+    global_state.set_global_attribute("dtype_policy", None)
+    try:
+        # (Any Keras layer built without `dtype` sets it, Keras's own way:
+        # only the `dtype=` build is ours to keep from it.)
+        VisionTransformer(image_size=8, patch_size=4, num_classes=2,
+                          hidden_dim=8, depth=1, num_heads=2, mlp_dim=8,
+                          num_channels=1, dtype="bfloat16")
+        assert global_state.get_global_attribute("dtype_policy", None) is None
+        keras.config.set_floatx("float64")
+        assert keras.layers.Dense(2).dtype_policy.name == "float64"
+    finally:
+        keras.config.set_floatx("float32")
+        global_state.set_global_attribute("dtype_policy", previous)
