@@ -184,3 +184,19 @@ def test_cached_decoding_under_a_float64_floatx():
         )
     finally:
         keras.config.set_floatx("float32")
+
+
+def test_luong_general_scores_in_float64():
+    # Keras's torch `Dense` gives float32 for float64 inputs: the query's
+    # projection met float64 keys in the scores' einsum (a RuntimeError
+    # when the weights were returned).
+    from keras_attention.layers import ScaledDotProductAttention
+
+    rng = np.random.default_rng(0)
+    q, v = rng.random((2, 3, 4)), rng.random((2, 5, 4))
+    layer = ScaledDotProductAttention(score_mode="general", dtype="float64")
+    out, weights = layer([q, v], return_attention_scores=True)
+    assert keras.backend.standardize_dtype(weights.dtype) == "float64"
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(weights).sum(-1), 1.0, atol=1e-6
+    )

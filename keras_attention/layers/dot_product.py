@@ -117,7 +117,10 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
 
     def attend(self, query, value, key, mask, training, return_weights):
         if self.score_mode == "general":
-            query = self.general_dense(query)  # (B, T, Dk)
+            # In the keys' dtype: Keras's torch `Dense` gives float32 for
+            # float64 (its matmul's result type), which the scores' einsum
+            # refused beside float64 keys.
+            query = keras.ops.cast(self.general_dense(query), key.dtype)  # (B, T, Dk)
         scale = (
             1.0 / math.sqrt(query.shape[-1])
             if self.score_mode == "scaled_dot"
