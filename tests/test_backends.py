@@ -610,3 +610,29 @@ def test_sequence_layers_trace_as_one_graph_under_torch_compile():
         call(layer)  # built eagerly
         explained = torch._dynamo.explain(lambda: call(layer))()
         assert explained.graph_break_count == 0, (name, explained.break_reasons)
+
+
+def test_the_fused_kernel_is_told_when_flash_attention_is_off(monkeypatch):
+    # Keras's own layer passes `flash_attention=False` after
+    # `keras.config.disable_flash_attention()`; ours passed nothing, so the
+    # kernel could take flash attention (torch on CUDA, JAX on GPU).
+    from keras_attention.ops import dispatch
+
+    seen = []
+    original = keras.ops.dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("flash_attention"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch.ops, "dot_product_attention", spy)
+    q = np.random.default_rng(0).random((1, 4, 2, 8)).astype("float32")
+    dispatch.fused_attention(q, q, q)
+    keras.config.disable_flash_attention()
+    try:
+        dispatch.fused_attention(q, q, q)
+    finally:
+        keras.src.backend.common.global_state.set_global_attribute(
+            "flash_attention", None
+        )
+    assert seen == [None, False]

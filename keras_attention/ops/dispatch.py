@@ -411,14 +411,22 @@ def fused_attention(query, key, value, mask=None, is_causal=False, scale=None,
             mask, is_causal = _with_causal(mask, is_causal, query, key), False
             bias = ops.where(mask, bias, _large_negative(query.dtype))
             out = ops.dot_product_attention(
-                query, key, value, bias=bias, scale=scale
+                query, key, value, bias=bias, scale=scale,
+                flash_attention=_flash_setting(),
             )
             return _zero_unseen(out, mask, False, num_heads, out_dtype)
     out = ops.dot_product_attention(
         query, key, value, bias=bias, mask=mask, scale=scale,
-        is_causal=is_causal,
+        is_causal=is_causal, flash_attention=_flash_setting(),
     )
     return _zero_unseen(out, mask, is_causal, num_heads, out_dtype)
+
+
+def _flash_setting():
+    """`False` after `keras.config.disable_flash_attention()`, else `None`
+    (the backend decides), as Keras's own layer passes it: without it the
+    kernel could take flash attention the user switched off."""
+    return False if keras.config.is_flash_attention_enabled() is False else None
 
 
 def _with_causal(mask, is_causal, query, key):
