@@ -245,14 +245,14 @@ def test_detr_trains_under_a_float64_floatx():
 
     keras.config.set_floatx("float64")
     try:
-        data = datasets.make_detection_set(4, image_size=32, max_objects=2,
-                                           object_scale=(8, 12))
-        model = DETR(num_classes=10, num_queries=4, hidden_dim=16, num_heads=2,
+        data = datasets.make_detection_set(2, image_size=16, max_objects=1,
+                                           object_scale=(4, 6))
+        model = DETR(num_classes=10, num_queries=2, hidden_dim=8, num_heads=2,
                      num_encoder_layers=1, num_decoder_layers=1,
-                     feedforward_dim=16, backbone_filters=(8, 8, 8))
+                     feedforward_dim=8, backbone_filters=(4, 4))
         model.compile()
         history = model.fit(data.images, {"boxes": data.boxes, "labels": data.labels},
-                            epochs=1, batch_size=4, verbose=0)
+                            epochs=1, batch_size=2, verbose=0)
         assert np.isfinite(history.history["loss"][0])
     finally:
         keras.config.set_floatx("float32")
