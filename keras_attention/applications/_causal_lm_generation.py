@@ -3,13 +3,15 @@
 `_sampler` makes a named keras-hub sampler once per model (seeded at each
 call), or checks a given one (`_check_sampler`: what keras-hub would only
 fail on deep in the loop) and runs the model's twin of it (`_twin_of`: one
-compiled loop per settings, not per sampler object); `_check_prompts` turns the prompts into padded
-`(B, max_length)` ids, their mask and lengths; `_generate_function` builds
-(once per batch size, bucket of lengths and setting) the loop that prefills the
-cache and runs the sampler, through the key/value cache or re-running the
-whole sequence. `CausalLM.generate` puts them together.
+compiled loop per settings, not per sampler object); `_check_prompts`
+turns the prompts into padded `(B, max_length)` ids, their mask and
+lengths; `_generate_function` builds (once per batch size, bucket of
+lengths and setting) the loop that prefills the cache and runs the
+sampler, through the key/value cache or re-running the whole sequence.
+`CausalLM.generate` puts them together.
 """
 
+import json
 import numbers
 import random
 
@@ -61,8 +63,6 @@ class CausalLMGeneration:
         settings (a new `TopPSampler(p=0.9)` at each call compiled anew,
         and every loop stayed cached). `_hand_back` copies the state
         back after the call, so `sampler` advances as if it had run."""
-        import json
-
         config = sampler.get_config()
         key = (type(sampler).__name__, json.dumps(config, sort_keys=True, default=str))
         twin = self._generation.samplers.get(key)
