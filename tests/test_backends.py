@@ -612,6 +612,37 @@ def test_sequence_layers_trace_as_one_graph_under_torch_compile():
         assert explained.graph_break_count == 0, (name, explained.break_reasons)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile")
+def test_image_layers_trace_as_one_graph_under_torch_compile():
+    # The local-window layer built its position index and shifted-window
+    # mask in NumPy, CBAM pooled with Keras's torch `ops.max` (which
+    # checks its result for `.values`), and a Keras layer called after
+    # Keras's `ops.pad` (padded windows, Swin's patch merging of odd
+    # grids): Dynamo broke each into several graphs.
+    import torch
+
+    from keras_attention.applications.patches import PatchMerging
+    from keras_attention.layers import CBAM
+    from keras_attention.layers import LocalWindowAttention
+    from keras_attention.layers import NonLocalBlock
+
+    x = torch.rand(2, 7, 5, 8)  # padded and shifted windows: a mask
+    layers = {
+        "local_window": (LocalWindowAttention(2, window_size=4, shift_size=2), x),
+        "cbam": (CBAM(reduction=2), x),
+        "non_local": (NonLocalBlock(), x),
+        "patch_merging": (PatchMerging((7, 5)), torch.rand(2, 35, 8)),
+    }
+    for name, (layer, x) in layers.items():
+        eager = keras.ops.convert_to_numpy(layer(x))
+        explained = torch._dynamo.explain(lambda t: layer(t))(x)
+        assert explained.graph_break_count == 0, (name, explained.break_reasons)
+        compiled = torch.compile(lambda t: layer(t), backend="eager")
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(compiled(x)), eager, atol=1e-6
+        )
+
+
 def test_the_fused_kernel_is_told_when_flash_attention_is_off(monkeypatch):
     # Keras's own layer passes `flash_attention=False` after
     # `keras.config.disable_flash_attention()`; ours passed nothing, so the

@@ -14,6 +14,7 @@ from keras import ops
 from keras_attention import _validation as base
 from keras_attention.applications.detection_layers import DETRBackbone
 from keras_attention._config import ArgumentConfig
+from keras_attention.ops.shapes import pad
 
 PACKAGE = "keras_attention"
 
@@ -24,7 +25,7 @@ def _pad(x, amount):
     # PyTorch's symmetric zero padding, (B, H, W, C).
     if not amount:
         return x
-    return ops.pad(x, ((0, 0), (amount, amount), (amount, amount), (0, 0)))
+    return pad(x, ((0, 0), (amount, amount), (amount, amount), (0, 0)))
 
 
 def check_resnet_depths(depths, argument="resnet_depths"):

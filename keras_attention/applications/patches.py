@@ -8,6 +8,7 @@ from keras import ops
 from keras_attention import _validation as base
 from keras_attention.applications import base as app_base
 from keras_attention._config import ArgumentConfig
+from keras_attention.ops.shapes import pad
 
 
 @keras.saving.register_keras_serializable(package=app_base.PACKAGE)
@@ -165,7 +166,7 @@ class PatchMerging(ArgumentConfig, keras.layers.Layer):
         channels = tokens.shape[-1]
         x = ops.reshape(tokens, (-1, h, w, channels))
         if h % 2 or w % 2:
-            x = ops.pad(x, [[0, 0], [0, h % 2], [0, w % 2], [0, 0]])
+            x = pad(x, [[0, 0], [0, h % 2], [0, w % 2], [0, 0]])
         x = ops.concatenate(
             [x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]],
             axis=-1,

@@ -148,7 +148,9 @@ class ChannelAttention(_ImageAttention):
         axes = tuple(range(1, len(inputs.shape) - 1))
         if mask is None:
             avg = ops.mean(inputs, axis=axes)  # (B, C)
-            peak = ops.max(inputs, axis=axes)
+            # `amax`, not `max`: Keras's torch `max` checks its result in a
+            # way `torch.compile` cannot trace (a break in the graph).
+            peak = ops.amax(inputs, axis=axes)
         else:
             # Pool over the valid positions only, in float32 (float64 for
             # float64 maps).
@@ -158,7 +160,7 @@ class ChannelAttention(_ImageAttention):
             count = ops.sum(ops.cast(m, wide), axis=axes)  # (B, 1)
             avg = ops.sum(ops.where(m, x, 0.0), axis=axes)
             avg = avg / ops.maximum(count, 1.0)
-            peak = ops.max(ops.where(m, x, NEG_INF), axis=axes)
+            peak = ops.amax(ops.where(m, x, NEG_INF), axis=axes)
             # A sample with no valid position pools to zeros.
             peak = ops.where(count > 0, peak, 0.0)
             avg = ops.cast(avg, inputs.dtype)
@@ -252,7 +254,7 @@ class SpatialAttention(_ImageAttention):
         inputs = self.to_last(float_inputs(self, inputs))
         mask = check_position_mask(mask, inputs)
         avg = ops.mean(inputs, axis=-1, keepdims=True)  # (B, ..., 1)
-        peak = ops.max(inputs, axis=-1, keepdims=True)
+        peak = ops.amax(inputs, axis=-1, keepdims=True)  # as above
         pooled = ops.concatenate([avg, peak], axis=-1)  # (B, ..., 2)
         if mask is not None:
             pooled = ops.where(mask[..., None], pooled, ops.zeros_like(pooled))

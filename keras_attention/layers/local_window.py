@@ -3,7 +3,6 @@
 import math
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_attention._validation import check_channels_last
@@ -13,6 +12,7 @@ from keras_attention._validation import invalid
 from keras_attention._validation import known_dim
 from keras_attention._validation import traced_by_torch
 from keras_attention.layers import base
+from keras_attention.ops.shapes import pad
 from keras_attention.registry import register
 
 
@@ -83,18 +83,20 @@ def merge_windows(x, window, hp, wp):
 
 
 def relative_position_index(window, table_window):
-    """`(w**2, w**2)` indices into a `((2 W - 1)**2, H)` bias table.
+    """`(w**2, w**2)` int32 indices into a `((2 W - 1)**2, H)` bias table.
 
     Entry `(i, j)` is the row of the table for the offset of token `i` from
     token `j` within a `window x window` window; `table_window` (`W >=
     window`) is the window the table was made for, so a shrunk window reads
-    the table's central part.
+    the table's central part. Built from `keras.ops` (as the mask below),
+    so that compilers fold it into one graph (`torch.compile` cannot trace
+    NumPy arrays).
     """
-    coords = np.stack(
-        np.meshgrid(np.arange(window), np.arange(window), indexing="ij")
-    ).reshape(2, -1)  # (2, w**2)
-    offset = coords[:, :, None] - coords[:, None, :] + (table_window - 1)
-    return offset[0] * (2 * table_window - 1) + offset[1]
+    token = ops.arange(window * window, dtype="int32")
+    row, col = token // window, token % window  # row-major in the window
+    d_row = row[:, None] - row[None, :] + (table_window - 1)
+    d_col = col[:, None] - col[None, :] + (table_window - 1)
+    return d_row * (2 * table_window - 1) + d_col
 
 
 def shifted_window_mask(height, width, window, shift):
@@ -110,19 +112,25 @@ def shifted_window_mask(height, width, window, shift):
     wp = -(-width // window) * window
     if shift == 0 and (hp, wp) == (height, width):
         return None
-    rows = np.arange(hp) >= hp - shift  # (Hp,) wrapped around
-    cols = np.arange(wp) >= wp - shift
-    region = rows[:, None] * 2 + cols[None, :]  # (Hp, Wp)
-    real = np.zeros((hp, wp), bool)
-    real[:height, :width] = True
-    real = np.roll(real, (-shift, -shift), axis=(0, 1))
+    rows, cols = ops.arange(hp, dtype="int32"), ops.arange(wp, dtype="int32")
+    # Which part of the rolled grid each position came from (wrapped or
+    # not, per axis), and whether it was a real token before the roll.
+    region = (ops.cast(rows >= hp - shift, "int32")[:, None] * 2
+              + ops.cast(cols >= wp - shift, "int32")[None, :])  # (Hp, Wp)
+    real = ops.logical_and(
+        ((rows + shift) % hp < height)[:, None],
+        ((cols + shift) % wp < width)[None, :],
+    )
 
     def windows(grid):  # (Hp, Wp) -> (nW, w**2)
-        grid = grid.reshape(hp // window, window, wp // window, window)
-        return grid.transpose(0, 2, 1, 3).reshape(-1, window * window)
+        grid = ops.reshape(grid, (hp // window, window, wp // window, window))
+        return ops.reshape(ops.transpose(grid, (0, 2, 1, 3)),
+                           (-1, window * window))
 
     region, real = windows(region), windows(real)
-    return (region[:, :, None] == region[:, None, :]) & real[:, None, :]
+    return ops.logical_and(
+        ops.equal(region[:, :, None], region[:, None, :]), real[:, None, :]
+    )
 
 
 @register("local_window", input_kind="grid")
@@ -301,7 +309,9 @@ class LocalWindowAttention(
 
     def relative_position_bias(self, window):
         """`(1, H, T, T)` bias of a `window x window` window."""
-        index = relative_position_index(window, self.window_size).reshape(-1)
+        index = ops.reshape(
+            relative_position_index(window, self.window_size), (-1,)
+        )
         t = window * window
         bias = ops.take(self.relative_position_bias_table, index, axis=0)
         bias = ops.reshape(bias, (t, t, self.num_heads))
@@ -316,7 +326,7 @@ class LocalWindowAttention(
         )
         x = inputs
         if (hp, wp) != (height, width):
-            x = ops.pad(x, [[0, 0], [0, hp - height], [0, wp - width], [0, 0]])
+            x = pad(x, [[0, 0], [0, hp - height], [0, wp - width], [0, 0]])
         if shift:
             x = cyclic_shift(x, -shift)
         x = partition_windows(x, window)  # (B * nW, T, C)
@@ -327,7 +337,7 @@ class LocalWindowAttention(
         mask = shifted_window_mask(height, width, window, shift)
         if mask is not None:
             # (nW, 1, T, T) repeated for each image: (B * nW, 1, T, T).
-            mask = ops.convert_to_tensor(mask[:, None])
+            mask = ops.expand_dims(mask, 1)
             mask = ops.tile(mask, (ops.shape(inputs)[0], 1, 1, 1))
         result = base.attend(
             self,

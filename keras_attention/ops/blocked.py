@@ -41,6 +41,7 @@ from keras_attention.ops.shapes import check_alibi_slopes
 from keras_attention.ops.shapes import check_attention_inputs
 from keras_attention.ops.shapes import check_attention_mask
 from keras_attention.ops.shapes import check_mask_rows
+from keras_attention.ops.shapes import pad
 from keras_attention.ops.shapes import static_lengths
 from keras_attention.ops.xla_cpu import compiled as xla_compiled
 
@@ -348,13 +349,13 @@ def _pad_keys(k, v, mask, s_len, padded):
     masked."""
     if padded == s_len:
         return k, v, mask
-    pad = [[0, 0], [0, padded - s_len], [0, 0], [0, 0]]
-    k, v = ops.pad(k, pad), ops.pad(v, pad)
+    widths = [[0, 0], [0, padded - s_len], [0, 0], [0, 0]]
+    k, v = pad(k, widths), pad(v, widths)
     valid = ops.reshape(ops.arange(padded) < s_len, (1, 1, 1, padded))
     if mask is None:
         return k, v, valid
     if mask.shape[-1] != 1:
-        mask = ops.pad(
+        mask = pad(
             mask, [[0, 0], [0, 0], [0, 0], [0, padded - s_len]],
             constant_values=False,
         )
@@ -440,9 +441,9 @@ def pad_queries(q, mask, t_len, padded):
     dropped after)."""
     if padded == t_len:
         return q, mask
-    q = ops.pad(q, [[0, 0], [0, padded - t_len], [0, 0], [0, 0]])
+    q = pad(q, [[0, 0], [0, padded - t_len], [0, 0], [0, 0]])
     if mask is not None and mask.shape[2] != 1:
-        mask = ops.pad(
+        mask = pad(
             mask, [[0, 0], [0, 0], [0, padded - t_len], [0, 0]],
             constant_values=False,
         )

@@ -35,6 +35,7 @@ from keras_attention.ops.masks import scalar_as
 from keras_attention.ops.masks import wide_dtype
 from keras_attention.ops.positions import alibi_bias
 from keras_attention.ops.shapes import check_mask_rows
+from keras_attention.ops.shapes import pad
 from keras_attention.ops.shapes import repeat_heads
 from keras_attention.ops.shapes import static_dim
 from keras_attention.ops.shapes import static_lengths
@@ -285,7 +286,7 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
         if key_end is None:
             return ops.cast(d, wide)
         missing = ops.shape(like)[2] - ops.shape(d)[2]
-        return ops.pad(ops.cast(d, wide), [[0, 0], [0, 0], [0, missing], [0, 0]])
+        return pad(ops.cast(d, wide), [[0, 0], [0, 0], [0, missing], [0, 0]])
 
     @custom_gradient
     def attend(q, k, v):

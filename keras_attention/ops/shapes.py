@@ -1,5 +1,6 @@
 """Shape checks and head layout shared by the attention paths."""
 
+import keras
 from keras import ops
 
 from keras_attention._validation import check_dtype
@@ -9,6 +10,24 @@ from keras_attention._validation import known_dim
 def static_dim(x, axis):
     """`x.shape[axis]` as an int, or `None` where it is unknown (`known_dim`)."""
     return known_dim(x.shape[axis])
+
+
+def pad(x, widths, constant_values=None):
+    """`keras.ops.pad(x, widths, constant_values=...)`, constant mode.
+
+    On torch a tensor goes to `torch.nn.functional.pad` directly: Keras's
+    `ops.pad` builds an `Operation` at every call, and after it
+    `torch.compile` breaks the graph at the next Keras layer call (Dynamo
+    cannot trace the `inspect` binding of a class made in the trace).
+    """
+    if keras.backend.backend() == "torch":
+        import torch
+
+        if isinstance(x, torch.Tensor):
+            flat = [n for pair in reversed(widths) for n in pair]
+            value = 0 if constant_values is None else constant_values
+            return torch.nn.functional.pad(x, flat, value=value)
+    return ops.pad(x, widths, constant_values=constant_values)
 
 
 def _disagree(a, b):
