@@ -127,7 +127,11 @@ def edge_list_path(layer, features, edges, edge_features, training):
     if messages is None or dropped is not values:
         messages = _rows(dropped, source)  # (E', H, C)
     weighted = messages * ops.cast(weights, messages.dtype)[..., None]
-    heads = ops.segment_sum(weighted, target, num_segments=num_nodes)
+    if features.shape[0] == 0:
+        heads = weighted  # no nodes, no edges (Keras's torch segment_sum
+        # refuses zero segments)
+    else:
+        heads = ops.segment_sum(weighted, target, num_segments=num_nodes)
     return layer._finish(heads), alpha  # (N, out), (E', H)
 
 

@@ -13,6 +13,7 @@ import keras
 
 from keras_attention._validation import shape_fits
 from keras_attention.layers import base
+from keras_attention.ops.dispatch import check_path_takes_weights
 
 
 class ShapeInference:
@@ -118,6 +119,9 @@ class ShapeInference:
         )
         if not return_attention_scores:
             return output
+        check_path_takes_weights(
+            self.implementation, "return_attention_scores=True"
+        )
         if self._flash_attention:
             raise ValueError(
                 "Returning attention scores is not supported when flash "

@@ -211,7 +211,7 @@ def _forward_rows(q, k, v, i, plan):
         s, m = _scores(q_i, _keys(k, j, plan), i, j, plan)
         if m is not None:
             s = ops.where(m, s, MASK_VALUE)
-        new_max = _maximum(row_max, ops.max(s, axis=-1, keepdims=True))
+        new_max = _maximum(row_max, ops.amax(s, axis=-1, keepdims=True))
         p = ops.exp(s - new_max)
         if m is not None:
             p = ops.where(m, p, 0.0)

@@ -70,14 +70,12 @@ def dense_custom_gradient(enabled):
         _CONFIG["dense_custom_gradient"] = previous
 
 
-def _check_implementation(implementation, can_block, same_dims, query, value, received):
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(
-            "Received an invalid value for argument `implementation`, "
-            "expected one of 'auto', 'dense', 'blocked', 'chunked', 'fused'. "
-            f"Received: implementation={implementation!r}"
-        )
-    if implementation in ("blocked", "chunked", "fused") and not can_block:
+def check_path_takes_weights(implementation, received):
+    """Raise if `implementation` cannot return weights, add a `bias` or
+    drop out (`received` says which was asked for); layers call it when
+    they trace symbolically, so a functional model is refused as it is
+    built."""
+    if implementation in ("blocked", "chunked", "fused"):
         raise ValueError(
             f"The {implementation} implementation returns no weights and "
             "supports no `bias` or dropout (in a layer: no "
@@ -85,6 +83,17 @@ def _check_implementation(implementation, can_block, same_dims, query, value, re
             "training; `implementation='dense'` or 'auto' have them). "
             f"Received: {received}"
         )
+
+
+def _check_implementation(implementation, can_block, same_dims, query, value, received):
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            "Received an invalid value for argument `implementation`, "
+            "expected one of 'auto', 'dense', 'blocked', 'chunked', 'fused'. "
+            f"Received: implementation={implementation!r}"
+        )
+    if not can_block:
+        check_path_takes_weights(implementation, received)
     if implementation == "fused" and not same_dims:
         raise ValueError(
             "The fused implementation needs values of the queries' head size. "
@@ -143,8 +152,8 @@ def dot_product_attention(
             torch, cuDNN on JAX with a GPU; not for float64); elsewhere, once
             `T * S` passes `DENSE_THRESHOLD`, the fastest path for this
             machine and shape, measured at the first call
-            (`ops/autotune.py`; `dispatch_choices()` says what and why);
-            otherwise the dense path.
+            (`ops/autotune.py`; `dispatch_choices()` says what); otherwise
+            dense. `"blocked"`, `"chunked"` need lengths known when traced.
         block_size: key block length of the memory-efficient path.
         custom_gradient: whether the dense path (no weights returned, no
             bias, no dropout) uses its own backward pass
@@ -232,7 +241,9 @@ def _long_path(path, query, key, value, mask, is_causal, scale, block_size,
                sliding_window, alibi_slopes):
     """The chunked or the blocked path, neither of which holds the
     `(B, H, T, S)` scores."""
-    if path == "chunked":
+    if path == "chunked" or query.shape[0] == 0:
+        # An empty batch goes to the chunked path: Keras refuses the blocked
+        # core's running maximum of an empty tensor on TensorFlow.
         return chunked_heads(
             query, key, value, mask, is_causal, scale, sliding_window,
             alibi_slopes,

@@ -184,6 +184,10 @@ def segment_softmax_of_checked_ids(scores, segment_ids, num_segments, mask=None)
         while len(mask.shape) < len(x.shape):
             mask = ops.expand_dims(mask, -1)
         x = ops.where(mask, x, MASK_VALUE)
+    if x.shape[0] == 0:
+        # No edges (an empty graph): nothing to normalise, and Keras's
+        # torch `segment_max` refuses an empty input.
+        return ops.cast(x, dtype)
     seg_max = ops.segment_max(x, segment_ids, num_segments=num_segments)
     # Empty segments get -inf from segment_max; they are never gathered.
     seg_max = ops.stop_gradient(ops.where(ops.isfinite(seg_max), seg_max, 0.0))

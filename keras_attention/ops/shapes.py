@@ -154,8 +154,13 @@ def static_lengths(query, key, path):
     t_len, s_len = static_dim(query, 1), static_dim(key, 1)
     if s_len is None or t_len is None:
         raise ValueError(
-            f"The {path} attention path needs static sequence lengths. "
-            f"Received: query.shape={tuple(query.shape)}, "
+            f"Received an invalid value for argument `implementation`: the "
+            f"{path} attention path needs static sequence lengths, and a "
+            f"traced length is unknown (a `tf.function` or export signature "
+            f"with `None`, or `model.predict` retracing for a second "
+            f"length). Give the inputs one fixed length (pad them), or use "
+            f"implementation='auto', which takes the dense path for unknown "
+            f"lengths. Received: query.shape={tuple(query.shape)}, "
             f"key.shape={tuple(key.shape)}"
         )
     return t_len, s_len

@@ -337,7 +337,7 @@ def _unnormalised_weights(scores, mask):
     and the inverse of its row sums (zero for a row with no key)."""
     if mask is not None:
         scores = ops.where(mask, scores, MASK_VALUE)
-    e = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
+    e = ops.exp(scores - ops.amax(scores, axis=-1, keepdims=True))
     if mask is not None:
         # A query with no key would see exp(0) everywhere: zeros.
         e = ops.where(mask, e, 0.0)
