@@ -643,6 +643,48 @@ def test_image_layers_trace_as_one_graph_under_torch_compile():
         )
 
 
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX transforms")
+def test_the_blocked_path_with_a_mask_under_checkpoint_and_scan_equals_dense():
+    # The blocked core's custom gradient closed over its mask (the keys'
+    # padding, a value mask, ALiBi's slopes): under `jax.checkpoint` or a
+    # `lax.scan` the backward met an unbound tracer.
+    import jax
+
+    from keras_attention.layers import MultiHeadAttention
+
+    x = RNG.normal(size=(2, 300, 8)).astype("float32")  # keys padded to blocks
+    value_mask = np.arange(300)[None] < np.array([[300], [250]])
+    layers = {
+        name: MultiHeadAttention(
+            2, 4, implementation=name, position_encoding="alibi"
+        )
+        for name in ("blocked", "dense")
+    }
+    for layer in layers.values():
+        layer(x[:, :4])
+    layers["dense"].set_weights(layers["blocked"].get_weights())
+    weights = [v.value for v in layers["blocked"].trainable_variables]
+
+    def gradient(layer):
+        def loss(w, x):
+            def block(h, scale):
+                out = layer.stateless_call(
+                    [u * scale for u in w], [], h, value_mask=value_mask,
+                    use_causal_mask=True,
+                )[0]
+                return h + out, None
+
+            h, _ = jax.lax.scan(
+                jax.checkpoint(block), x, np.array([1.0, 0.5], "float32")
+            )
+            return (h**2).mean()
+
+        return jax.jit(jax.grad(loss))(weights, x)
+
+    for got, want in zip(gradient(layers["blocked"]), gradient(layers["dense"])):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5)
+
+
 def test_the_fused_kernel_is_told_when_flash_attention_is_off(monkeypatch):
     # Keras's own layer passes `flash_attention=False` after
     # `keras.config.disable_flash_attention()`; ours passed nothing, so the

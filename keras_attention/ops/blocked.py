@@ -410,27 +410,42 @@ def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
     if compiled:
         forward, backward = xla_compiled(_forward), xla_compiled(_backward)
 
+    # The plan's tensors go into the custom gradient as arguments, never in
+    # its closure: under JAX's transforms (`jax.checkpoint`, `lax.scan`, a
+    # `vjp` of a jitted call) a tracer closed over from the forward pass is
+    # unbound in the backward (`masks.mask_arguments`).
+    tensors = tuple(
+        ops.convert_to_tensor(x) for x in (plan.mask, plan.slopes)
+        if x is not None
+    )
+
     @custom_gradient
-    def attend(q, k, v):
+    def attend(q, k, v, *given):
         # Saved for the backward: the inputs, the output and the
         # log-sum-exp, nothing else of length size.
+        given = iter(given)
+        bound = plan._replace(**{
+            name: next(given) for name in ("mask", "slopes")
+            if getattr(plan, name) is not None
+        })
         if compiled:
             # Not recorded by a tape: a compiled call under one would be
             # made to output its loops' intermediates for a gradient
             # (which XLA cannot), and `grad` is its gradient anyway.
             out, lse = forward(
-                *(ops.stop_gradient(x) for x in (q, k, v)), out_dtype, plan
+                *(ops.stop_gradient(x) for x in (q, k, v)), out_dtype, bound
             )
         else:
-            out, lse = forward(q, k, v, out_dtype, plan)
+            out, lse = forward(q, k, v, out_dtype, bound)
 
         def grad(*args, upstream=None):
             d_out = upstream if upstream is not None else args[0]
-            return backward(q, k, v, out, lse, d_out, plan)
+            grads = backward(q, k, v, out, lse, d_out, bound)
+            return tuple(grads) + (None,) * len(tensors)
 
         return out, grad
 
-    out = attend(q, k, v)  # (B, T, H, Dv)
+    out = attend(q, k, v, *tensors)  # (B, T, H, Dv)
     if padded_t != t_len:
         out = out[:, :t_len]
     return out
