@@ -15,6 +15,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from keras_attention import applications  # noqa: E402
+from tests.test_multi_head_keras import (  # noqa: E402,F401 - run here too
+    test_activity_regularizer_losses_equal_keras_under_xla,
+)
 
 JIT = keras.backend.backend() != "torch"
 # On TensorFlow the application test files cover all of this and more.

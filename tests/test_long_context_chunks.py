@@ -187,6 +187,11 @@ def test_path_is_taken_exactly_when_it_applies(monkeypatch):
     chunked._long_context_min_length = 0
     chunked._long_context_chunk = 3  # a window of 8 spans over 2 chunks
     assert reason(x, None, None) == "window over 2 chunks"
+    # The chunked path projects past `EinsumDense.__call__`, which adds
+    # the activity losses.
+    chunked._long_context_chunk = 16
+    chunked._activity_regularizer = keras.regularizers.L1(1.0)
+    assert reason(x, None, None) == "activity_regularizer"
 
 
 def test_defaults_keep_short_sequences_on_the_general_path():

@@ -260,3 +260,23 @@ def test_implementations_equal_keras(implementation):
     ours, theirs = pair(num_heads=2, key_dim=4, implementation=implementation)
     q, v = data(14)
     np.testing.assert_allclose(np_(ours(q, v)), np_(theirs(q, v)), atol=1e-5)
+
+
+def test_activity_regularizer_losses_equal_keras_under_xla():
+    # Under XLA on a CPU (and always on JAX) the projections ran as one flat
+    # matmul, past `EinsumDense.__call__`, which adds the activity losses:
+    # the regularizer was silently dropped from the loss.
+    x, _ = data()
+    y = np.zeros_like(x)
+    regularizer = {"activity_regularizer": keras.regularizers.L1(0.5)}
+    ours, theirs = pair(num_heads=2, key_dim=4, **regularizer)
+    losses = []
+    for layer in (ours, theirs):
+        inputs = keras.Input((T, DIM))
+        model = keras.Model(inputs, layer(inputs, inputs))
+        model.compile("sgd", "mse", jit_compile=keras.backend.backend() != "torch")
+        losses.append(model.evaluate(x, y, verbose=0))
+        layer(x, x)
+        losses.append(sum(float(np_(v)) for v in layer.losses))
+    assert len(ours.losses) == len(theirs.losses) == 4
+    np.testing.assert_allclose(losses[:2], losses[2:], rtol=1e-5)

@@ -339,6 +339,7 @@ class LongContext:
                            self._value_dense, self._output_dense,
                            getattr(self, "_gate_dense", None))),
              "quantized"),
+            (self._activity_regularizer is None, "activity_regularizer"),
             (isinstance(length, int)
              and length >= self._long_context_min_length, "short"),
             (window is not None and window <= 2 * chunk, "window over 2 chunks"),

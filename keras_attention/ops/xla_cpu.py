@@ -52,6 +52,8 @@ def _can_flatten(dense, x):
         return False
     if getattr(dense, "quantization_mode", None) is not None:
         return False
+    if dense.activity_regularizer is not None:
+        return False  # its loss is added by `dense.__call__`
     dtype = keras.backend.standardize_dtype(x.dtype)
     if dtype != dense.compute_dtype or dtype != dense.variable_dtype:
         return False
@@ -72,7 +74,7 @@ def projection(dense, x):
     coming from `(B, H, D, T)` heads is transposed twice); the flat form
     shares one. `dense.kernel` includes LoRA's update when it is enabled.
     Elsewhere (another backend or mode, mixed precision, a quantized
-    kernel) this is `dense(x)`.
+    kernel, an activity regularizer) this is `dense(x)`.
     """
     if not _can_flatten(dense, x):
         return dense(x)
