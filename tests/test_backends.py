@@ -6,6 +6,7 @@ the README's backend table comes from it. XLA (`jit_compile=True`) is used
 where the backend compiles with it (TensorFlow, JAX); torch runs eagerly.
 """
 
+import contextlib
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -686,6 +687,34 @@ def test_the_blocked_path_with_a_mask_under_checkpoint_and_scan_equals_dense():
 
     for got, want in zip(gradient(layers["blocked"]), gradient(layers["dense"])):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="RematScope: JAX")
+def test_layers_made_in_a_remat_scope_train_as_without_it():
+    # Under Keras's RematScope `training` reaches the layers traced, and
+    # `bool(training)` (for dropout, even at rate 0, and for the measured
+    # path's key) failed the model's build.
+    from keras_attention.layers import AdditiveAttention
+    from keras_attention.layers import MultiHeadAttention
+
+    x = RNG.normal(size=(2, 6, 8)).astype("float32")
+    labels = np.array([0, 1])
+    losses = []
+    for remat in (True, False):
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((6, 8))
+        scope = keras.RematScope(mode="full") if remat else contextlib.nullcontext()
+        with scope:
+            attention = MultiHeadAttention(2, 4)
+            additive = AdditiveAttention(units=4)
+        h = additive([attention(inputs, inputs), inputs])
+        pooled = keras.layers.GlobalAveragePooling1D()(h)
+        model = keras.Model(inputs, keras.layers.Dense(2)(pooled))
+        model.compile(
+            "sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
+        losses.append([model.train_on_batch(x, labels) for _ in range(2)])
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
 
 
 def test_the_fused_kernel_is_told_when_flash_attention_is_off(monkeypatch):

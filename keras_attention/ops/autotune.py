@@ -212,6 +212,15 @@ def gradient_recorded(backend=None):
         return False
 
 
+def _known_flag(flag, traced):
+    """`bool(flag)`, or `traced` for a flag only known when run (Keras's
+    `RematScope` passes `training` to the layers as a traced tensor)."""
+    try:
+        return bool(flag)
+    except Exception:  # a tracer: TracerBoolConversionError, or TF's
+        return traced
+
+
 def choose(run, query, key, value, mask, is_causal, sliding_window, training,
            alibi=False):
     """`"dense"`, `"blocked"` or `"chunked"` for one long call; see the
@@ -242,7 +251,7 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training,
     mask_shape = shapes.pop() if mask is not None else None
     timed_mask_shape = timed.pop() if mask is not None else None
     mode = tf_mode() if backend == "tensorflow" else "compiled"
-    training = (bool(training) or gradient_recorded(backend)
+    training = (_known_flag(training, True) or gradient_recorded(backend)
                 or timing.differentiated(query))
     (b, t, h, d), (_, s, kh, _), (_, _, _, dv) = shapes
     key_ = (

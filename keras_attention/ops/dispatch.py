@@ -184,7 +184,7 @@ def dot_product_attention(
         scale = 1.0 / math.sqrt(head_dim)
     mask = expand_mask(attention_mask)
     check_attention_mask(attention_mask, mask, query, key)
-    dropout_active = bool(training) and dropout_rate > 0.0
+    dropout_active = dropout_rate > 0.0 and bool(training)  # RematScope: traced
     can_block = not return_weights and bias is None and not dropout_active
     same_dims = value.shape[-1] == head_dim  # the fused kernels need it
     _check_implementation(
