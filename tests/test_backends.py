@@ -741,3 +741,24 @@ def test_the_fused_kernel_is_told_when_flash_attention_is_off(monkeypatch):
             "flash_attention", None
         )
     assert seen == [None, False]
+
+
+def test_the_layer_passes_its_flash_attention_to_the_kernel(monkeypatch):
+    # Keras's layer passes `flash_attention=True` on (the kernel raises
+    # where there is none); ours ran the fused kernel without saying so.
+    from keras_attention.layers import MultiHeadAttention
+    from keras_attention.ops import dispatch
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("flash_attention"))
+        kwargs["flash_attention"] = None
+        return original(*args, **kwargs)
+
+    original = keras.ops.dot_product_attention
+    monkeypatch.setattr(dispatch.ops, "dot_product_attention", spy)
+    x = RNG.normal(size=(1, 4, 8)).astype("float32")
+    for flash in (True, False, None):
+        MultiHeadAttention(2, 4, flash_attention=flash, implementation="fused")(x)
+    assert seen == [True, False, None]

@@ -120,8 +120,10 @@ class MultiHeadAttention(
             `|t - s| < sliding_window` (combine with `use_causal_mask` for a
             causal window).
         flash_attention: `True` runs the backend's fused kernel
-            (`keras.ops.dot_product_attention`; no dropout, no scores);
-            `None` follows `keras.config.is_flash_attention_enabled()`.
+            (`keras.ops.dot_product_attention`; no dropout, no scores) and
+            tells it to take flash attention, raising where the backend or
+            inputs have none, as keras's layer does; `None` follows
+            `keras.config.is_flash_attention_enabled()`.
         kernel_initializer, bias_initializer, kernel_regularizer,
         bias_regularizer, activity_regularizer, kernel_constraint,
         bias_constraint: as for `keras.layers.EinsumDense`.
@@ -423,6 +425,10 @@ class MultiHeadAttention(
             implementation=implementation,
             sliding_window=sliding_window,
             alibi_slopes=alibi_slopes,
+            # keras's meaning: its layer passes `flash_attention or
+            # keras.config.is_flash_attention_enabled()` to the kernel (and
+            # ours an explicit `False` when that is `None`).
+            flash_attention=self._flash_attention or self.flash_attention,
         )
 
     # ---------------------------------------------------------------- call

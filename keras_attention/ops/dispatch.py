@@ -119,6 +119,7 @@ def dot_product_attention(
     custom_gradient=None,
     sliding_window=None,
     alibi_slopes=None,
+    flash_attention=None,
 ):
     """Scaled dot-product attention (Vaswani et al., 2017).
 
@@ -170,6 +171,9 @@ def dot_product_attention(
             `slope * (s - t)` to the scaled scores, block by block on the
             blocked path (never a `T x S` tensor there), as a bias on the
             dense and fused paths.
+        flash_attention: given to the fused kernel (`"fused"`, or `"auto"`'s)
+            as `keras.ops.dot_product_attention` takes it; `None` is `False`
+            after `keras.config.disable_flash_attention()`, else the backend's.
 
     Returns:
         `output` `(B, T, H, Dv)` in `value`'s dtype, and the weights
@@ -179,14 +183,12 @@ def dot_product_attention(
     dropout_rate = _check_arguments(
         query, key, value, bias, dropout_rate, block_size, alibi_slopes
     )
-    head_dim = query.shape[-1]
-    if scale is None:
-        scale = 1.0 / math.sqrt(head_dim)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     mask = expand_mask(attention_mask)
     check_attention_mask(attention_mask, mask, query, key)
     dropout_active = dropout_rate > 0.0 and bool(training)  # RematScope: traced
     can_block = not return_weights and bias is None and not dropout_active
-    same_dims = value.shape[-1] == head_dim  # the fused kernels need it
+    same_dims = value.shape[-1] == query.shape[-1]  # the fused kernels need it
     _check_implementation(
         implementation, can_block, same_dims, query, value,
         f"return_weights={return_weights}, bias={bias is not None}, "
@@ -203,14 +205,11 @@ def dot_product_attention(
             path, query, key, value, mask, is_causal, scale, block_size,
             sliding_window, alibi_slopes,
         )
-    if sliding_window is not None:
-        band = sliding_window_mask(
-            ops.shape(query)[1], ops.shape(key)[1], sliding_window
-        )
-        mask = band if mask is None else ops.logical_and(mask, band)
+    mask = _with_band(mask, sliding_window, query, key)
     if path == "fused":
         return fused_attention(
-            query, key, value, mask, is_causal, scale, alibi_slopes
+            query, key, value, mask, is_causal, scale, alibi_slopes,
+            flash_attention,
         )
 
     if custom_gradient is None:
@@ -222,6 +221,16 @@ def dot_product_attention(
         query, key, value, mask, bias, is_causal, scale, dropout_rate, seed,
         dropout_active, return_weights, custom_gradient and can_block,
     )
+
+
+def _with_band(mask, sliding_window, query, key):
+    """`mask` and the `(T, S)` band of `sliding_window` (if any)."""
+    if sliding_window is None:
+        return mask
+    band = sliding_window_mask(
+        ops.shape(query)[1], ops.shape(key)[1], sliding_window
+    )
+    return band if mask is None else ops.logical_and(mask, band)
 
 
 def _check_arguments(query, key, value, bias, dropout_rate, block_size,
@@ -384,7 +393,7 @@ def _fused_kernel_available():
 
 
 def fused_attention(query, key, value, mask=None, is_causal=False, scale=None,
-                    alibi_slopes=None):
+                    alibi_slopes=None, flash_attention=None):
     """`keras.ops.dot_product_attention` with this module's semantics.
 
     Same layout and arguments as `dot_product_attention` (boolean `mask`
@@ -398,6 +407,7 @@ def fused_attention(query, key, value, mask=None, is_causal=False, scale=None,
     num_heads = query.shape[2]
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
+    flash = _flash_setting() if flash_attention is None else flash_attention
     out_dtype = value.dtype
     if keras.backend.backend() == "tensorflow" and (
         keras.backend.standardize_dtype(query.dtype) == "float16"
@@ -423,12 +433,12 @@ def fused_attention(query, key, value, mask=None, is_causal=False, scale=None,
             bias = ops.where(mask, bias, _large_negative(query.dtype))
             out = ops.dot_product_attention(
                 query, key, value, bias=bias, scale=scale,
-                flash_attention=_flash_setting(),
+                flash_attention=flash,
             )
             return _zero_unseen(out, mask, False, num_heads, out_dtype)
     out = ops.dot_product_attention(
         query, key, value, bias=bias, mask=mask, scale=scale,
-        is_causal=is_causal, flash_attention=_flash_setting(),
+        is_causal=is_causal, flash_attention=flash,
     )
     return _zero_unseen(out, mask, is_causal, num_heads, out_dtype)
 
