@@ -280,3 +280,14 @@ def test_activity_regularizer_losses_equal_keras_under_xla():
         losses.append(sum(float(np_(v)) for v in layer.losses))
     assert len(ours.losses) == len(theirs.losses) == 4
     np.testing.assert_allclose(losses[:2], losses[2:], rtol=1e-5)
+
+
+def test_a_causal_mask_over_other_attention_axes_is_refused_naming_it():
+    # keras builds the causal mask from axis 1; over attention_axes=(2,)
+    # ours failed inside the backend with a shape error.
+    x = np.zeros((2, 3, 4, 6), "float32")
+    layer = MultiHeadAttention(2, 3, attention_axes=(2,))
+    with pytest.raises(ValueError, match="argument `use_causal_mask`"):
+        layer(x, x, use_causal_mask=True)
+    out = MultiHeadAttention(2, 3, attention_axes=(1,))(x, x, use_causal_mask=True)
+    assert tuple(out.shape) == x.shape

@@ -153,6 +153,16 @@ class KerasMasks:
             if m is not None:
                 masks.append(ops.expand_dims(ops.cast(m, "bool"), -2))
         if use_causal_mask:
+            if tuple(self._attention_axes) != (1,):
+                raise ValueError(
+                    "Received an invalid value for argument "
+                    "`use_causal_mask`: a causal mask runs along the "
+                    "sequence axis 1 only (as keras's layer makes it), and "
+                    "this layer attends over axes "
+                    f"{tuple(self._attention_axes)} of a query of shape "
+                    f"{tuple(query.shape)}. Received: use_causal_mask=True "
+                    f"with attention_axes={self._attention_axes}"
+                )
             masks.append(self._compute_causal_mask(query, value))
         if use_sliding_window and self._sliding_window is not None:
             masks.append(self._compute_sliding_window_mask(query, value))
