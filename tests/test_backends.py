@@ -717,6 +717,39 @@ def test_layers_made_in_a_remat_scope_train_as_without_it():
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
 
 
+X64_SCRIPT = """
+import jax
+jax.config.update("jax_enable_x64", True)
+from keras_attention.applications import CausalLM, TransformerTranslator
+translator = TransformerTranslator.from_preset("transformer_dates")
+print(translator.translate("March 3, 1998"))
+print(translator.translate("March 3, 1998", beam_width=2))
+try:
+    CausalLM.from_preset("causal_lm_dates").generate_text("14 july 1989 = ")
+except RuntimeError as error:
+    print(error)
+"""
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX's x64 mode")
+def test_translators_decode_in_jax_x64_mode_and_generation_says_why_not():
+    # keras-hub's position embedding adds a Python 0 (int64 under x64) to
+    # the decoder's int32 step; its samplers do the same, so CausalLM's
+    # generation is refused with the way out rather than a dtype error
+    # from deep inside the loop.
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", X64_SCRIPT], capture_output=True, text=True,
+        env={**os.environ, "KERAS_BACKEND": "jax"}, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[-3:-1] == ["1998-03-03", "1998-03-03"], lines
+    assert "jax_enable_x64', False" in lines[-1]
+
+
 def test_the_fused_kernel_is_told_when_flash_attention_is_off(monkeypatch):
     # Keras's own layer passes `flash_attention=False` after
     # `keras.config.disable_flash_attention()`; ours passed nothing, so the

@@ -20,6 +20,8 @@ import numpy as np
 from keras import ops
 
 from keras_attention import _validation as base
+from keras_attention.ops.shapes import jax_x64
+from keras_attention.ops.shapes import start_indices
 
 SAMPLERS = ("greedy", "top_k", "top_p", "random")
 # Generated rows are padded with 0 after a stop token, as prompts are: 0 is
@@ -36,6 +38,15 @@ class CausalLMGeneration:
     def _sampler(self, sampler):
         import keras_hub
 
+        if jax_x64():
+            # keras-hub's samplers write each id at `[0, index]` with an
+            # int32 index: under x64 the 0 is an int64 and JAX refuses the
+            # mix (keras-hub's own causal LMs fail alike).
+            raise RuntimeError(
+                "Generation runs keras-hub's samplers, which fail in JAX's "
+                "x64 mode. Generate with it off: "
+                "`jax.config.update('jax_enable_x64', False)`."
+            )
         if isinstance(sampler, keras_hub.samplers.Sampler):
             return self._twin_of(self._check_sampler(sampler))
         if sampler not in SAMPLERS:
@@ -180,7 +191,9 @@ class CausalLMGeneration:
 
         def next_cached(prompt, cache, index):
             # The sampler's rows: B, or B * num_beams for a BeamSampler.
-            token = ops.slice(prompt, [0, index - 1], [ops.shape(prompt)[0], 1])
+            token = ops.slice(
+                prompt, start_indices(0, index - 1), [ops.shape(prompt)[0], 1]
+            )
             logits, cache = self.call_with_cache(token, cache, index - 1)
             return no_padding(logits[:, 0]), None, cache
 

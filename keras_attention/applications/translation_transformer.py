@@ -12,6 +12,7 @@ from keras_attention.applications.translation import Translator
 from keras_attention.applications.blocks import TransformerDecoderBlock
 from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention.layers.dropout import HashDropout
+from keras_attention.ops.shapes import index_dtype
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import check_rate
 from keras_attention._validation import invalid
@@ -274,7 +275,9 @@ class TransformerTranslator(Translator):
 
     def decode_step(self, tokens, index, cache, encoded):
         x = self.target_embedding(tokens[:, None])  # (B, 1, dim)
-        x = x + self.target_positions(x, start_index=index)
+        x = x + self.target_positions(
+            x, start_index=ops.cast(index, index_dtype())  # JAX's x64 too
+        )
         new_cache = []
         for i, block in enumerate(self.decoder_blocks):
             x, block_cache, weights = block.step(

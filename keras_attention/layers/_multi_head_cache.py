@@ -15,6 +15,7 @@ from keras_attention._validation import invalid
 from keras_attention._validation import is_symbolic
 from keras_attention._validation import shape_fits
 from keras_attention.ops import positions
+from keras_attention.ops.shapes import start_indices
 
 
 class KVCache:
@@ -186,7 +187,8 @@ class KVCache:
                 # (writing the halves and stacking them again would copy
                 # the whole cache at every step).
                 cache = ops.slice_update(
-                    cache, [0, 0, index, 0, 0], ops.stack((new_k, new_v), axis=1)
+                    cache, start_indices(0, 0, index, 0, 0),
+                    ops.stack((new_k, new_v), axis=1),
                 )
                 k, v = cache[:, 0], cache[:, 1]
                 k_pos = ops.arange(s_max, dtype="int32")

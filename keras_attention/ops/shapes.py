@@ -30,6 +30,36 @@ def pad(x, widths, constant_values=None):
     return ops.pad(x, widths, constant_values=constant_values)
 
 
+def jax_x64():
+    """Whether Keras runs on JAX with `jax_enable_x64` on."""
+    if keras.backend.backend() != "jax":
+        return False
+    import jax
+
+    return bool(jax.config.jax_enable_x64)
+
+
+def index_dtype():
+    """The integer type of Python ints in index arithmetic: int64 in JAX's
+    x64 mode, else int32 (positions given to keras-hub's layers, which add
+    Python ints to them)."""
+    return "int64" if jax_x64() else "int32"
+
+
+def start_indices(*starts):
+    """`starts` for `ops.slice` / `ops.slice_update`, all of one integer
+    type: in JAX's x64 mode a Python int becomes an int64 beside an int32
+    index tensor (a sampler's, a cache's), which `dynamic_slice` refuses.
+    Unchanged on the other backends."""
+    if keras.backend.backend() != "jax":
+        return list(starts)
+    tensors = [x for x in starts if not isinstance(x, int)]
+    if not tensors:
+        return list(starts)
+    dtype = keras.backend.standardize_dtype(tensors[0].dtype)
+    return [ops.cast(x, dtype) for x in starts]
+
+
 def _disagree(a, b):
     """Whether two dimensions are both known and differ."""
     a, b = known_dim(a), known_dim(b)
