@@ -750,6 +750,31 @@ def test_translators_decode_in_jax_x64_mode_and_generation_says_why_not():
     assert "jax_enable_x64', False" in lines[-1]
 
 
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="jax.jvp")
+def test_forward_mode_works_with_autodiffs_backward_as_the_readme_says():
+    import jax
+
+    from keras_attention.layers import MultiHeadAttention
+    from keras_attention.ops import dense_custom_gradient
+
+    x = RNG.normal(size=(2, 5, 8)).astype("float32")
+    tangent = RNG.normal(size=x.shape).astype("float32")
+    layer = MultiHeadAttention(2, 4)
+    layer(x)
+    weights = [v.value for v in layer.trainable_variables]
+
+    def f(z):
+        return layer.stateless_call(weights, [], z)[0]
+
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.jvp(f, (x,), (tangent,))
+    with dense_custom_gradient(False):
+        _, forward = jax.jvp(f, (x,), (tangent,))
+        step = 1e-3
+        central = (f(x + step * tangent) - f(x - step * tangent)) / (2 * step)
+    np.testing.assert_allclose(np.asarray(forward), np.asarray(central), atol=2e-3)
+
+
 def test_the_fused_kernel_is_told_when_flash_attention_is_off(monkeypatch):
     # Keras's own layer passes `flash_attention=False` after
     # `keras.config.disable_flash_attention()`; ours passed nothing, so the
