@@ -87,7 +87,10 @@ def _add_run_and_demo(commands):
         help="train one application, evaluate it, save the model and pictures",
         description="Train one application on its embedded data (or --data), "
         "with Keras's progress bar; print the metrics; write the .keras model "
-        "and its attention pictures (pretraining: the two models) to --out. "
+        "and its attention pictures (node classification: a picture for "
+        "graphs of at most 200 nodes; pretraining: the masked LM, with the "
+        "fine-tuned classifier on the embedded texts only, no picture) to "
+        "--out. "
         "Give each run its own --out: an earlier run's files there are "
         "replaced, and those this run does not write stay beside it.",
     )
