@@ -90,3 +90,25 @@ def test_the_cores_gradients_equal_autodiff_both_ways(where, monkeypatch):
     assert calls, "the core's own backward pass was not taken"
     for ours, autodiff in zip(ours, gradients(False)):
         np.testing.assert_allclose(ours.numpy(), autodiff.numpy(), atol=1e-5)
+
+
+def test_forward_mode_inside_a_function_equals_eager():
+    # A forward accumulator computes a new op's JVP while the op is made,
+    # through a function call that entered the graph's gradient override a
+    # second time: an AssertionError from TensorFlow, in a tf.function
+    # only (eagerly the core is Keras's custom gradient).
+    x = tf.constant(np.random.default_rng(1).normal(size=(2, 5, 8)), "float32")
+    tangent = tf.ones_like(x)
+    layer = MultiHeadAttention(2, 4, use_causal_mask=True)
+    layer(x)
+
+    def jvp(x, tangent):
+        with tf.autodiff.ForwardAccumulator(x, tangent) as accumulator:
+            y = layer(x)
+        return accumulator.jvp(y)
+
+    traced = tf.function(jvp)(x, tangent).numpy()
+    np.testing.assert_allclose(traced, jvp(x, tangent).numpy(), atol=1e-5)
+    step = 1e-2
+    central = (layer(x + step * tangent) - layer(x - step * tangent)) / (2 * step)
+    np.testing.assert_allclose(traced, central.numpy(), atol=2e-3)

@@ -10,10 +10,11 @@ traced graph, for the life of the process (tensorflow/tensorflow#27492,
 models built and dropped) kept every one of those graphs, where Keras's
 own attention layer (no custom gradient) kept none.
 
-Here the gradient is set on the one op that carries it (TensorFlow's own
-`Graph._override_gradient_function`, which its concrete functions use for
-theirs), so it lives and dies with its graph; a `GradientTape` inside the
-function takes it from the tape record, as `tf.custom_gradient` does.
+Here the gradient is set on the one op that carries it (as TensorFlow's
+own `Graph._override_gradient_function` sets it, which its concrete
+functions use for theirs), so it lives and dies with its graph; a
+`GradientTape` inside the function takes it from the tape record, as
+`tf.custom_gradient` does.
 Eagerly, and on JAX and torch, this is `keras.ops.custom_gradient`.
 """
 
@@ -39,12 +40,12 @@ def custom_gradient(f):
         graph = tf.compat.v1.get_default_graph()
         if tf.executing_eagerly() or graph._gradient_function_map:
             return keras_version(*args)  # eager: the tape alone, no registry
-        return _graph_call(f, graph, args)
+        return _graph_call(f, args)
 
     return wrapped
 
 
-def _graph_call(f, graph, args):
+def _graph_call(f, args):
     import tensorflow as tf
     from tensorflow.python.eager import record
 
@@ -62,7 +63,13 @@ def _graph_call(f, graph, args):
         return tape_grad(*upstream)
 
     originals = flat + args
-    with graph._override_gradient_function({"IdentityN": op_grad}):
-        outputs = tf.identity_n(originals)
+    outputs = tf.identity_n(originals)
+    # What `graph._override_gradient_function({"IdentityN": op_grad})`
+    # sets as the op is made; set after, because a forward accumulator
+    # (`tf.autodiff.ForwardAccumulator`) computes the new op's JVP while it
+    # is made, calling a function, and that call enters the override again
+    # (which TensorFlow asserts against). Its JVP is then the identity's,
+    # through the forward ops `f` ran.
+    outputs[0].op._gradient_function = op_grad
     record.record_operation(f.__name__, outputs, originals, tape_grad)
     return tf.nest.pack_sequence_as(result, outputs[:count])
