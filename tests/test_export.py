@@ -46,6 +46,25 @@ def test_every_layer_exports_to_every_format(name, tmp_path):
     assert_exports(model, inputs, tmp_path, name)
 
 
+@pytest.mark.parametrize("name", ["additive", "scaled_dot_product"])
+def test_one_head_layers_of_unknown_length_run_in_litert(name, tmp_path):
+    # `[:, :, None]` on a length unknown when traced is a strided slice
+    # with a new axis, which LiteRT runs only with TensorFlow's own ops: the
+    # file was written, and its interpreter refused it.
+    from keras_attention.layers import AdditiveAttention
+    from keras_attention.layers import ScaledDotProductAttention
+
+    layer = AdditiveAttention(4) if name == "additive" else ScaledDotProductAttention()
+    inputs = keras.Input((None, 8))
+    mask = keras.Input((None,), dtype="bool")
+    model = keras.Model(
+        [inputs, mask], layer([inputs, inputs], mask=[None, mask])
+    )
+    x = np.random.default_rng(0).normal(size=(2, 11, 8)).astype("float32")
+    valid = np.arange(11)[None] < np.array([[11], [7]])
+    assert_exports(model, [x, valid], tmp_path, name, formats=("litert",))
+
+
 def test_image_classifiers_export(tmp_path):
     from keras_attention.applications import CBAMResNet, VisionTransformer
 

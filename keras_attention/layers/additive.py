@@ -165,7 +165,7 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
                     f"Received: projected_key.shape={projected_key.shape}"
                 )
             k = ops.cast(projected_key, q.dtype)
-        hidden = q[:, :, None, :] + k[:, None, :, :]  # (B, T, S, U)
+        hidden = ops.expand_dims(q, 2) + ops.expand_dims(k, 1)  # (B, T, S, U)
         scores = ops.tensordot(ops.tanh(hidden), self.score_kernel, axes=1)
         # softmax(scores) V with masks and dropout on the shared core: the
         # additive scores enter as its bias (the dot-product term is zero,
@@ -179,7 +179,7 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
             mask,
             training,
             return_weights=True,
-            bias=scores[:, None, :, :],
+            bias=ops.expand_dims(scores, 1),
         )
         weights = ops.cast(weights, self.compute_dtype)  # (B, T, S)
         return (output, weights) if return_weights else output

@@ -287,8 +287,10 @@ class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
                     "`use_causal_mask` needs a query `(B, T, D)`: a one-step "
                     f"query has no positions. Received: query.shape={query.shape}"
                 )
-            query = query[:, None, :]
-            query_mask = None if query_mask is None else query_mask[:, None]
+            query = ops.expand_dims(query, 1)
+            query_mask = (
+                None if query_mask is None else ops.expand_dims(query_mask, 1)
+            )
         query, value, key, combined = self.unpack_inputs(
             query, value, key, query_mask, value_mask, key_mask, attention_mask,
             use_causal_mask=causal,
@@ -423,23 +425,23 @@ class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
         """
         mask = None
         if value_mask is not None:
-            mask = ops.cast(value_mask, "bool")[:, None, :]  # (B, 1, S)
+            mask = ops.expand_dims(ops.cast(value_mask, "bool"), 1)  # (B, 1, S)
         if key_mask is not None:
-            k = ops.cast(key_mask, "bool")[:, None, :]
+            k = ops.expand_dims(ops.cast(key_mask, "bool"), 1)
             mask = k if mask is None else ops.logical_and(mask, k)
         if query_mask is not None:
-            q = ops.cast(query_mask, "bool")[:, :, None]  # (B, T, 1)
+            q = ops.expand_dims(ops.cast(query_mask, "bool"), 2)  # (B, T, 1)
             mask = q if mask is None else ops.logical_and(mask, q)
         if use_causal_mask:
             t, s = ops.shape(query)[1], ops.shape(value)[1]
-            causal = attention_ops.causal_mask(t, s)[None, :, :]
+            causal = ops.expand_dims(attention_ops.causal_mask(t, s), 0)
             mask = causal if mask is None else ops.logical_and(mask, causal)
         if attention_mask is not None:
             attention_mask = ops.cast(attention_mask, "bool")
             if len(attention_mask.shape) == 2:
-                attention_mask = attention_mask[None]  # (T, S): every example
+                attention_mask = ops.expand_dims(attention_mask, 0)  # every example
             if mask is not None and len(attention_mask.shape) == 4:
-                mask = mask[:, None, :, :]
+                mask = ops.expand_dims(mask, 1)
             mask = (
                 attention_mask
                 if mask is None
@@ -462,9 +464,11 @@ class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
         """
         result = attend(
             self,
-            query[:, :, None, :],
-            key[:, :, None, :],
-            value[:, :, None, :],
+            # One head: `expand_dims`, not `[:, :, None]`, whose strided
+            # slice LiteRT runs only with TensorFlow's ops (README, export).
+            ops.expand_dims(query, 2),
+            ops.expand_dims(key, 2),
+            ops.expand_dims(value, 2),
             mask,
             training,
             return_weights,

@@ -481,5 +481,5 @@ def _zero_unseen(out, mask, is_causal, num_heads, out_dtype):
             seen, (ops.shape(out)[0], num_heads, ops.shape(out)[1])
         )
         seen = ops.transpose(seen, (0, 2, 1))  # (B, T, H)
-        out = ops.where(seen[..., None], out, ops.zeros_like(out))
+        out = ops.where(ops.expand_dims(seen, -1), out, ops.zeros_like(out))
     return ops.cast(out, out_dtype)

@@ -253,10 +253,12 @@ def expand_mask(mask):
         return None
     mask = ops.cast(mask, "bool")
     rank = len(mask.shape)
+    # `expand_dims`, not `[:, None]`: LiteRT runs a strided slice that adds
+    # axes to a tensor of unknown size only with TensorFlow's own ops.
     if rank == 2:
-        return mask[:, None, None, :]
+        return ops.expand_dims(ops.expand_dims(mask, 1), 1)
     if rank == 3:
-        return mask[:, None, :, :]
+        return ops.expand_dims(mask, 1)
     if rank == 4:
         return mask
     raise ValueError(
