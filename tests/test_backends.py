@@ -775,6 +775,71 @@ def test_forward_mode_works_with_autodiffs_backward_as_the_readme_says():
     np.testing.assert_allclose(np.asarray(forward), np.asarray(central), atol=2e-3)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile")
+def test_dynamic_shapes_compile_once_and_as_one_graph_on_torch():
+    # The batch check put the symbolic batch size in a set (a guard, so a
+    # compile for every batch size), and the causal and window masks called
+    # Keras's torch `arange` on a symbolic length, which it refuses.
+    import torch
+    import torch._dynamo.testing
+
+    from keras_attention.layers import MultiHeadAttention
+
+    layers = {
+        "plain": (MultiHeadAttention(2, 8), {}),
+        "window": (MultiHeadAttention(2, 8, sliding_window=3), {}),
+        "causal scores": (
+            MultiHeadAttention(2, 8, position_encoding="alibi"),
+            {"use_causal_mask": True, "return_attention_scores": True},
+        ),
+    }
+    for name, (layer, kwargs) in layers.items():
+        layer(torch.randn(2, 8, 16), **kwargs)
+        torch._dynamo.reset()
+        counter = torch._dynamo.testing.CompileCounterWithBackend("eager")
+        compiled = torch.compile(
+            lambda x: layer(x, **kwargs), dynamic=True, fullgraph=True,
+            backend=counter,
+        )
+        for shape in ((2, 8, 16), (3, 8, 16), (4, 11, 16), (5, 6, 16)):
+            x = torch.randn(*shape)
+            got = compiled(x)
+            want = layer(x, **kwargs)
+            for a, b in zip(keras.tree.flatten(got), keras.tree.flatten(want)):
+                np.testing.assert_allclose(
+                    a.detach().numpy(), b.detach().numpy(), atol=1e-5
+                )
+        assert counter.frame_count == 1, (name, counter.frame_count)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.func")
+def test_torch_func_works_with_autodiffs_backward_as_the_readme_says():
+    import torch
+
+    from keras_attention.layers import MultiHeadAttention
+    from keras_attention.ops import dense_custom_gradient
+
+    x = torch.randn(2, 5, 16)
+    layer = MultiHeadAttention(2, 8, value_dim=4)  # not the fused kernel
+    layer(x)
+    weights = [v.value.detach() for v in layer.trainable_variables]
+
+    def loss(w):
+        return layer.stateless_call(w, [], x)[0].sum()
+
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(loss)(weights)
+    with dense_custom_gradient(False):
+        grads = torch.func.grad(loss)(weights)
+        rows = torch.func.vmap(
+            lambda row: layer.stateless_call(weights, [], row[None])[0]
+        )(x)
+    assert all(torch.isfinite(g).all() for g in grads)
+    np.testing.assert_allclose(
+        rows[:, 0].numpy(), layer(x).detach().numpy(), atol=1e-5
+    )
+
+
 def test_the_fused_kernel_is_told_when_flash_attention_is_off(monkeypatch):
     # Keras's own layer passes `flash_attention=False` after
     # `keras.config.disable_flash_attention()`; ours passed nothing, so the

@@ -4,7 +4,6 @@ their keras projection sublayers' weight arguments, configs, LoRA
 (`ProjectionMixin`, `enable_lora`) and quantization."""
 
 import contextlib
-import numbers
 
 import keras
 import numpy as np
@@ -14,6 +13,7 @@ from keras.src.backend import set_keras_mask
 
 from keras_attention import ops as attention_ops
 from keras_attention._validation import shape_fits
+from keras_attention._validation import torch_compiling
 from keras_attention.layers._projections import WEIGHT_ARGUMENTS  # noqa: F401
 from keras_attention.layers._projections import ProjectionMixin  # noqa: F401
 from keras_attention._config import arguments_config  # noqa: F401
@@ -119,9 +119,14 @@ def check_batch(query_shape, value_shape, key_shape):
     """Raise unless `query`, `value` and `key` can have one batch size.
 
     Only static sizes count: torch's ONNX export traces sizes as tensors,
-    each a different object."""
+    each a different object, and `torch.compile`'s symbolic sizes (numbers
+    too) would be fixed to their value by the set (a new compile for every
+    batch size): under it the check is left to eager calls."""
+    if torch_compiling():
+        return
     sizes = {
-        s[0] for s in (query_shape, value_shape, key_shape) if isinstance(s[0], numbers.Integral)
+        s[0] for s in (query_shape, value_shape, key_shape)
+        if isinstance(s[0], (int, np.integer))
     }
     if len(sizes) > 1:
         raise ValueError(

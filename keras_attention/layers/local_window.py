@@ -22,8 +22,9 @@ def _static_size(dim):
     `torch.jit.trace` (keras's ONNX export on torch) gives every size as a
     0-d tensor; these three are static in the export's signature (the
     windows are built for them), so their traced value is taken. JAX's
-    symbolic sizes stay unknown."""
-    if traced_by_torch(dim) and not dim.shape:
+    symbolic sizes stay unknown, as do `torch.export`'s (a `SymInt`, no
+    `shape`)."""
+    if traced_by_torch(dim) and not getattr(dim, "shape", True):
         return int(dim)
     return known_dim(dim)
 

@@ -207,8 +207,10 @@ def causal_mask(query_length, key_length, offset=0):
     query sees every key (queries that continue a cache of `S - T` earlier
     positions).
     """
-    rows = ops.expand_dims(ops.arange(query_length) + offset, -1)
-    cols = ops.expand_dims(ops.arange(key_length), 0)
+    # int32 given: Keras's torch `arange` cannot infer the type of a
+    # symbolic length (`torch.compile(dynamic=True)`, `torch.export`).
+    rows = ops.expand_dims(ops.arange(query_length, dtype="int32") + offset, -1)
+    cols = ops.expand_dims(ops.arange(key_length, dtype="int32"), 0)
     return ops.greater_equal(rows, cols)
 
 
@@ -220,8 +222,10 @@ def sliding_window_mask(query_length, key_length, window, offset=0,
     lower half `0 <= t + offset - s < window` (Mistral's causal window).
     Built from two aranges, never from a larger mask.
     """
-    rows = ops.expand_dims(ops.arange(query_length) + offset, -1)
-    cols = ops.expand_dims(ops.arange(key_length), 0)
+    # int32 given: Keras's torch `arange` cannot infer the type of a
+    # symbolic length (`torch.compile(dynamic=True)`, `torch.export`).
+    rows = ops.expand_dims(ops.arange(query_length, dtype="int32") + offset, -1)
+    cols = ops.expand_dims(ops.arange(key_length, dtype="int32"), 0)
     distance = rows - cols
     if is_causal:
         return ops.logical_and(
