@@ -155,3 +155,12 @@ def test_integer_edge_features_are_taken_as_numbers(dense):
     np.testing.assert_allclose(
         keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want), atol=1e-6
     )
+
+
+def test_an_adjacency_of_another_batch_size_says_which_batch():
+    # The message named only N, which the adjacency matched.
+    from keras_attention.layers import GraphAttention
+
+    nodes = np.zeros((1, 6, 16), "float32")
+    with pytest.raises(ValueError, match="B=1 as in it"):
+        GraphAttention(units=4)([nodes, np.ones((3, 6, 6), "float32")])

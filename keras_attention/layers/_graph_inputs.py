@@ -157,7 +157,9 @@ def check_graph_inputs(features, edges, edge_features):
             "Received an invalid value for argument `edges`: a float or "
             "bool tensor is a dense adjacency, expected a square "
             f"(N, N) or (B, N, N) with N={node_shape[-2]} as in "
-            "node_features (an edge list must be an integer tensor (2, E)). "
+            + (f"node_features, and B={node_shape[0]} as in it "
+               if len(node_shape) == 3 else "node_features ")
+            + "(an edge list must be an integer tensor (2, E)). "
             f"Received: edges.shape={edge_shape}, edges.dtype={dtype}, "
             f"node_features.shape={node_shape}." + hints.get("dense", "")
         )
