@@ -21,7 +21,6 @@ from keras import ops
 
 from keras_attention import _validation as base
 from keras_attention.ops.shapes import jax_x64
-from keras_attention.ops.shapes import start_indices
 
 SAMPLERS = ("greedy", "top_k", "top_p", "random")
 # Generated rows are padded with 0 after a stop token, as prompts are: 0 is
@@ -191,9 +190,7 @@ class CausalLMGeneration:
 
         def next_cached(prompt, cache, index):
             # The sampler's rows: B, or B * num_beams for a BeamSampler.
-            token = ops.slice(
-                prompt, start_indices(0, index - 1), [ops.shape(prompt)[0], 1]
-            )
+            token = ops.slice(prompt, [0, index - 1], [ops.shape(prompt)[0], 1])
             logits, cache = self.call_with_cache(token, cache, index - 1)
             return no_padding(logits[:, 0]), None, cache
 

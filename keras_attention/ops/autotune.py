@@ -212,13 +212,14 @@ def gradient_recorded(backend=None):
         return False
 
 
-def _known_flag(flag, traced):
-    """`bool(flag)`, or `traced` for a flag only known when run (Keras's
-    `RematScope` passes `training` to the layers as a traced tensor)."""
+def _training_or_traced(training):
+    """`bool(training)`, or `True` for a flag only known when run (Keras's
+    `RematScope` passes `training` to the layers as a traced tensor): the
+    training measurement times the backward too."""
     try:
-        return bool(flag)
+        return bool(training)
     except Exception:  # a tracer: TracerBoolConversionError, or TF's
-        return traced
+        return True
 
 
 def choose(run, query, key, value, mask, is_causal, sliding_window, training,
@@ -251,7 +252,7 @@ def choose(run, query, key, value, mask, is_causal, sliding_window, training,
     mask_shape = shapes.pop() if mask is not None else None
     timed_mask_shape = timed.pop() if mask is not None else None
     mode = tf_mode() if backend == "tensorflow" else "compiled"
-    training = (_known_flag(training, True) or gradient_recorded(backend)
+    training = (_training_or_traced(training) or gradient_recorded(backend)
                 or timing.differentiated(query))
     (b, t, h, d), (_, s, kh, _), (_, _, _, dv) = shapes
     key_ = (
