@@ -112,3 +112,121 @@ def test_forward_mode_inside_a_function_equals_eager():
     step = 1e-2
     central = (layer(x + step * tangent) - layer(x - step * tangent)) / (2 * step)
     np.testing.assert_allclose(traced, central.numpy(), atol=2e-3)
+
+
+@pytest.mark.parametrize("start", [(0, 0, 0), (1, 2, 1), (2, 4, 3)])
+def test_the_slice_ops_gradients_send_each_window_where_it_came_from(start):
+    # TensorFlow registers no gradient for XlaDynamicUpdateSlice (Keras's
+    # `ops.slice_update`) or XlaDynamicSlice; `ops.gradients` adds them.
+    # The last start lies past the end and is clamped, in both ops alike.
+    from tensorflow.compiler.tf2xla.python import xla
+
+    rng = np.random.default_rng(3)
+    x = tf.constant(rng.normal(size=(3, 5, 4)), "float32")
+    u = tf.constant(rng.normal(size=(2, 2, 3)), "float32")
+    w = rng.normal(size=(3, 5, 4)).astype("float32")
+    w_window = rng.normal(size=(2, 2, 3)).astype("float32")
+    at = tuple(min(s, n - m) for s, n, m in zip(start, x.shape, u.shape))
+    window = tuple(slice(a, a + m) for a, m in zip(at, u.shape))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([x, u])
+        updated = tf.reduce_sum(keras.ops.slice_update(x, list(start), u) * w)
+        sliced = tf.reduce_sum(
+            xla.dynamic_slice(x, tf.constant(start), u.shape) * w_window
+        )
+    d_x, d_u = tape.gradient(updated, [x, u])
+    want_d_x = w.copy()
+    want_d_x[window] = 0.0
+    np.testing.assert_array_equal(d_x.numpy(), want_d_x)
+    np.testing.assert_array_equal(d_u.numpy(), w[window])
+    want_slice = np.zeros_like(w)
+    want_slice[window] = w_window
+    np.testing.assert_array_equal(tape.gradient(sliced, x).numpy(), want_slice)
+
+
+def _hessian_vector_and_penalty(fn, q, k, v, direction):
+    # d/dq <d loss/dq, direction>, and the gradient of a gradient penalty
+    # (the squared norm of d loss/dk) with respect to v.
+    with tf.GradientTape(persistent=True) as outer:
+        outer.watch([q, k, v])
+        with tf.GradientTape() as inner:
+            inner.watch([q, k, v])
+            out = fn(q, k, v)
+            loss = tf.reduce_sum(out * tf.cos(out))
+        d_q, d_k, _ = inner.gradient(loss, [q, k, v])
+        along = tf.reduce_sum(d_q * direction)
+        penalty = tf.reduce_sum(d_k**2)
+    return outer.gradient(along, q), outer.gradient(penalty, v)
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
+@pytest.mark.parametrize("implementation", ["blocked", "chunked"])
+def test_second_order_gradients_through_the_long_paths_equal_the_dense_paths(
+    implementation, mode, monkeypatch
+):
+    # Their backward passes write their blocks with `ops.slice_update`:
+    # a Hessian-vector product or a gradient penalty through them failed
+    # with a LookupError (no gradient for XlaDynamicUpdateSlice), and
+    # under XLA for want of the loops' trip counts. Several blocks and
+    # chunks here, causal and padded.
+    from keras_attention.ops import blocked
+    from keras_attention.ops import dense
+
+    monkeypatch.setattr(dense, "CHUNK_SCORE_BYTES", 8 * 4 * 2 * 4 * 20)
+    rng = np.random.default_rng(5)
+    q, k, v = (tf.constant(rng.normal(size=(2, 20, 2, 4)), "float32") for _ in range(3))
+    mask = tf.constant(rng.random((2, 20)) > 0.2)
+    direction = tf.constant(rng.normal(size=(2, 20, 2, 4)), "float32")
+
+    def long_path(q, k, v):
+        if implementation == "blocked":
+            return blocked.blocked_attention(
+                q, k, v, attention_mask=mask, is_causal=True,
+                block_size=8, query_block_size=8,
+            )
+        return dispatch.dot_product_attention(
+            q, k, v, attention_mask=mask, is_causal=True, implementation="chunked"
+        )
+
+    def dense_path(q, k, v):
+        return dispatch.dot_product_attention(
+            q, k, v, attention_mask=mask, is_causal=True, implementation="dense"
+        )
+
+    run = _hessian_vector_and_penalty
+    if mode != "eager":
+        run = tf.function(run, autograph=False, jit_compile=mode == "xla")
+    got = run(long_path, q, k, v, direction)
+    want = _hessian_vector_and_penalty(dense_path, q, k, v, direction)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_second_order_gradients_through_the_xla_cpu_loops(monkeypatch):
+    # Under XLA on a CPU the dense core's backward runs pair by pair and
+    # its keys' products loop (`ops/xla_cpu.py`), from sizes forced down
+    # to these few scores here.
+    from keras_attention.ops import xla_cpu
+
+    monkeypatch.setattr(xla_cpu, "_LOOPED_PRODUCT_SIZE", 1)
+    monkeypatch.setattr(xla_cpu, "_GROUPED_PRODUCT_SIZE", 1)
+    taken = []
+    in_pairs = xla_cpu._backward_in_pairs
+    monkeypatch.setattr(xla_cpu, "_backward_in_pairs",
+                        lambda *a: taken.append(1) or in_pairs(*a))
+    rng = np.random.default_rng(6)
+    q, k, v = (tf.constant(rng.normal(size=(2, 9, 2, 4)), "float32") for _ in range(3))
+    direction = tf.constant(rng.normal(size=(2, 9, 2, 4)), "float32")
+
+    def core(custom):
+        return lambda q, k, v: dispatch.dot_product_attention(
+            q, k, v, is_causal=True, implementation="dense", custom_gradient=custom
+        )
+
+    compiled = tf.function(_hessian_vector_and_penalty, autograph=False,
+                           jit_compile=True)
+    got = compiled(core(True), q, k, v, direction)
+    assert taken, "the backward pair by pair was not taken"
+    want = _hessian_vector_and_penalty(core(False), q, k, v, direction)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-4, rtol=1e-4)

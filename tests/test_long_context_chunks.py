@@ -316,3 +316,42 @@ def test_quantized_projections_keep_the_general_path():
     model.quantize("int8")
     assert chunked._long_context_reason(x, None, None) == "quantized"
     assert tuple(model(x).shape) == (2, 48, 16)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's tapes")
+def test_second_order_gradients_equal_the_dense_layers():
+    # A Hessian-vector product and a gradient penalty through the
+    # chunked projections' own backward pass (its blocks written with
+    # `ops.slice_update`, its loops differentiated again), in a
+    # `tf.function`. (Under `jit_compile=True` XLA refuses the gradient
+    # of the backward's own per-chunk gradient inside its loop: a
+    # reduction's shape computed at run time, "must be a compile-time
+    # constant".)
+    import tensorflow as tf
+
+    chunked, dense, x = make_pair(20, 3, 8)
+    x = tf.constant(x)
+    direction = tf.constant(np.random.default_rng(2).standard_normal(x.shape),
+                            "float32")
+
+    def second_order(layer, x):
+        with tf.GradientTape(persistent=True) as outer:
+            outer.watch(x)
+            with tf.GradientTape() as inner:
+                inner.watch(x)
+                out = layer(x)
+                loss = tf.reduce_sum(out * tf.cos(out))
+            d_x = inner.gradient(loss, x)
+            along = tf.reduce_sum(d_x * direction)
+            penalty = tf.reduce_sum(d_x**2)
+        return [outer.gradient(along, x)] + outer.gradient(
+            penalty, layer.trainable_variables
+        )
+
+    got = tf.function(second_order)(chunked, x)
+    want = second_order(dense, x)
+    # Rounding scales with the largest gradient (a key bias's is zero).
+    scale = max(float(np.max(np.abs(b))) for b in want)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4,
+                                   atol=2e-6 * scale)

@@ -59,6 +59,7 @@ from keras_attention.ops.masks import MASK_VALUE
 from keras_attention.ops.masks import scalar_as
 from keras_attention.ops.masks import sliding_window_mask
 from keras_attention.ops.masks import wide_dtype
+from keras_attention.ops.shapes import fori_loop
 
 LONG_CONTEXT_CHUNK = 512
 LONG_CONTEXT_QUERY_BLOCK = 256
@@ -247,7 +248,7 @@ def _backward(x, weights, d_out, chunk_fn, layout):
         d_ws = [a + ops.cast(g, wide) for a, g in zip(d_ws, grads[1:])]
         return (d_x, d_y, *d_ws)
 
-    result = ops.fori_loop(
+    result = fori_loop(
         0, layout.count, step, (d_x, rows_of(source, 0), *d_ws)
     )
     d_ws = [ops.cast(g, w.dtype) for g, w in zip(result[2:], weights)]
@@ -295,7 +296,7 @@ def long_self_attention(layer, x, causal, chunk, query_block=None):
             return ops.slice_update(out, [0, q_start] + tail, ops.cast(y, out.dtype))
 
         out = ops.zeros((batch, layout.length) + out_shape, x.dtype)
-        out = ops.fori_loop(0, layout.count, step, out)
+        out = fori_loop(0, layout.count, step, out)
 
         def grad(*args, upstream=None):
             d_out = upstream if upstream is not None else args[0]

@@ -41,6 +41,7 @@ from keras_attention.ops.shapes import check_alibi_slopes
 from keras_attention.ops.shapes import check_attention_inputs
 from keras_attention.ops.shapes import check_attention_mask
 from keras_attention.ops.shapes import check_mask_rows
+from keras_attention.ops.shapes import fori_loop
 from keras_attention.ops.shapes import pad
 from keras_attention.ops.shapes import static_lengths
 from keras_attention.ops.xla_cpu import compiled as xla_compiled
@@ -230,7 +231,7 @@ def _forward_rows(q, k, v, i, plan):
         row_zeros + MASK_VALUE,
         row_zeros,
     )
-    acc, row_max, row_sum = ops.fori_loop(0, plan.span, step, init)
+    acc, row_max, row_sum = fori_loop(0, plan.span, step, init)
     if not plan.rows_may_be_empty:
         out, lse = acc / row_sum, row_max + ops.log(row_sum)
     else:
@@ -274,7 +275,7 @@ def _backward_rows(q, k, v, d_out, delta, lse, i, d_k, d_v, plan):
         d_v = ops.slice_update(d_v, [0, j * plan.block, 0, 0], d_v_j)
         return d_q_i, d_k, d_v
 
-    d_q_i, d_k, d_v = ops.fori_loop(
+    d_q_i, d_k, d_v = fori_loop(
         0, plan.span, step, (ops.zeros_like(q_i), d_k, d_v)
     )
     return ops.reshape(d_q_i, ops.shape(q_i)[:2] + (-1, q_i.shape[-1])), d_k, d_v
@@ -301,7 +302,7 @@ def _forward(q, k, v, out_dtype, plan):
         ops.zeros((b, t, h, plan.d_v), out_dtype),
         ops.zeros((b, h, t, 1), plan.wide),
     )
-    return ops.fori_loop(0, plan.num_q_blocks, step, init)
+    return fori_loop(0, plan.num_q_blocks, step, init)
 
 
 def _backward(q, k, v, out, lse, d_out, plan):
@@ -340,7 +341,7 @@ def _backward(q, k, v, out, lse, d_out, plan):
         d_q = ops.slice_update(d_q, [0, i * plan.q_block, 0, 0], finish(d_q_i))
         return d_q, d_k, d_v
 
-    d_q, d_k, d_v = ops.fori_loop(0, plan.num_q_blocks, step, (d_q, d_k, d_v))
+    d_q, d_k, d_v = fori_loop(0, plan.num_q_blocks, step, (d_q, d_k, d_v))
     return d_q, ops.cast(d_k, k.dtype), ops.cast(d_v, v.dtype)
 
 

@@ -35,6 +35,7 @@ from keras_attention.ops.masks import scalar_as
 from keras_attention.ops.masks import wide_dtype
 from keras_attention.ops.positions import alibi_bias
 from keras_attention.ops.shapes import check_mask_rows
+from keras_attention.ops.shapes import fori_loop
 from keras_attention.ops.shapes import pad
 from keras_attention.ops.shapes import repeat_heads
 from keras_attention.ops.shapes import static_dim
@@ -222,25 +223,21 @@ def _loop(start, stop, body, init):
     ten chunks' `(B, H, rows, S)` tensors would be alive together."""
     if start >= stop:
         return init
-    if keras.backend.backend() != "tensorflow":
-        return ops.fori_loop(start, stop, body, init)
-    import tensorflow as tf
-
-    return tf.while_loop(
-        lambda i, carry: i < stop,
-        lambda i, carry: (i + 1, body(i, carry)),
-        (tf.constant(start), init),
-        parallel_iterations=1,
-    )[1]
+    return fori_loop(start, stop, body, init, one_at_a_time=True)
 
 
 def _kept_weights(keep, heads, chunk, keys, dtype):
     """A TensorFlow `TensorArray` for the weights of the first `keep`
-    chunks (`(B, H, chunk, S)` each, `S` unknown when chunks skip keys)."""
+    chunks (`(B, H, chunk, S)` each, `S` unknown when chunks skip keys).
+
+    Each is read again when the backward pass is itself differentiated
+    (a second-order gradient runs it once more for the outer tape), so
+    reads leave it in place: the backward pass starts with all of them
+    alive either way, its memory peak."""
     import tensorflow as tf
 
     return tf.TensorArray(
-        dtype, size=keep, infer_shape=False,
+        dtype, size=keep, infer_shape=False, clear_after_read=False,
         element_shape=tf.TensorShape([None, heads, chunk, keys]),
     )
 

@@ -16,6 +16,11 @@ functions use for theirs), so it lives and dies with its graph; a
 `GradientTape` inside the function takes it from the tape record, as
 `tf.custom_gradient` does.
 Eagerly, and on JAX and torch, this is `keras.ops.custom_gradient`.
+
+On TensorFlow this module also gives XLA's dynamic slice ops the
+gradients TensorFlow lacks (`register_slice_gradients`), so that the
+backward passes of the blocked and chunked paths, which write their
+blocks with `keras.ops.slice_update`, can be differentiated again.
 """
 
 import keras
@@ -43,6 +48,53 @@ def custom_gradient(f):
         return _graph_call(f, args)
 
     return wrapped
+
+
+def register_slice_gradients():
+    """Registers gradients for TensorFlow's `XlaDynamicUpdateSlice` and
+    `XlaDynamicSlice` ops where TensorFlow has none.
+
+    Keras's TensorFlow backend computes `keras.ops.slice_update` with
+    `XlaDynamicUpdateSlice`, for which TensorFlow 2.21 registers no
+    gradient: code that differentiates it fails with a `LookupError`. Our
+    blocked and chunked paths write their blocks with it in their own
+    backward passes, so a second-order gradient through them (a
+    Hessian-vector product, a gradient penalty) failed. Both ops are
+    linear in their tensor inputs, and their gradients are each other:
+    `update(x, u, i)` sends `dy` to `x` with the window zeroed and to `u`
+    as the window; `slice(x, i)` sends `dy` into a zero tensor at the
+    window. Indices get none. Both ops clamp the window into the tensor
+    in the same way, so the pair agrees for any indices.
+
+    An op that already has a gradient (a later TensorFlow) keeps its own.
+    Called once when this module is imported on the TensorFlow backend.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return
+    import tensorflow as tf
+    from tensorflow.compiler.tf2xla.python import xla
+    from tensorflow.python.framework import ops as tf_ops
+
+    def update_grad(op, dy):
+        update, indices = op.inputs[1], op.inputs[2]
+        d_operand = xla.dynamic_update_slice(dy, tf.zeros_like(update), indices)
+        d_update = xla.dynamic_slice(dy, indices, tf.shape(update))
+        return d_operand, d_update, None
+
+    def slice_grad(op, dy):
+        operand, indices = op.inputs[0], op.inputs[1]
+        d_operand = xla.dynamic_update_slice(tf.zeros_like(operand), dy, indices)
+        return d_operand, None, None
+
+    for name, grad in (("XlaDynamicUpdateSlice", update_grad),
+                       ("XlaDynamicSlice", slice_grad)):
+        try:
+            tf_ops.gradient_registry.lookup(name)
+        except LookupError:
+            tf_ops.RegisterGradient(name)(grad)
+
+
+register_slice_gradients()
 
 
 def _graph_call(f, args):

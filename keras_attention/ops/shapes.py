@@ -30,6 +30,36 @@ def pad(x, widths, constant_values=None):
     return ops.pad(x, widths, constant_values=constant_values)
 
 
+def fori_loop(lower, upper, body, init, one_at_a_time=False):
+    """`keras.ops.fori_loop(lower, upper, body, init)` for every loop of
+    the attention paths.
+
+    On TensorFlow, with bounds known when traced, the loop is told its
+    trip count (`maximum_iterations`): XLA compiles the gradient of a
+    loop only then. A second-order gradient (a Hessian-vector product, a
+    gradient penalty) differentiates the loops of our cores' own backward
+    passes, which under `jit_compile=True` otherwise failed ("XLA
+    compilation requires a fixed tensor list size"). `one_at_a_time`:
+    TensorFlow's graph executor starts no iteration before the last one
+    ended (its default starts up to ten at once, each holding its step's
+    tensors). Elsewhere, `keras.ops.fori_loop`.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return ops.fori_loop(lower, upper, body, init)
+    import tensorflow as tf
+
+    count = None
+    if isinstance(lower, int) and isinstance(upper, int):
+        count = max(0, upper - lower)
+    return tf.while_loop(
+        lambda i, carry: i < upper,
+        lambda i, carry: (i + 1, body(i, carry)),
+        (tf.constant(lower) if isinstance(lower, int) else lower, init),
+        maximum_iterations=count,
+        parallel_iterations=1 if one_at_a_time else 10,
+    )[1]
+
+
 def jax_x64():
     """Whether Keras runs on JAX with `jax_enable_x64` on."""
     if keras.backend.backend() != "jax":

@@ -16,6 +16,7 @@ from keras_attention.ops import autotune
 from keras_attention.ops.gradients import custom_gradient
 from keras_attention.ops.masks import MASK_VALUE
 from keras_attention.ops.masks import mask_arguments
+from keras_attention.ops.shapes import fori_loop
 
 # `keys_product` loops from this many scores per (batch, head) pair
 # (`benchmarks/bench_xla_products.py`, idle AVX-512 CPU): the loop is 2.2x
@@ -234,7 +235,7 @@ def keys_product(p, x):
         ]
         return ops.slice_update(result, (start, 0, 0), ops.stack(products))
 
-    result = ops.fori_loop(
+    result = fori_loop(
         0, (pairs + group - 1) // group, step,
         ops.zeros((pairs, d_len, s_len), dtype=x.dtype),
     )
@@ -406,7 +407,7 @@ def _forward_in_pairs(q, k, v, mask):
                 ops.slice_update(inverse, (j, 0, 0), inverse_j[0]))
 
     pairs = ops.shape(q_p)[0]
-    out, e, inverse = ops.fori_loop(
+    out, e, inverse = fori_loop(
         0, pairs, step,
         (ops.zeros((pairs, t_len, dv_len), q.dtype),
          ops.zeros((pairs, t_len, s_len), q.dtype),
@@ -480,7 +481,7 @@ def _backward_in_pairs(q, k, v, e, inverse, d_out, delta):
         )
 
     pairs = ops.shape(e)[0]
-    d_v_t, d_k_t, d_q = ops.fori_loop(
+    d_v_t, d_k_t, d_q = fori_loop(
         0, pairs, step,
         (ops.zeros((pairs, dv_len, s_len), v.dtype),
          ops.zeros((pairs, d_len, s_len), q.dtype),
