@@ -197,9 +197,9 @@ class forced:
         loop, unnormalised, flat, layouts, grouped, in_pairs = self.flags
         xla_cpu._LOOPED_PRODUCT_SIZE = 1 if loop else 2**62
         if not unnormalised:
-            xla_cpu.takes_unnormalised = lambda q: False
+            xla_cpu.takes_unnormalised = lambda *args: False
         if not flat:
-            xla_cpu._can_flatten = lambda dense, x: False
+            xla_cpu._can_flatten = lambda *args: False
         if not layouts:
             from keras import ops
 
@@ -209,7 +209,7 @@ class forced:
         if not grouped:
             xla_cpu._PAIRS_PER_STEP = 1
         if not in_pairs:
-            xla_cpu._backward_in_pairs_taken = lambda e: False
+            xla_cpu._backward_in_pairs_taken = lambda *args: False
 
     def __exit__(self, *exc):
         from keras_attention.ops import xla_cpu
