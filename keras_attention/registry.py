@@ -55,8 +55,15 @@ _CLASHES = {}
 INPUT_KINDS = ("tokens", "grid", "graph")
 _plugins_discovered = False
 _lock = threading.RLock()
-# The plugin being imported right now, so `register` can say who registered.
-_current_origin = [None]
+# Held while plugins are discovered, never while `_lock` is: a plugin's
+# module imported by the user in another thread registers (`_lock`) while
+# discovery waits for that module's import lock.
+_discovery_lock = threading.RLock()
+# Per thread: `origin`, the plugin this thread is importing, so `register`
+# can say who registered; `journal`, what its registrations replaced, so a
+# plugin that fails halfway leaves none of its names behind.
+_local = threading.local()
+_MISSING = object()
 
 
 def _default_origin(cls):
@@ -139,8 +146,9 @@ def register(name, package=None, input_kind=None):
                 "`register` decorates subclasses of `keras.layers.Layer`. "
                 f"Received: {cls!r} for name={name!r}"
             )
-        origin = _current_origin[0] or _default_origin(cls)
+        origin = getattr(_local, "origin", None) or _default_origin(cls)
         with _lock:
+            _journal(name)
             kind = input_kind or _declared_kind(cls) or "tokens"
             if kind not in INPUT_KINDS:
                 raise ValueError(
@@ -236,14 +244,38 @@ def _register_serializable(cls, package):
     keras.saving.register_keras_serializable(package=package, name=cls.__name__)(cls)
 
 
+def _journal(name):
+    """Notes what `name` holds before this thread's plugin changes it."""
+    journal = getattr(_local, "journal", None)
+    if journal is not None:
+        journal.append((name, [
+            table.get(name, _MISSING) for table in (_REGISTRY, _ORIGINS, _INPUT_KINDS)
+        ], list(_CLASHES[name]) if name in _CLASHES else _MISSING))
+
+
+def _undo(journal):
+    """Puts back what the journal's registrations replaced, latest first."""
+    with _lock:
+        for name, values, clashes in reversed(journal):
+            for table, value in zip((_REGISTRY, _ORIGINS, _INPUT_KINDS), values):
+                if value is _MISSING:
+                    table.pop(name, None)
+                else:
+                    table[name] = value
+            if clashes is _MISSING:
+                _CLASHES.pop(name, None)
+            else:
+                _CLASHES[name] = clashes
+
+
 @contextlib.contextmanager
 def _origin(origin):
-    previous = _current_origin[0]
-    _current_origin[0] = origin
+    previous = getattr(_local, "origin", None), getattr(_local, "journal", None)
+    _local.origin, _local.journal = origin, []
     try:
-        yield
+        yield _local.journal
     finally:
-        _current_origin[0] = previous
+        _local.origin, _local.journal = previous
 
 
 def discover_plugins(force=False):
@@ -257,7 +289,7 @@ def discover_plugins(force=False):
         The list of entry-point names that loaded.
     """
     global _plugins_discovered
-    with _lock:
+    with _discovery_lock:
         if _plugins_discovered and not force:
             return []
         _plugins_discovered = True
@@ -268,11 +300,11 @@ def discover_plugins(force=False):
             dist = getattr(entry_point, "dist", None)
             dist_name = getattr(dist, "name", None) or "unknown distribution"
             origin = f"plugin {entry_point.name!r} ({dist_name})"
-            # A plugin that fails halfway leaves none of its names behind.
-            before = [dict(d) for d in (_REGISTRY, _ORIGINS, _INPUT_KINDS)]
-            clashes = {k: list(v) for k, v in _CLASHES.items()}
+            # A plugin that fails halfway leaves none of its names behind
+            # (and another thread's registrations meanwhile in place).
+            journal = []
             try:
-                with _origin(origin), warnings.catch_warnings():
+                with _origin(origin) as journal, warnings.catch_warnings():
                     warnings.simplefilter("always")
                     obj = entry_point.load()
                     is_layer = isinstance(obj, type) and issubclass(
@@ -286,11 +318,7 @@ def discover_plugins(force=False):
                     if is_layer and obj not in _REGISTRY.values():
                         register(entry_point.name)(obj)
             except Exception as error:  # a broken plugin must not break us
-                for table, saved in zip((_REGISTRY, _ORIGINS, _INPUT_KINDS), before):
-                    table.clear()
-                    table.update(saved)
-                _CLASHES.clear()
-                _CLASHES.update(clashes)
+                _undo(journal)
                 warnings.warn(
                     f"keras_attention: could not load {origin} "
                     f"= {entry_point.value!r}: {type(error).__name__}: {error}",

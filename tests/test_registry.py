@@ -1,5 +1,6 @@
 """The registry: names, lookup errors, serialization, entry-point plugins."""
 
+import importlib
 import os
 import subprocess
 import sys
@@ -302,3 +303,103 @@ def test_an_unknown_name_in_an_application_points_at_plugins():
         VisionTransformer(image_size=8, patch_size=4, num_classes=2, attention="test_gone")
     with pytest.raises(ValueError, match="attention='graph'$"):
         VisionTransformer(image_size=8, patch_size=4, num_classes=2, attention="graph")
+
+
+def test_discovery_beside_a_direct_import_of_the_plugin_does_not_hang(
+    tmp_path, monkeypatch
+):
+    # One thread imports a plugin's module itself (it then holds Python's
+    # import lock of that module, and its `register` wants the registry);
+    # another discovers plugins, which imports the same module. Discovery
+    # held the registry's lock while importing: both threads hung.
+    source = """
+        import threading
+        import keras
+        import keras_attention
+
+        IMPORTING.set()
+        PROCEED.wait(10)
+
+        @keras_attention.register("test_slow_plugin")
+        class Slow(keras.layers.Layer):
+            def call(self, x):
+                return x
+    """
+    write_plugin(tmp_path, "ka_slow", "ka_slow", source, {"slow": "ka_slow"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import builtins
+    import threading
+
+    importing, proceed = threading.Event(), threading.Event()
+    monkeypatch.setattr(builtins, "IMPORTING", importing, raising=False)
+    monkeypatch.setattr(builtins, "PROCEED", proceed, raising=False)
+    monkeypatch.delitem(sys.modules, "ka_slow", raising=False)
+    importer = threading.Thread(target=importlib.import_module, args=("ka_slow",),
+                                daemon=True)
+    importer.start()
+    assert importing.wait(10)
+
+    def discover():
+        keras_attention.discover_plugins(force=True)
+
+    discoverer = threading.Thread(target=discover, daemon=True)
+    discoverer.start()
+    discoverer.join(0.5)  # discovery now waits for the module's import
+    proceed.set()
+    importer.join(20)
+    discoverer.join(20)
+    assert not importer.is_alive() and not discoverer.is_alive(), "deadlock"
+    assert "test_slow_plugin" in keras_attention.names()
+    registry.unregister("test_slow_plugin")
+
+
+def test_a_registration_in_another_thread_during_discovery_keeps_its_origin(
+    tmp_path, monkeypatch
+):
+    # The plugin being imported was one process-wide value: a class the
+    # user registered meanwhile was recorded as the plugin's, and a
+    # plugin that then failed took the user's name away with its own.
+    source = """
+        import keras
+        import keras_attention
+
+        IMPORTING.set()
+        PROCEED.wait(10)
+
+        @keras_attention.register("test_failing_plugin_layer")
+        class Mine(keras.layers.Layer):
+            pass
+
+        raise ImportError("a dependency is missing")
+    """
+    write_plugin(tmp_path, "ka_failing", "ka_failing", source, {"failing": "ka_failing"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import builtins
+    import threading
+
+    importing, proceed = threading.Event(), threading.Event()
+    monkeypatch.setattr(builtins, "IMPORTING", importing, raising=False)
+    monkeypatch.setattr(builtins, "PROCEED", proceed, raising=False)
+    monkeypatch.delitem(sys.modules, "ka_failing", raising=False)
+
+    def discover():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            keras_attention.discover_plugins(force=True)
+
+    discoverer = threading.Thread(target=discover, daemon=True)
+    discoverer.start()
+    assert importing.wait(10)
+
+    @keras_attention.register("test_users_layer_meanwhile")
+    class UsersLayer(keras.layers.Layer):
+        pass
+
+    proceed.set()
+    discoverer.join(20)
+    try:
+        assert registry.origins()["test_users_layer_meanwhile"] == __name__.split(".")[0]
+        assert keras_attention.get_class("test_users_layer_meanwhile") is UsersLayer
+        assert "test_failing_plugin_layer" not in keras_attention.names()
+    finally:
+        registry.unregister("test_users_layer_meanwhile")
