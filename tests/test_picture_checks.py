@@ -328,3 +328,60 @@ def test_score_cam_with_more_channels_allowed_than_the_map_has(make):
         grad_cam(model, IMAGES, method="scorecam", max_channels=64),
         grad_cam(model, IMAGES, method="scorecam"), atol=1e-6,
     )
+
+
+def test_attention_maps_from_two_threads_each_get_their_own():
+    # The maps patched the shared layer's `call` for all threads: a
+    # request served meanwhile was recorded into them, and two passes
+    # ending out of order returned each other's weights and left the
+    # layer patched for good. A layer that waits on events orders them.
+    import threading
+
+    from keras_attention.layers import MultiHeadAttention
+    from keras_attention.visualization import attention_maps
+
+    gates = {}
+
+    class Gate(keras.layers.Layer):
+        def call(self, x):
+            gate = gates.get(threading.current_thread().name)
+            if gate is not None:
+                gate()
+            return x
+
+    inputs = keras.Input((4, 8))
+    layer = MultiHeadAttention(num_heads=1, key_dim=4, name="mha")
+    model = keras.Model(inputs, layer(Gate()(inputs)))
+    rng = np.random.default_rng(0)
+    xa, xb = (rng.standard_normal((1, 4, 8)).astype("float32") for _ in range(2))
+    want_a = attention_maps(model, xa)["mha"]
+    want_b = attention_maps(model, xb)["mha"]
+    got = {}
+
+    def run(name, target):
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    # A serves `model(xb)` while A's maps pass waits inside the model.
+    inside, served = threading.Event(), threading.Event()
+    gates["A"] = lambda: (inside.set(), served.wait(10))
+    a = run("A", lambda: got.update(A=attention_maps(model, xa)))
+    inside.wait(10)
+    model(xb)
+    served.set()
+    a.join(20)
+    np.testing.assert_allclose(got["A"]["mha"], want_a, atol=1e-6)
+
+    # B starts after A and ends after it.
+    b_inside, a_done = threading.Event(), threading.Event()
+    gates["A"] = lambda: b_inside.wait(10)
+    gates["B"] = lambda: (b_inside.set(), a_done.wait(10))
+    a = run("A", lambda: (got.update(A=attention_maps(model, xa)), a_done.set()))
+    b = run("B", lambda: got.update(B=attention_maps(model, xb)))
+    a.join(20)
+    b.join(20)
+    gates.clear()
+    np.testing.assert_allclose(got["A"]["mha"], want_a, atol=1e-6)
+    np.testing.assert_allclose(got["B"]["mha"], want_b, atol=1e-6)
+    assert "call" not in layer.__dict__, "the layer stayed patched"

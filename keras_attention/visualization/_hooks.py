@@ -4,10 +4,12 @@ Keras 3 looks `self.call` up on every `Layer.__call__`, so an instance
 attribute named `call` replaces the method for that one layer object (in a
 `Sequential`, a functional model, a nested model or a subclassed one) until
 it is deleted again. Nothing here changes a class or a saved model.
+A patch holds for the thread whose block made it (`patched_calls`).
 """
 
 import contextlib
 import functools
+import threading
 
 import keras
 
@@ -56,27 +58,75 @@ def ensure_built(model, inputs, **call_kwargs):
     model(inputs, **call_kwargs)
 
 
-@contextlib.contextmanager
-def patched_calls(replacements):
-    """Replace `layer.call` by `make(original)` for each `(layer, make)` pair.
+# Guards every layer's `_PATCHES` entry: blocks enter and leave from
+# several threads.
+_LOCK = threading.Lock()
+# id(layer) -> (layer, had_own, original, {thread id: [wrapper, ...]}): the
+# layers whose `call` is our dispatcher now.
+_PATCHES = {}
 
-    The replacement keeps the original's signature (`functools.wraps`), so
-    Keras still passes `training` and `mask` as before. The original methods
-    come back when the block ends, also after an exception.
-    """
-    patched = []
-    try:
-        for layer, make in replacements:
+
+def _dispatcher(layer, original):
+    """The `call` a patched layer gets: the innermost replacement of the
+    calling thread's blocks, else the original (another thread's call,
+    or a function another thread traces meanwhile, is not recorded)."""
+
+    @functools.wraps(original)
+    def call(*args, **kwargs):
+        entry = _PATCHES.get(id(layer))
+        stack = entry[3].get(threading.get_ident()) if entry else None
+        return (stack[-1] if stack else original)(*args, **kwargs)
+
+    return call
+
+
+def _push(layer, make):
+    with _LOCK:
+        entry = _PATCHES.get(id(layer))
+        if entry is None or entry[0] is not layer:
             had_own = "call" in layer.__dict__
-            original = layer.call
-            wrapper = functools.wraps(original)(make(original))
-            object.__setattr__(layer, "call", wrapper)
-            patched.append((layer, had_own, original))
-        yield
-    finally:
-        for layer, had_own, original in reversed(patched):
+            entry = (layer, had_own, layer.call, {})
+            _PATCHES[id(layer)] = entry
+            object.__setattr__(layer, "call", _dispatcher(layer, entry[2]))
+        stack = entry[3].setdefault(threading.get_ident(), [])
+        inner = stack[-1] if stack else entry[2]
+        wrapper = functools.wraps(entry[2])(make(inner))
+        stack.append(wrapper)
+        return wrapper
+
+
+def _pop(layer, wrapper):
+    with _LOCK:
+        layer_, had_own, original, stacks = _PATCHES[id(layer)]
+        thread = threading.get_ident()
+        stacks[thread].remove(wrapper)
+        if not stacks[thread]:
+            del stacks[thread]
+        if not stacks:
+            del _PATCHES[id(layer)]
             if had_own:
                 object.__setattr__(layer, "call", original)
             else:
                 object.__delattr__(layer, "call")
 
+
+@contextlib.contextmanager
+def patched_calls(replacements):
+    """Replace `layer.call` by `make(original)` for each `(layer, make)` pair,
+    for calls from this thread.
+
+    The replacement keeps the original's signature (`functools.wraps`), so
+    Keras still passes `training` and `mask` as before. The original methods
+    come back when the block ends, also after an exception. Blocks in
+    several threads on the same layers each see their own replacements
+    only, and calls from threads outside any block the original; they
+    may end in any order.
+    """
+    patched = []
+    try:
+        for layer, make in replacements:
+            patched.append((layer, _push(layer, make)))
+        yield
+    finally:
+        for layer, wrapper in reversed(patched):
+            _pop(layer, wrapper)
