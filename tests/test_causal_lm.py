@@ -3,6 +3,7 @@ step equals the full causal forward, presets, .keras files, attention maps,
 training and bad arguments."""
 
 import os
+import sys
 
 import keras
 import keras_hub
@@ -443,3 +444,70 @@ def test_compiled_loops_keep_the_most_recent():
     loops.get(model, "new", lambda: (lambda: None), jit_compile=False)
     assert len(loops._loops) == CompiledLoops.MAX_LOOPS
     assert 3 in loops._loops and 4 not in loops._loops
+
+
+def test_generation_from_threads_gives_each_request_its_own_ids():
+    # Requests with their own seeded sampler shared the model's twin
+    # sampler and its seed state: from threads, other ids than alone.
+    import threading
+
+    lm = tiny()
+    prompt = ids(length=4)
+
+    def request():
+        sampler = keras_hub.samplers.TopKSampler(k=5, seed=1, temperature=3.0)
+        return lm.generate(prompt, max_length=12, sampler=sampler, jit_compile=False)
+
+    want = request()
+    got = [None] * 6
+    threads = [
+        threading.Thread(target=lambda i=i: got.__setitem__(i, request()))
+        for i in range(len(got))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for row in got:
+        np.testing.assert_array_equal(row, want)
+
+
+def test_decoding_loops_from_threads_are_built_once():
+    import threading
+
+    from keras_attention.applications.compiling import CompiledLoops
+
+    class Model:
+        weights = ()
+
+    loops, built, errors = CompiledLoops(), [], []
+
+    def build():
+        built.append(1)
+        return lambda: None
+
+    def work(keys):
+        try:
+            for _ in range(300):
+                for key in keys:
+                    assert loops.get(Model, key, build, jit_compile=False)
+        except Exception as error:  # noqa: BLE001 (reported below)
+            errors.append(error)
+
+    def run(keys, count):
+        threads = [threading.Thread(target=work, args=(keys,)) for _ in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often: races show
+    try:
+        run(["same"], 4)
+        assert len(built) == 1
+        run(range(40), 3)  # more keys than are kept: some dropped
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors
+    assert len(loops._loops) == CompiledLoops.MAX_LOOPS

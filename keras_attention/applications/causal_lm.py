@@ -18,6 +18,7 @@ whole sequence every step instead (the reference the tests and
 `benchmarks/bench_generation.py` compare with).
 """
 
+import threading
 import types
 
 import keras
@@ -317,7 +318,7 @@ class CausalLM(
         self.preprocessor = preprocessor
         # A plain object: Keras tracks dict attributes.
         self._generation = types.SimpleNamespace(
-            loops=compiling.CompiledLoops(), samplers={}
+            loops=compiling.CompiledLoops(), samplers={}, lock=threading.RLock()
         )
 
     @classmethod
@@ -415,7 +416,16 @@ class CausalLM(
         Returns:
             int32 ids `(B, max_length)` (`(max_length,)` for a `(P,)`
             prompt), the prompts followed by the generated ids.
+
+        Calls from several threads run one at a time: they share the
+        samplers' seed state (each gets the ids it would get alone).
         """
+        with self._generation.lock:
+            return self._generate(prompt_ids, max_length, sampler,
+                                  stop_token_ids, use_cache, jit_compile)
+
+    def _generate(self, prompt_ids, max_length, sampler, stop_token_ids,
+                  use_cache, jit_compile):
         given, sampler = sampler, self._sampler(sampler)
         ids, mask, lengths, single = self._check_prompts(prompt_ids, max_length)
         if _is_beam(sampler) and len(set(lengths)) > 1:

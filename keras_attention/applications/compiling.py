@@ -9,6 +9,8 @@
   traced again when the model's variables change.
 """
 
+import threading
+
 import keras
 
 from keras_attention._config import backend_neutral_compile_config
@@ -33,28 +35,32 @@ class CompiledLoops:
 
     def __init__(self):
         self._loops, self._weights = {}, None
+        # Requests decoded from several threads share the loops: one
+        # builds a key's loop, the others wait for it (each built its own
+        # before, and the table changed under their reads).
+        self._lock = threading.RLock()
 
     def get(self, model, key, build, jit_compile, variables=()):
         """The loop of `key`; `variables`: state the loop reads besides the
         model's (a sampler's seeds), given to `jax.jit` with them."""
-        weights = tuple(id(v) for v in model.weights)
-        if weights != self._weights:
-            self._loops.clear()
-            self._weights = weights
-        if key not in self._loops:
-            function = build()
-            if jit_compile and keras.backend.backend() == "tensorflow":
-                import tensorflow as tf
+        with self._lock:
+            weights = tuple(id(v) for v in model.weights)
+            if weights != self._weights:
+                self._loops.clear()
+                self._weights = weights
+            function = self._loops.pop(key, None)  # back in as the most recent
+            if function is None:
+                function = build()
+                if jit_compile and keras.backend.backend() == "tensorflow":
+                    import tensorflow as tf
 
-                function = tf.function(function, jit_compile=True)
-            elif jit_compile and keras.backend.backend() == "jax":
-                function = _jax_jit(function, [*model.variables, *variables])
+                    function = tf.function(function, jit_compile=True)
+                elif jit_compile and keras.backend.backend() == "jax":
+                    function = _jax_jit(function, [*model.variables, *variables])
             self._loops[key] = function
             while len(self._loops) > self.MAX_LOOPS:
                 del self._loops[next(iter(self._loops))]
-        else:
-            self._loops[key] = self._loops.pop(key)  # the most recent last
-        return self._loops[key]
+            return function
 
 
 def _jax_jit(function, variables):
