@@ -195,3 +195,36 @@ def test_a_kept_choice_that_is_no_candidate_is_measured_again(tmp_path, monkeypa
     assert measure.calls == 1
     (entry,) = json.loads(path.read_text())["entries"]
     assert entry["implementation"] == "dense"
+
+
+def test_a_dense_custom_gradient_block_holds_for_its_own_thread_only():
+    # The block set the process's value: another thread read it, and two
+    # blocks of two threads ending out of order left it changed for good.
+    from keras_attention.ops import dense_custom_gradient
+    from keras_attention.ops import dispatch
+
+    seen = {}
+    entered, other_entered, first_left = (threading.Event() for _ in range(3))
+
+    def first():
+        with dense_custom_gradient(False):
+            entered.set()
+            other_entered.wait(10)
+            seen["first"] = dispatch._dense_custom_gradient_setting()
+        first_left.set()
+
+    def second():
+        entered.wait(10)
+        seen["outside"] = dispatch._dense_custom_gradient_setting()
+        with dense_custom_gradient(True):
+            other_entered.set()
+            first_left.wait(10)
+            seen["second"] = dispatch._dense_custom_gradient_setting()
+
+    threads = [threading.Thread(target=f) for f in (first, second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert seen == {"outside": True, "first": False, "second": True}
+    assert dispatch._dense_custom_gradient_setting() is True

@@ -11,6 +11,7 @@ involved (`dense.dense_core`; `dense_custom_gradient(False)` or the
 import contextlib
 import math
 import numbers
+import threading
 
 import keras
 from keras import ops
@@ -46,12 +47,16 @@ from keras_attention.ops.shapes import static_dim
 DENSE_THRESHOLD = 1024 * 1024
 
 _CONFIG = {"dense_custom_gradient": True}
+# A `dense_custom_gradient` block's setting, per thread (Keras's scopes
+# are per thread too): another thread keeps the process-wide one.
+_BLOCKS = threading.local()
 
 IMPLEMENTATIONS = ("auto", "dense", "blocked", "chunked", "fused")
 
 
 def set_dense_custom_gradient(enabled):
-    """Whether the dense path uses its own backward pass (default `True`).
+    """Whether the dense path uses its own backward pass (default `True`),
+    for every thread outside a `dense_custom_gradient` block.
 
     Read when a function is traced; the `custom_gradient` argument of
     `dot_product_attention` overrides it for one call.
@@ -59,15 +64,31 @@ def set_dense_custom_gradient(enabled):
     _CONFIG["dense_custom_gradient"] = bool(enabled)
 
 
+def _dense_custom_gradient_setting():
+    blocks = getattr(_BLOCKS, "stack", None)
+    return blocks[-1] if blocks else _CONFIG["dense_custom_gradient"]
+
+
 @contextlib.contextmanager
 def dense_custom_gradient(enabled):
-    """`set_dense_custom_gradient(enabled)` inside a `with` block only."""
-    previous = _CONFIG["dense_custom_gradient"]
-    set_dense_custom_gradient(enabled)
+    """`set_dense_custom_gradient(enabled)` inside a `with` block only, for
+    the calling thread (other threads, and functions they trace
+    meanwhile, keep theirs).
+
+    Example:
+
+    >>> from keras_attention.ops import dense_custom_gradient
+    >>> with dense_custom_gradient(False):
+    ...     pass  # e.g. jax.jvp through the layers: autodiff's backward
+    """
+    stack = getattr(_BLOCKS, "stack", None)
+    if stack is None:
+        stack = _BLOCKS.stack = []
+    stack.append(bool(enabled))
     try:
         yield
     finally:
-        _CONFIG["dense_custom_gradient"] = previous
+        stack.pop()
 
 
 def check_path_takes_weights(implementation, received):
@@ -213,7 +234,7 @@ def dot_product_attention(
         )
 
     if custom_gradient is None:
-        custom_gradient = _CONFIG["dense_custom_gradient"]
+        custom_gradient = _dense_custom_gradient_setting()
     if alibi_slopes is not None:
         bias = _with_alibi(bias, alibi_slopes, query, key)
         custom_gradient = False  # its backward pass takes no bias
