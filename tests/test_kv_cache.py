@@ -87,6 +87,14 @@ def test_cache_errors_before_any_work():
         layer(x, cache=good, cache_update_index=6)  # 6 + 11 > 16
     with pytest.raises(ValueError, match="cache_update_index"):
         layer(x, cache_update_index=0)
+    # A signature of unknown S_max: "None values not supported" before.
+    step = tf.function(
+        lambda x, cache: layer(x, cache=cache, cache_update_index=0),
+        input_signature=[tf.TensorSpec(x.shape, "float32"),
+                         tf.TensorSpec((2, 2, None, 2, 8), "float32")],
+    )
+    with pytest.raises(ValueError, match=r"(?s)S_max \(axis 2\) known.*signature"):
+        step.get_concrete_function()
 
 
 @pytest.mark.parametrize(

@@ -185,6 +185,19 @@ def test_bad_shapes_raise():
         LocalWindowAttention(num_heads=1)(symbolic)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="Keras's TensorFlow predict relaxes sizes when it retraces")
+def test_a_second_image_size_in_predict_says_why_and_what_to_do():
+    model = keras.Sequential([
+        LocalWindowAttention(num_heads=2, window_size=4, shift_size=2),
+        keras.layers.GlobalAveragePooling2D(),
+    ])
+    model.predict(np.zeros((2, 7, 7, 8), "float32"), verbose=0)
+    with pytest.raises(ValueError, match=r"(?s)known height and width when "
+                       r"traced.*retracing for a\s+second image size.*run_eagerly"):
+        model.predict(np.zeros((2, 9, 5, 8), "float32"), verbose=0)
+
+
 @pytest.mark.parametrize(
     "height, width", [(1, 1), (1, 9), (4, 4), (5, 5), (7, 13), (12, 6), (11, 17)]
 )

@@ -43,6 +43,14 @@ class KVCache:
                 f"{expected[:2] + ('S_max',) + expected[3:]}. "
                 f"Received: cache.shape={shape}"
             )
+        if shape[2] is None:
+            raise ValueError(
+                "Received an invalid value for argument `cache`, expected "
+                "its length S_max (axis 2) known when traced (the slots' "
+                "positions and a ring cache's window are static): give it in "
+                "the `tf.function` or export signature. Received: "
+                f"cache.shape={shape}"
+            )
         if self._value_dim != self._key_dim:
             raise ValueError(
                 "A key/value cache needs value_dim == key_dim. Received: "

@@ -265,8 +265,14 @@ class LocalWindowAttention(
         if need_spatial and None in shape[1:3]:
             raise ValueError(
                 "Received an invalid value for argument `inputs`, expected a "
-                "known height and width (the windows and masks are static). "
-                f"Received: inputs.shape={shape}"
+                "known height and width when traced (the windows and masks "
+                "are static). A `tf.function` or export signature with "
+                "`None` there, or `model.predict`/`fit` retracing for a "
+                "second image size (Keras relaxes the size to `None`), "
+                "gives an unknown one: resize the images to one size, keep "
+                "one model call per size in a `tf.function` without "
+                "`reduce_retracing`, or run eagerly "
+                f"(`run_eagerly=True`). Received: inputs.shape={shape}"
             )
         channels = shape[-1]
         if self.key_dim is None and channels % self.num_heads:
