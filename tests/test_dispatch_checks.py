@@ -228,3 +228,17 @@ def test_a_dense_custom_gradient_block_holds_for_its_own_thread_only():
         thread.join(20)
     assert seen == {"outside": True, "first": False, "second": True}
     assert dispatch._dense_custom_gradient_setting() is True
+
+
+def test_rule_choices_are_kept_for_the_latest_shapes_only(monkeypatch):
+    # Every shape traced under XLA records a few rules: a service of many
+    # lengths grew `dispatch_choices()` for good. Measured ones stay.
+    monkeypatch.setattr(autotune, "MAX_RULE_CHOICES", 5)
+    autotune.clear_dispatch_choices()
+    measured = autotune.Choice(("measured",), "dense", "measured", {"dense": 1.0})
+    autotune._CHOICES[measured.key] = measured
+    for length in range(12):
+        autotune.record_rule(("rule", length), "flat matmul", "rule")
+    keys = [choice.key for choice in autotune.dispatch_choices()]
+    assert keys == [("measured",)] + [("rule", n) for n in range(7, 12)]
+    autotune.clear_dispatch_choices()

@@ -35,9 +35,11 @@ its chunks the whole call would: `measured_call_rows`). A call whose
 batch alone is unknown where it is traced (Keras's `fit` on TensorFlow
 when its last batch is partial) is timed at batch 1, the dense path a
 candidate while `UNKNOWN_BATCH` (32) examples would fit the budget. Other
-shapes that are not static, `set_autotune(False)` or the environment variable
-`KERAS_ATTENTION_AUTOTUNE=0` keep the fixed rule (the blocked path once
-`T * S` passes `DENSE_THRESHOLD`). Every path is tested
+unknown sizes (heads, head size), `set_autotune(False)` or the environment
+variable `KERAS_ATTENTION_AUTOTUNE=0` keep the fixed rule (the blocked path
+once `T * S` passes `DENSE_THRESHOLD`). An unknown sequence length never
+gets here: the dense path takes it (`dispatch`), since the blocked and
+chunked paths plan their blocks from static lengths. Every path is tested
 equal to the dense one in values and gradients, so the choice changes
 speed and memory, never the result beyond float rounding. Measuring costs
 the first call of each shape seconds; `set_autotune(cache_file=...)` (or
@@ -155,29 +157,50 @@ def dispatch_choices():
     return list(_CHOICES.values())
 
 
+# The rule choices kept, the oldest dropped first: under XLA every traced
+# shape records a few (a service of many lengths grew the table for good).
+# Measured choices stay: `choose` reads them back.
+MAX_RULE_CHOICES = 1024
+_RULE_KEYS = collections.deque()
+
+
 def record_rule(key, implementation, reason):
-    """Record a choice made by a fixed rule (once per `key`), so that
-    `dispatch_choices()` shows it; the fast forms of `ops/xla_cpu.py` and
-    `ops/dispatch.py` use it."""
+    """Record a choice made by a fixed rule (once per `key`, the last
+    `MAX_RULE_CHOICES` kept), so that `dispatch_choices()` shows it; the
+    fast forms of `ops/xla_cpu.py` and `ops/dispatch.py` use it."""
     if key not in _CHOICES:
         _CHOICES[key] = Choice(key, implementation, reason, {})
+        _RULE_KEYS.append(key)
+        while len(_RULE_KEYS) > MAX_RULE_CHOICES:
+            choice = _CHOICES.get(_RULE_KEYS.popleft())
+            if choice is not None and not choice.timings_ms:
+                del _CHOICES[choice.key]
         logger.info("keras_attention: %s for %s (%s)", implementation, key, reason)
 
 
 def clear_dispatch_choices():
     """Forget every choice (the next call of each shape decides again)."""
     _CHOICES.clear()
+    _RULE_KEYS.clear()
+
+
+def _system_memory():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        return 8 * 2**30
+
+
+# Read once: `torch.compile` cannot trace `os.sysconf` (the chunked path
+# asks at each call, and broke its graph there).
+_SYSTEM_MEMORY = _system_memory()
 
 
 def memory_budget():
     """Bytes the dense path's score tensors may take (`set_autotune`)."""
     if _OPTIONS["memory_budget"] is not None:
         return _OPTIONS["memory_budget"]
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover
-        total = 8 * 2**30
-    return total // 4
+    return _SYSTEM_MEMORY // 4
 
 
 # While `_measure` times a call: the call's own rows, whether it trains,
