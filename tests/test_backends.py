@@ -887,3 +887,36 @@ def test_the_layer_passes_its_flash_attention_to_the_kernel(monkeypatch):
     for flash in (True, False, None):
         MultiHeadAttention(2, 4, flash_attention=flash, implementation="fused")(x)
     assert seen == [True, False, None]
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch's autograd")
+@pytest.mark.parametrize("implementation", ["dense", "blocked", "chunked"])
+def test_second_order_gradients_on_torch_equal_autodiffs(implementation):
+    # Keras runs a custom gradient's forward where torch records nothing:
+    # the weights (dense core) and the output and log-sum-exp (blocked
+    # path) that the backward reads were cut from the inputs, and a
+    # Hessian-vector product or gradient penalty came out 50-180 % off,
+    # with no error. Float64 (torch's fused kernel is not taken).
+    import torch
+
+    from keras_attention.ops import dispatch
+
+    rng = np.random.default_rng(4)
+    q, k, v, direction = (
+        torch.tensor(rng.normal(size=(2, 9, 2, 4)), requires_grad=True)
+        for _ in range(4)
+    )
+
+    def second_order(**kwargs):
+        out = dispatch.dot_product_attention(q, k, v, is_causal=True, **kwargs)
+        loss = (out * torch.cos(out)).sum()
+        d_q, d_k = torch.autograd.grad(loss, (q, k), create_graph=True)
+        along = torch.autograd.grad((d_q * direction).sum(), (q, k, v),
+                                    retain_graph=True)
+        penalty = torch.autograd.grad((d_k**2).sum(), (q, k, v))
+        return [g.detach().numpy() for g in along + penalty]
+
+    got = second_order(implementation=implementation, block_size=4)
+    want = second_order(implementation="dense", custom_gradient=False)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-9)

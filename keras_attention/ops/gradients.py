@@ -35,6 +35,8 @@ def custom_gradient(f):
     gradients of the tensors (`None` for one without); no variables are
     read inside `f` (the attention cores take tensors only).
     """
+    if keras.backend.backend() == "torch":
+        return _torch_custom_gradient(f)
     keras_version = ops.custom_gradient(f)
     if keras.backend.backend() != "tensorflow":
         return keras_version
@@ -48,6 +50,51 @@ def custom_gradient(f):
         return _graph_call(f, args)
 
     return wrapped
+
+
+def _torch_custom_gradient(f):
+    """Keras's torch `custom_gradient`, differentiable twice.
+
+    Keras runs `f` inside `torch.autograd.Function.forward`, where torch
+    records nothing: what the backward pass reads from the forward (the
+    dense core's weights, the blocked path's output and log-sum-exp) is
+    cut from the inputs, so a second-order gradient (a Hessian-vector
+    product, a gradient penalty) lost every term through them, silently
+    (the chunked path, which recomputes its weights, was right). When the
+    backward pass is itself recorded (`create_graph=True`), it is here
+    autodiff's of `f`'s forward, run again from the inputs: the same
+    values, and a graph torch differentiates again.
+    """
+    return lambda *args: _TorchFunction.apply(f, *args)
+
+
+if keras.backend.backend() == "torch":
+    import torch
+
+    # At module level, as Keras's: `torch.compile` cannot trace a class
+    # statement.
+    class _TorchFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, f, *args):
+            ctx.f = f
+            ctx.save_for_backward(*args)
+            result, ctx.grad_fn = f(*args)
+            return result
+
+        @staticmethod
+        def backward(ctx, upstream):
+            args = ctx.saved_tensors
+            if not torch.is_grad_enabled():
+                grads = ctx.grad_fn(*args, upstream=upstream)
+                return (None,) + (grads if isinstance(grads, tuple) else (grads,))
+            wanted = [a for a in args if a.requires_grad]
+            result, _ = ctx.f(*args)
+            found = iter(torch.autograd.grad(
+                result, wanted, upstream, create_graph=True, allow_unused=True
+            ))
+            return (None,) + tuple(
+                next(found) if a.requires_grad else None for a in args
+            )
 
 
 def register_slice_gradients():
