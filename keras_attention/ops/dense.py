@@ -337,6 +337,12 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
     return attend(q, k, v)
 
 
+def _executing_eagerly():
+    import tensorflow as tf
+
+    return tf.executing_eagerly()
+
+
 def _graph_executor():
     """Whether chunks may see fewer keys than the call has (a dynamic
     shape per loop step) and keep their weights in a `TensorArray` of such
@@ -360,7 +366,9 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
     chunks and the padding dropped after. `keep`: how many of the first
     chunks keep their weights from the forward pass for the backward one
     (default `kept_chunks`, within the memory budget, when a gradient tape
-    records the call; TensorFlow outside XLA only, else none). Returns
+    records the call; TensorFlow's graphs only, else none: eagerly,
+    `tape.jacobian` traces the backward pass, which an eager
+    `TensorArray` refuses). Returns
     `(B, T, H, Dv)` in `value`'s dtype.
     """
     num_heads = query.shape[2]
@@ -399,8 +407,8 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
         def key_end(i):
             return ops.minimum((i + 1) * chunk, s_len)
 
-    if not _graph_executor():
-        keep = 0
+    if not _graph_executor() or _executing_eagerly():
+        keep = 0  # eagerly, `tape.jacobian` traces the backward: no kept tensors
     elif keep is None and not autotune.gradient_recorded():
         keep = 0  # no backward pass will read them (inference)
     elif keep is None:
