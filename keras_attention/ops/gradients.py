@@ -15,7 +15,9 @@ own `Graph._override_gradient_function` sets it, which its concrete
 functions use for theirs), so it lives and dies with its graph; a
 `GradientTape` inside the function takes it from the tape record, as
 `tf.custom_gradient` does.
-Eagerly, and on JAX and torch, this is `keras.ops.custom_gradient`.
+Eagerly, and on JAX, this is `keras.ops.custom_gradient`; on torch, an
+`autograd.Function` like Keras's whose backward pass can be differentiated
+again (`_torch_custom_gradient`).
 
 On TensorFlow this module also gives XLA's dynamic slice ops the
 gradients TensorFlow lacks (`register_slice_gradients`), so that the
