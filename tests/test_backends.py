@@ -411,7 +411,9 @@ def _as_saved_on_torch(path, torch_path):
             target.writestr(item, data)
 
 
-@pytest.mark.parametrize("kind", ["classifier", "detr"])
+@pytest.mark.parametrize(
+    "kind", ["classifier", pytest.param("detr", marks=pytest.mark.large)]
+)
 def test_a_file_saved_on_torch_loads_with_this_backends_optimizer(kind, tmp_path):
     # Loading such a file gave torch's optimizer on JAX (a TypeError in
     # `fit`) and crashed TensorFlow's process (torch imported after it).
@@ -731,6 +733,7 @@ except RuntimeError as error:
 """
 
 
+@pytest.mark.large  # CI time (18 s on JAX)
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX's x64 mode")
 def test_translators_decode_in_jax_x64_mode_and_generation_says_why_not():
     # keras-hub's position embedding adds a Python 0 (int64 under x64) to

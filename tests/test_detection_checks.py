@@ -237,6 +237,7 @@ def test_a_frozen_backbone_stays_frozen_in_training_and_in_its_file(tmp_path):
         np.testing.assert_array_equal(new, old)
 
 
+@pytest.mark.large  # CI time: float64 is checked on torch (test_float64)
 def test_detr_trains_under_a_float64_floatx():
     # The matching cost's one-hot labels took floatx (float64) and met the
     # float32 probabilities: a TypeError in `fit` (float16 alike).

@@ -121,7 +121,9 @@ def test_detr_inference_exports(tmp_path):
     assert_exports(model, x, tmp_path, "DETR")
 
 
-@pytest.mark.parametrize("kind", ["transformer", "rnn"])
+@pytest.mark.parametrize(
+    "kind", [pytest.param("transformer", marks=pytest.mark.large), "rnn"]
+)
 def test_translator_decoding_exports_as_one_saved_model(kind, tmp_path):
     import tensorflow as tf
 

@@ -88,6 +88,7 @@ def test_masks_repeat_with_a_seed_and_change_every_epoch():
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.large  # CI time: seeded runs repeat in test_reliability
 def test_pretraining_repeats_with_its_seed():
     texts, _ = datasets.make_sentiment_task(64, seed=0)
     runs = [

@@ -45,6 +45,10 @@ def results(tmp_path_factory):
         return json.load(f)
 
 
+# CI time: the subprocess that trains every case sharded takes about a
+# minute on the slower machine kinds; `--run-large` runs these two. The
+# layout checks below stay in CI.
+@pytest.mark.large
 @pytest.mark.parametrize("case", sorted(KERNELS))
 @pytest.mark.parametrize("distribution", ["data_parallel", "model_parallel"])
 def test_sharded_equals_one_device(results, case, distribution):
@@ -56,6 +60,7 @@ def test_sharded_equals_one_device(results, case, distribution):
     assert results[case]["moved"] > 1000 * TOLERANCE
 
 
+@pytest.mark.large
 @pytest.mark.parametrize("case", sorted(KERNELS))
 def test_every_projection_kernel_is_sharded(results, case):
     kernels = results[case]["model_parallel"]["kernels"]

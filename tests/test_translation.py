@@ -585,7 +585,9 @@ def test_warns_when_translating_long_sentences(rnn):
         model.translate(["abc", ""])
 
 
-@pytest.mark.parametrize("make", [tiny_rnn, tiny_transformer])
+@pytest.mark.parametrize(
+    "make", [tiny_rnn, pytest.param(tiny_transformer, marks=pytest.mark.large)]
+)
 def test_ids_outside_the_vocabularies_are_refused_by_name(make):
     # Before: accepted (a gather error on TensorFlow, a silent clamp and
     # garbage on JAX and torch).

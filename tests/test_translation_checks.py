@@ -81,7 +81,9 @@ def test_length_penalty_is_checked_by_name(value):
     model.generate_ids(ids, beam_width=2, length_penalty=-0.5, jit_compile=False)
 
 
-@pytest.mark.parametrize("make", [tiny_rnn, tiny_transformer])
+@pytest.mark.parametrize(
+    "make", [tiny_rnn, pytest.param(tiny_transformer, marks=pytest.mark.large)]
+)
 def test_per_sentence_sample_weight_weighs_its_tokens(make):
     # A `(B,)` sample_weight raised a shape error in the loss (Keras
     # multiplied it with the `(B, T)` mask of `ignore_class`), and in graph
