@@ -97,7 +97,7 @@ def _push(layer, make):
 
 def _pop(layer, wrapper):
     with _LOCK:
-        layer_, had_own, original, stacks = _PATCHES[id(layer)]
+        _, had_own, original, stacks = _PATCHES[id(layer)]
         thread = threading.get_ident()
         stacks[thread].remove(wrapper)
         if not stacks[thread]:
