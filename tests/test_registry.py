@@ -305,6 +305,26 @@ def test_an_unknown_name_in_an_application_points_at_plugins():
         VisionTransformer(image_size=8, patch_size=4, num_classes=2, attention="graph")
 
 
+def paused_plugin(tmp_path, monkeypatch, module, entry, body):
+    """A plugin module that, once its import starts, sets `importing` and
+    waits for `proceed` before `body` (its registrations): a thread can
+    act while another imports it. Returns `(importing, proceed)`."""
+    import builtins
+    import threading
+
+    source = (
+        "import keras\nimport keras_attention\n\nIMPORTING.set()\n"
+        "PROCEED.wait(10)\n\n" + textwrap.dedent(body)
+    )
+    write_plugin(tmp_path, module, module, source, {entry: module})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importing, proceed = threading.Event(), threading.Event()
+    monkeypatch.setattr(builtins, "IMPORTING", importing, raising=False)
+    monkeypatch.setattr(builtins, "PROCEED", proceed, raising=False)
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    return importing, proceed
+
+
 def test_discovery_beside_a_direct_import_of_the_plugin_does_not_hang(
     tmp_path, monkeypatch
 ):
@@ -312,28 +332,14 @@ def test_discovery_beside_a_direct_import_of_the_plugin_does_not_hang(
     # import lock of that module, and its `register` wants the registry);
     # another discovers plugins, which imports the same module. Discovery
     # held the registry's lock while importing: both threads hung.
-    source = """
-        import threading
-        import keras
-        import keras_attention
+    import threading
 
-        IMPORTING.set()
-        PROCEED.wait(10)
-
+    importing, proceed = paused_plugin(tmp_path, monkeypatch, "ka_slow", "slow", """
         @keras_attention.register("test_slow_plugin")
         class Slow(keras.layers.Layer):
             def call(self, x):
                 return x
-    """
-    write_plugin(tmp_path, "ka_slow", "ka_slow", source, {"slow": "ka_slow"})
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import builtins
-    import threading
-
-    importing, proceed = threading.Event(), threading.Event()
-    monkeypatch.setattr(builtins, "IMPORTING", importing, raising=False)
-    monkeypatch.setattr(builtins, "PROCEED", proceed, raising=False)
-    monkeypatch.delitem(sys.modules, "ka_slow", raising=False)
+    """)
     importer = threading.Thread(target=importlib.import_module, args=("ka_slow",),
                                 daemon=True)
     importer.start()
@@ -359,28 +365,15 @@ def test_a_registration_in_another_thread_during_discovery_keeps_its_origin(
     # The plugin being imported was one process-wide value: a class the
     # user registered meanwhile was recorded as the plugin's, and a
     # plugin that then failed took the user's name away with its own.
-    source = """
-        import keras
-        import keras_attention
+    import threading
 
-        IMPORTING.set()
-        PROCEED.wait(10)
-
+    importing, proceed = paused_plugin(tmp_path, monkeypatch, "ka_failing", "failing", """
         @keras_attention.register("test_failing_plugin_layer")
         class Mine(keras.layers.Layer):
             pass
 
         raise ImportError("a dependency is missing")
-    """
-    write_plugin(tmp_path, "ka_failing", "ka_failing", source, {"failing": "ka_failing"})
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import builtins
-    import threading
-
-    importing, proceed = threading.Event(), threading.Event()
-    monkeypatch.setattr(builtins, "IMPORTING", importing, raising=False)
-    monkeypatch.setattr(builtins, "PROCEED", proceed, raising=False)
-    monkeypatch.delitem(sys.modules, "ka_failing", raising=False)
+    """)
 
     def discover():
         with warnings.catch_warnings():
