@@ -38,8 +38,9 @@ candidate while `UNKNOWN_BATCH` (32) examples would fit the budget. Other
 unknown sizes (heads, head size), `set_autotune(False)` or the environment
 variable `KERAS_ATTENTION_AUTOTUNE=0` keep the fixed rule (the blocked path
 once `T * S` passes `DENSE_THRESHOLD`). An unknown sequence length never
-gets here: the dense path takes it (`dispatch`), since the blocked and
-chunked paths plan their blocks from static lengths. Every path is tested
+gets here (nothing can be timed for it): in a TensorFlow graph `dispatch`
+takes the dense path while its scores fit `memory_budget()` and the
+chunked one after, decided when run; under XLA the dense path. Every path is tested
 equal to the dense one in values and gradients, so the choice changes
 speed and memory, never the result beyond float rounding. Measuring costs
 the first call of each shape seconds; `set_autotune(cache_file=...)` (or

@@ -455,7 +455,7 @@ def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
 def pad_queries(q, mask, t_len, padded):
     """Queries `(B, T, H, D)` padded to whole query blocks (their rows are
     dropped after)."""
-    if padded == t_len:
+    if isinstance(padded, int) and padded == t_len:
         return q, mask
     q = pad(q, [[0, 0], [0, padded - t_len], [0, 0], [0, 0]])
     if mask is not None and mask.shape[2] != 1:

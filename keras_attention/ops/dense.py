@@ -36,6 +36,7 @@ from keras_attention.ops.masks import wide_dtype
 from keras_attention.ops.positions import alibi_bias
 from keras_attention.ops.shapes import check_mask_rows
 from keras_attention.ops.shapes import fori_loop
+from keras_attention.ops.shapes import lengths
 from keras_attention.ops.shapes import pad
 from keras_attention.ops.shapes import repeat_heads
 from keras_attention.ops.shapes import static_dim
@@ -46,6 +47,11 @@ from keras_attention.ops.shapes import static_lengths
 # slower than 2,048-row chunks there, at half their memory, 4 % faster
 # than 512-row ones (BENCHMARKS.md, "Intel Xeon with AMX").
 CHUNK_SCORE_BYTES = 512 * 2**20
+
+# Query rows per chunk when a length is unknown when traced (TensorFlow):
+# the chunk count then follows the length at run time, and the memory
+# `O(rows * S)` per head.
+DYNAMIC_CHUNK_ROWS = 128
 
 
 def _is_low(x):
@@ -221,7 +227,7 @@ def _loop(start, stop, body, init):
     TensorFlow's loop would otherwise start up to ten iterations at once
     (`parallel_iterations`): each chunk's scores only need the counter, so
     ten chunks' `(B, H, rows, S)` tensors would be alive together."""
-    if start >= stop:
+    if isinstance(stop, int) and start >= stop:
         return init
     return fori_loop(start, stop, body, init, one_at_a_time=True)
 
@@ -293,7 +299,7 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
             out = ops.slice_update(out, [0, 0, i * chunk, 0], matmul(w, v_i))
             return out if kept is None else (out, kept.write(i, w))
 
-        b, h, t = ops.shape(q)[0], q.shape[1], q.shape[2]
+        b, h, t = ops.shape(q)[0], q.shape[1], ops.shape(q)[2]
         out = ops.zeros((b, h, t, v.shape[-1]), v.dtype)
         kept = None
         if keep:
@@ -368,14 +374,24 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
     (default `kept_chunks`, within the memory budget, when a gradient tape
     records the call; TensorFlow's graphs only, else none: eagerly,
     `tape.jacobian` traces the backward pass, which an eager
-    `TensorArray` refuses). Returns
+    `TensorArray` refuses). On TensorFlow a length unknown when traced
+    is planned when run: chunks of at most `DYNAMIC_CHUNK_ROWS` rows (a
+    shorter call one chunk), none kept. Returns
     `(B, T, H, Dv)` in `value`'s dtype.
     """
     num_heads = query.shape[2]
-    t_len, s_len = static_lengths(query, key, "chunked")
+    if keras.backend.backend() == "tensorflow":
+        t_len, s_len = lengths(query, key)  # tensors where unknown
+    else:
+        t_len, s_len = static_lengths(query, key, "chunked")
+    known = isinstance(t_len, int) and isinstance(s_len, int)
     check_mask_rows(mask, t_len)
     skips = is_causal and _graph_executor()
-    if not chunk:
+    if not known:
+        # Rows per chunk fixed when traced: at most `DYNAMIC_CHUNK_ROWS`, a
+        # shorter `T` one chunk of its own length (no padding).
+        chunk = ops.maximum(ops.minimum(int(chunk or DYNAMIC_CHUNK_ROWS), t_len), 1)
+    elif not chunk:
         chunk = chunk_rows(static_dim(query, 0), num_heads, s_len, t_len)
         if skips:
             # At least four causal chunks: 5/8 of the keys or fewer are
@@ -383,8 +399,8 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
             # `auto` then measured the chunked path in 15 % less time than
             # the dense one (BENCHMARKS.md, "Shorter causal calls").
             chunk = min(chunk, max(autotune.MIN_CHUNK_ROWS, t_len // 4))
-    chunk = max(1, min(int(chunk), t_len))
-    num_chunks = -(-t_len // chunk)
+    chunk = max(1, min(int(chunk), t_len)) if known else chunk
+    num_chunks = -(-t_len // chunk)  # a tensor when `T` is unknown
     q, mask = pad_queries(query, mask, t_len, num_chunks * chunk)
     low = _is_low(query)
     dtype = query.dtype if low else wide_dtype(query.dtype)
@@ -407,14 +423,16 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
         def key_end(i):
             return ops.minimum((i + 1) * chunk, s_len)
 
-    if not _graph_executor() or _executing_eagerly():
+    if not known:
+        keep = 0  # the chunk count is only known when run
+    elif not _graph_executor() or _executing_eagerly():
         keep = 0  # eagerly, `tape.jacobian` traces the backward: no kept tensors
     elif keep is None and not autotune.gradient_recorded():
         keep = 0  # no backward pass will read them (inference)
     elif keep is None:
         keep = kept_chunks(static_dim(query, 0), num_heads, chunk, t_len, s_len,
                            skips, 2 if low else 8 if dtype == "float64" else 4)
-    keep = max(0, min(int(keep), num_chunks))
+    keep = max(0, min(int(keep), num_chunks)) if known else 0
     # Under a causal mask alone every query sees a key (the first one).
     empty_rows = mask is not None or sliding_window is not None or not is_causal
     out = _chunked_core(

@@ -168,14 +168,15 @@ def dot_product_attention(
             before dropout (normalised over keys, zero for a query that
             sees no key).
         implementation: `"auto"`, `"dense"`, `"blocked"`, `"chunked"`
-            (the dense core over chunks of queries, `ops/dense.py`) or
-            `"fused"`. `"auto"`, without weights, bias or dropout, takes
-            the backend's fused kernel where there is one (PyTorch SDPA on
-            torch, cuDNN on JAX with a GPU; not for float64); elsewhere, once
-            `T * S` passes `DENSE_THRESHOLD`, the fastest path for this
-            machine and shape, measured at the first call
-            (`ops/autotune.py`; `dispatch_choices()` says what); otherwise
-            dense. `"blocked"`, `"chunked"` need lengths known when traced.
+            (the dense core over chunks of queries) or `"fused"`. `"auto"`,
+            without weights, bias or dropout, takes the backend's fused
+            kernel where there is one (PyTorch SDPA on torch, cuDNN on JAX
+            with a GPU; not float64); elsewhere, once `T * S` passes
+            `DENSE_THRESHOLD`, the fastest path for this machine and shape,
+            measured at the first call (`dispatch_choices()` says what);
+            else dense. A length unknown when traced (TensorFlow): dense
+            while its scores fit the memory budget, else chunked, decided
+            when run (under XLA dense); `"blocked"` refuses it.
         block_size: key block length of the memory-efficient path.
         custom_gradient: whether the dense path (no weights returned, no
             bias, no dropout) uses its own backward pass
@@ -221,10 +222,10 @@ def dot_product_attention(
             query, key, value, mask, is_causal, scale, block_size,
             sliding_window, alibi_slopes, training,
         )
-    if path in ("chunked", "blocked"):
+    if path in ("chunked", "blocked", "by length"):
         return _long_path(
             path, query, key, value, mask, is_causal, scale, block_size,
-            sliding_window, alibi_slopes,
+            sliding_window, alibi_slopes, custom_gradient,
         )
     mask = _with_band(mask, sliding_window, query, key)
     if path == "fused":
@@ -268,9 +269,24 @@ def _check_arguments(query, key, value, bias, dropout_rate, block_size,
 
 
 def _long_path(path, query, key, value, mask, is_causal, scale, block_size,
-               sliding_window, alibi_slopes):
+               sliding_window, alibi_slopes, custom_gradient=None):
     """The chunked or the blocked path, neither of which holds the
-    `(B, H, T, S)` scores."""
+    `(B, H, T, S)` scores; `"by length"`: the chunked path or the dense
+    one, picked when run by the lengths (TensorFlow, a length unknown
+    when traced)."""
+    if path == "by length":
+        return _by_length(
+            query, key, mask, is_causal, sliding_window, alibi_slopes,
+            lambda: dot_product_attention(
+                query, key, value, mask, is_causal=is_causal, scale=scale,
+                implementation="dense", custom_gradient=custom_gradient,
+                sliding_window=sliding_window, alibi_slopes=alibi_slopes,
+            ),
+            lambda: _long_path(
+                "chunked", query, key, value, mask, is_causal, scale,
+                block_size, sliding_window, alibi_slopes,
+            ),
+        )
     if path == "chunked" or query.shape[0] == 0:
         # An empty batch goes to the chunked path: Keras refuses the blocked
         # core's running maximum of an empty tensor on TensorFlow.
@@ -287,12 +303,21 @@ def _long_path(path, query, key, value, mask, is_causal, scale, block_size,
 
 
 def _pick_path(implementation, can_block, same_dims, query, key, sliding_window):
-    """The path asked for, or `"auto"`'s: `"fused"`, `"dense"`, or
+    """The path asked for, or `"auto"`'s: `"fused"`, `"dense"`,
     `"measure"` (long sequences without a fused kernel: `autotune` picks
-    dense or blocked)."""
+    dense or blocked), or `"by length"` (TensorFlow, a length unknown when
+    traced: the chunked path for long ones, chosen when run)."""
     if implementation != "auto":
         return implementation
     t_len, s_len = static_dim(query, 1), static_dim(key, 1)
+    if (
+        None in (t_len, s_len) and can_block
+        and keras.backend.backend() == "tensorflow"
+        and autotune.tf_mode() == "graph" and not _fused_kernel_available()
+    ):
+        # Under XLA the dense path stays: XLA refused the gradient of the
+        # condition (its branches see the lengths as dynamic sizes).
+        return "by length"
     long_enough = (
         t_len is not None
         and s_len is not None
@@ -309,6 +334,29 @@ def _pick_path(implementation, can_block, same_dims, query, key, sliding_window)
         # `result_type`), so a float64 call stays on the dense path.
         return "fused"
     return "dense"
+
+
+def _by_length(query, key, mask, is_causal, sliding_window, alibi_slopes,
+               dense, chunked):
+    """`dense()` while the call's three `(B, H, T, S)` float32 score
+    tensors fit the memory budget (`autotune.memory_budget`, the rule that
+    makes the dense path a candidate of `autotune.choose`), else
+    `chunked()`: decided when run (`keras.ops.cond`; both are traced)."""
+    autotune.record_rule(
+        ("unknown length", keras.backend.backend(), autotune.tf_mode(),
+         tuple(query.shape), tuple(key.shape),
+         keras.backend.standardize_dtype(query.dtype), bool(is_causal),
+         sliding_window, None if mask is None else tuple(mask.shape),
+         alibi_slopes is not None),
+        "dense or chunked",
+        "rule: a length unknown when traced; when run, dense while its "
+        f"scores fit the memory budget ({autotune.memory_budget():,} "
+        "bytes), else chunked",
+    )
+    size = 3 * 4 * query.shape[2]
+    for n in (ops.shape(query)[0], ops.shape(query)[1], ops.shape(key)[1]):
+        size = size * ops.cast(n, "int64")
+    return ops.cond(size > autotune.memory_budget(), chunked, dense)
 
 
 def _measured_path(

@@ -51,6 +51,10 @@ def fori_loop(lower, upper, body, init, one_at_a_time=False):
     count = None
     if isinstance(lower, int) and isinstance(upper, int):
         count = max(0, upper - lower)
+    elif isinstance(lower, int) and lower == 0:
+        # A length known only when run (`chunked_heads` on an unknown
+        # length): XLA folds the count from the input's shape.
+        count = tf.maximum(upper, 0)
     return tf.while_loop(
         lambda i, carry: i < upper,
         lambda i, carry: (i + 1, body(i, carry)),
@@ -209,8 +213,8 @@ def repeat_heads(x, num_heads):
 
 
 def static_lengths(query, key, path):
-    """`(T, S)` as ints, or a `ValueError` naming `path` (the blocked and
-    chunked paths need them static)."""
+    """`(T, S)` as ints, or a `ValueError` naming `path` (the blocked
+    path needs them static)."""
     t_len, s_len = static_dim(query, 1), static_dim(key, 1)
     if s_len is None or t_len is None:
         raise ValueError(
@@ -219,16 +223,30 @@ def static_lengths(query, key, path):
             f"traced length is unknown (a `tf.function` or export signature "
             f"with `None`, or `model.predict` retracing for a second "
             f"length). Give the inputs one fixed length (pad them), or use "
-            f"implementation='auto', which takes the dense path for unknown "
-            f"lengths. Received: query.shape={tuple(query.shape)}, "
+            f"implementation='chunked' (which takes unknown lengths on "
+            f"TensorFlow) or implementation='auto'. Received: "
+            f"query.shape={tuple(query.shape)}, "
             f"key.shape={tuple(key.shape)}"
         )
     return t_len, s_len
 
 
+def lengths(query, key):
+    """`(T, S)`: ints where known when traced, else scalar tensors
+    (TensorFlow's unknown lengths, which the chunked path takes)."""
+    t_len, s_len = static_dim(query, 1), static_dim(key, 1)
+    return (
+        ops.shape(query)[1] if t_len is None else t_len,
+        ops.shape(key)[1] if s_len is None else s_len,
+    )
+
+
 def check_mask_rows(mask, t_len):
-    """Raise unless the rank-4 `mask`'s query axis is 1 or `T`."""
-    if mask is not None and mask.shape[2] not in (1, t_len):
+    """Raise unless the rank-4 `mask`'s query axis is 1 or `T` (when
+    both are known when traced)."""
+    if not isinstance(t_len, int) or mask is None or mask.shape[2] is None:
+        return
+    if mask.shape[2] not in (1, t_len):
         raise ValueError(
             "Received an invalid value for argument `attention_mask`, its "
             f"query axis must be 1 or {t_len}. Received: "
