@@ -511,3 +511,32 @@ def test_decoding_loops_from_threads_are_built_once():
         sys.setswitchinterval(interval)
     assert not errors
     assert len(loops._loops) == CompiledLoops.MAX_LOOPS
+
+
+def test_padded_targets_are_left_out_of_the_loss_and_accuracy():
+    # Lines padded on the right: the real tokens' logits do not see the
+    # padding (causal), and `evaluate` counts only the real targets, per
+    # sentence weights too (checked by hand on the logits).
+    model = tiny()
+    model.compile()
+    x = ids(batch=3, length=8, seed=4)
+    y = ids(batch=3, length=8, seed=5)
+    lengths = np.array([8, 5, 2])
+    real = np.arange(8)[None, :] < lengths[:, None]
+    x, y = np.where(real, x, 0), np.where(real, y, 0)
+    logits = numpy(model.predict(x, verbose=0)).astype("float64")
+    np.testing.assert_allclose(logits[2, :2], numpy(model.predict(x[2:, :2], verbose=0))[0],
+                               atol=1e-5)
+    log_p = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    losses = -np.take_along_axis(log_p, y[..., None], -1)[..., 0]
+    hits = logits.argmax(-1) == y
+    weights = np.array([1.0, 2.0, 0.5])
+    for sample_weight in (None, weights):
+        w = real * (1.0 if sample_weight is None else sample_weight[:, None])
+        got = model.evaluate(x, y, sample_weight=sample_weight, batch_size=3,
+                             verbose=0, return_dict=True)
+        np.testing.assert_allclose(got["accuracy"], (hits * w).sum() / w.sum(), atol=1e-6)
+        # Keras's loss ("sum_over_batch_size"): the weighted sum over the
+        # real targets, divided by their count.
+        np.testing.assert_allclose(got["loss"], (losses * w).sum() / real.sum(), rtol=1e-5)

@@ -30,13 +30,15 @@ from keras_attention import registry
 from keras_attention.applications import base as app_base
 from keras_attention.applications import compiling
 from keras_attention.applications import presets
-from keras_attention.applications._causal_lm_generation import PAD_ID  # noqa: F401
+from keras_attention.applications._causal_lm_generation import PAD_ID
 from keras_attention.applications._causal_lm_generation import SAMPLERS  # noqa: F401
 from keras_attention.applications._causal_lm_generation import CausalLMGeneration
 from keras_attention.applications.blocks import TransformerEncoderBlock
 from keras_attention.applications.causal_lm_preprocessing import (
     CausalLMPreprocessor,
 )
+from keras_attention.applications.translation_metrics import PaddedTokenLoss
+from keras_attention.applications.translation_metrics import TokenAccuracy
 from keras_attention.ops.masks import check_sliding_window
 
 POSITION_ENCODINGS = ("rope", "alibi")
@@ -239,7 +241,7 @@ def _is_beam(sampler):
 class CausalLM(
     app_base.TaskConfig, app_base.PresetMixin, compiling.CompileDefaults,
     app_base.InputChecks, app_base.QuickQuantize, CausalLMGeneration,
-    keras.Model,
+    PaddedTokenLoss, keras.Model,
 ):
     """Decoder-only language model: `CausalLMBackbone` and next-token logits.
 
@@ -259,7 +261,11 @@ class CausalLM(
             `tie_weights`, `attention`, `attention_kwargs`), and `name`.
 
     Call arguments:
-        token_ids: int `(B, T)`.
+        token_ids: int `(B, T)`. Every id is a token here, id 0 too: pad
+            a batch of lines on the right (causal attention keeps the
+            padding out of the real tokens' logits; `fit` and `evaluate`
+            leave padded targets, id 0, out of the loss and accuracy).
+            Padding on the left changes the logits (`generate` drops it).
 
     Returns:
         Logits `(B, T, V)`: position `t` predicts token `t + 1`.
@@ -340,13 +346,15 @@ class CausalLM(
         )
 
     def compile_defaults(self):
-        """AdamW, the next-token cross-entropy from logits, its accuracy."""
+        """AdamW, the next-token cross-entropy from logits and its accuracy,
+        both over the targets that are not padding (id 0), weighted by a
+        `sample_weight` `(B,)` or `(B, T)` when one is given."""
         return {
             "optimizer": keras.optimizers.AdamW(2e-3, weight_decay=0.01),
-            "loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            "weighted_metrics": [
-                keras.metrics.SparseCategoricalAccuracy(name="accuracy")
-            ],
+            "loss": keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, ignore_class=PAD_ID
+            ),
+            "weighted_metrics": [TokenAccuracy(padding_id=PAD_ID, name="accuracy")],
             "jit_compile": True,
         }
 

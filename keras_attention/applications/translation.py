@@ -46,6 +46,7 @@ from keras_attention.applications.base import PresetMixin
 from keras_attention.applications.base import QuickQuantize
 from keras_attention.applications.translation_decoding import SearchDecoding
 from keras_attention.applications.translation_export import TranslatorExport
+from keras_attention.applications.translation_metrics import PaddedTokenLoss
 from keras_attention.applications.translation_metrics import TokenAccuracy
 from keras_attention.applications.translation_metrics import TokenCrossEntropy
 
@@ -135,7 +136,8 @@ def _check_token_ids(argument, ids, size):
 
 class Translator(
     DTypeArgument, ArgumentConfig, PresetMixin, CompileDefaults, InputChecks,
-    SearchDecoding, TranslatorExport, QuickQuantize, keras.Model,
+    SearchDecoding, TranslatorExport, QuickQuantize, PaddedTokenLoss,
+    keras.Model,
 ):
     """Base of the translators: preprocessing, training defaults, decoding.
 
@@ -281,26 +283,6 @@ class Translator(
             ],
             "jit_compile": True,
         }
-
-    def compute_loss(
-        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
-    ):
-        """Keras's loss; a per-sentence `sample_weight` `(B,)` weighs every
-        token of its sentence (Keras multiplied it with the `(B, T)`
-        padding mask of `ignore_class`: a shape error in `fit`/`evaluate`)."""
-        if sample_weight is not None and not isinstance(
-            sample_weight, (dict, list, tuple)
-        ):
-            # `(B,)` -> `(B, T)`, a new tensor (torch's in-place product
-            # with the padding mask refuses a `(B, 1)` or broadcast view).
-            sample_weight = ops.convert_to_tensor(sample_weight)
-            sample_weight = ops.reshape(
-                sample_weight, (ops.shape(y)[0], -1)
-            ) * ops.ones(ops.shape(y), dtype=sample_weight.dtype)
-        return super().compute_loss(
-            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-            training=training,
-        )
 
     def prepare(self, sources, targets):
         """`(x, labels)` for `fit`/`evaluate` from sentence pairs."""

@@ -1,4 +1,5 @@
-"""Token accuracy and cross-entropy of the translators (teacher forcing).
+"""Token accuracy and cross-entropy of the translators and the causal
+language model (teacher forcing), and their loss's per-sentence weights.
 
 BLEU is `text_preprocessing.corpus_bleu` (keras-hub's).
 """
@@ -133,3 +134,28 @@ class TokenCrossEntropy(keras.metrics.Metric):
             "padding_id": self.padding_id,
             "from_logits": self.from_logits,
         }
+
+
+class PaddedTokenLoss:
+    """`compute_loss` of a model whose loss ignores the padding id
+    (`SparseCategoricalCrossentropy(ignore_class=0)`) on `(B, T)` targets:
+    a per-sentence `sample_weight` `(B,)` weighs every token of its
+    sentence (Keras multiplied it with the `(B, T)` padding mask of
+    `ignore_class`: a shape error in `fit`/`evaluate`)."""
+
+    def compute_loss(
+        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+    ):
+        if sample_weight is not None and not isinstance(
+            sample_weight, (dict, list, tuple)
+        ):
+            # `(B,)` -> `(B, T)`, a new tensor (torch's in-place product
+            # with the padding mask refuses a `(B, 1)` or broadcast view).
+            sample_weight = ops.convert_to_tensor(sample_weight)
+            sample_weight = ops.reshape(
+                sample_weight, (ops.shape(y)[0], -1)
+            ) * ops.ones(ops.shape(y), dtype=sample_weight.dtype)
+        return super().compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+            training=training,
+        )
