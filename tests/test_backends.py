@@ -19,6 +19,9 @@ from keras_attention import applications  # noqa: E402
 from tests.test_multi_head_keras import (  # noqa: E402,F401 - run here too
     test_activity_regularizer_losses_equal_keras_under_xla,
 )
+from tests.test_lora_freezing import (  # noqa: E402,F401 - run here too
+    test_enable_lora_keeps_the_layers_its_user_froze_frozen,
+)
 
 JIT = keras.backend.backend() != "torch"
 # On TensorFlow the application test files cover all of this and more.

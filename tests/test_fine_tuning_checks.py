@@ -65,27 +65,6 @@ def test_a_dataset_of_unknown_rank_names_the_fix():
         model.fit(data, epochs=1, verbose=0)
 
 
-def test_a_loaded_lora_file_freezes_only_what_the_user_froze(tmp_path):
-    # `enable_lora` freezes the backbone's leaf layers; their names went
-    # into the file's frozen layers, so the loaded model (LoRA merged,
-    # none left) trained everything but `final_norm`.
-    keras.utils.set_random_seed(0)
-    model = VisionTransformer(**TINY_VIT)
-    model.backbone.get_layer("block_0").trainable = False  # the user's
-    model.backbone.enable_lora(rank=2)
-    x = np.random.default_rng(0).random((4, 8, 8, 1)).astype("float32")
-    path = str(tmp_path / "lora.keras")
-    model.save(path)
-    loaded = keras.saving.load_model(path)
-    frozen = [
-        layer.name for layer in loaded.backbone.layers
-        if not layer.trainable and layer.weights
-    ]
-    assert frozen == ["block_0"]
-    np.testing.assert_allclose(loaded(x), model(x), atol=1e-5)
-    loaded.backbone.enable_lora(rank=2)  # LoRA again, on the merged kernels
-
-
 def test_a_model_built_under_a_global_policy_loads_with_it(tmp_path):
     # Built under a global `mixed_bfloat16` without `dtype=`, it loaded as
     # float32 in a process without that policy (other logits), where

@@ -245,8 +245,12 @@ def _adapt_and_freeze(model, targets, rank, lora_alpha):
         id(layer) for layer in model._flatten_layers(include_self=True)
         if not layer.trainable
     }
-    # As keras-hub's: a frozen model's factors train too (they did not).
-    model.trainable = True
+    if not model.trainable:
+        # As keras-hub's: a frozen model's factors train too (they did not).
+        model.trainable = True
+    # Else not set again: on JAX and torch that unfroze the layers its user
+    # froze (their targets' factors trained, and the `.keras` file did
+    # not freeze them again); on TensorFlow it changed nothing.
     for sub in targets.values():
         sub.enable_lora(rank, lora_alpha=lora_alpha)
     target_ids = {id(sub) for sub in targets.values()}
