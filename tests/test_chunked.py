@@ -341,3 +341,21 @@ def test_an_eager_jacobian_through_the_chunked_path_equals_the_dense_ones():
             y = layer(x, use_causal_mask=True)
         jacobians.append(tape.jacobian(y, x).numpy())
     np.testing.assert_allclose(jacobians[0], jacobians[1], atol=1e-5)
+
+
+def test_a_causal_chunked_call_on_one_key_trains_in_a_graph():
+    # The causal chunks' key gradients were padded to an unknown width: a
+    # single key's static length 1 then broadcast the loop's sum to an
+    # unknown one, and `tf.while_loop` refused it ("enters the loop with
+    # shape (2, 4, 1, 4), but has shape (2, 4, None, 4)").
+    for t in (1, 5):
+        q, k, v = (tf.constant(x) for x in random_qkv(np.random.default_rng(t), t=t, s=1))
+
+        def run(implementation):
+            return lambda q, k, v: attention_ops.dot_product_attention(
+                q, k, v, is_causal=True, implementation=implementation
+            )
+
+        got = tf.function(lambda q, k, v: values_and_grads(run("chunked"), q, k, v))(q, k, v)
+        for g, w in zip(got, values_and_grads(run("dense"), q, k, v)):
+            np.testing.assert_allclose(g, w, atol=1e-5)

@@ -160,3 +160,64 @@ def test_float16_logits_beyond_its_range(implementation, weights):
         assert_matches(results["mixed_float16"][1], results["float32"][1])
         results = {k: v[0] for k, v in results.items()}
     assert_matches(results["mixed_float16"], results["float32"])
+
+
+def float64_attention_grads(q, k, v, scale, d_out):
+    """Output and `(dq, dk, dv)` of one head `(T, D)` in float64."""
+    q, k, v, d_out = (np.asarray(x, "float64") for x in (q, k, v, d_out))
+    s = q @ k.T * scale
+    p = np.exp(s - s.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    d_p = d_out @ v.T
+    d_s = p * (d_p - (d_p * p).sum(1, keepdims=True))
+    return p @ v, d_s @ k * scale, d_s.T @ q * scale, p.T @ d_out
+
+
+@pytest.mark.parametrize("implementation", ["dense", "auto", "blocked", "chunked"])
+@pytest.mark.parametrize("case", ["large values", "scale above one"])
+def test_float16_attention_with_large_values_equals_float64(implementation, case):
+    # float16's range ends at 65,504. Values near 2e4 made the dense
+    # backward's `dO V^T` and `delta` infinite (NaN gradients), and a
+    # `scale` of 100 made `q * scale` infinite (NaN outputs), where the
+    # blocked and chunked paths (float32 inside) were right.
+    from keras_attention.ops import dot_product_attention
+
+    rng = np.random.default_rng(0)
+    q, k = (rng.standard_normal((1, 3, 1, 4)).astype("float16") for _ in range(2))
+    v = (2e4 + rng.standard_normal((1, 3, 1, 4)) * 5e3).astype("float16")
+    scale = 0.5
+    if case == "scale above one":
+        q, v, scale = (q * 7).astype("float16"), (v / 2e4).astype("float16"), 100.0
+
+    def fn(q, k, v):
+        out = dot_product_attention(q, k, v, scale=scale, implementation=implementation)
+        return out, keras.ops.sum(keras.ops.cast(out, "float32"))
+
+    got = values_and_grads(fn, q, k, v)
+    want = float64_attention_grads(q[0, :, 0], k[0, :, 0], v[0, :, 0], scale, np.ones((3, 4)))
+    for g, w, name in zip(got, want, ["out", "d_q", "d_k", "d_v"]):
+        g = np.asarray(g, "float64")[0, :, 0]
+        assert np.all(np.isfinite(g)), name
+        np.testing.assert_allclose(g, w, atol=4e-3 * np.abs(w).max() + 1e-3, err_msg=name)
+
+
+@pytest.mark.parametrize("implementation", ["dense", "blocked", "chunked"])
+def test_tied_keys_at_huge_logits_share_the_gradient_equally(implementation):
+    # Three identical keys: weights 1/3 each, whatever the logits. The
+    # blocked backward rebuilt the weights from one float32 log-sum-exp
+    # `max + log(sum)`, which at logits of 2e6 lost `log(sum)` to rounding:
+    # `dV` 5 % off at 2e6, three times too large at 1.8e7.
+    from keras_attention.ops import dot_product_attention
+
+    for c in (1e2, 1e3, 3e3):  # logits 0.5 * 4 * c**2, up to 1.8e7
+        q = np.full((1, 1, 1, 4), c, "float32")
+        k = np.full((1, 3, 1, 4), c, "float32")
+        v = np.arange(1.0, 4.0, dtype="float32").reshape(1, 3, 1, 1) * np.ones((1, 1, 1, 4), "float32")
+
+        def fn(v):
+            out = dot_product_attention(q, k, v, implementation=implementation)
+            return out, keras.ops.sum(out)
+
+        out, d_v = values_and_grads(fn, v)
+        np.testing.assert_allclose(out, 2.0, rtol=1e-6)
+        np.testing.assert_allclose(d_v, 1 / 3, rtol=1e-6)

@@ -3,7 +3,10 @@
 The same result as the dense path, computed one key block at a time with
 running maxima and sums (Milakov & Gimelshein 2018; Rabe & Staats 2021;
 Dao et al. 2022). The backward pass recomputes each block's weights from the
-saved log-sum-exp instead of storing them, so memory is `O(T * block_size)`
+saved row maxima and log-sums instead of storing them (`exp((s - max) -
+log(sum))`: flash attention's single log-sum-exp `max + log(sum)` in
+float32 loses `log(sum)` to the rounding of a large maximum, and at logits
+of 2e6 gave gradients 5 % off the dense path's), so memory is `O(T * block_size)`
 per head in both passes, never `O(T * S)`. Queries are also taken
 `query_block_size` at a time when that divides `T` (the working set of one
 step is then `query_block_size * block_size` scores per head, which stays in
@@ -13,8 +16,8 @@ Length-sized tensors stay in the caller's `(B, T, H, D)` / `(B, S, K, D)`
 layout and dtype: each block is sliced, cast to float32 (float64 for
 float64 inputs), scaled and transposed on its own, grouped-query heads
 are grouped per block (never
-repeated to `H`), and the pass saves only the output and the log-sum-exp
-`(B, H, T, 1)` for the backward. So a layer's projections reach the core
+repeated to `H`), and the pass saves only the output and the row
+statistics `(B, H, T, 2)` for the backward. So a layer's projections reach the core
 and its gradients leave it without a length-sized transpose or copy; the
 backward pass holds q, k, v, dO (whose rows become dq once read) and the
 dk, dv accumulators (float32 or float64, cast once at the end).
@@ -133,7 +136,7 @@ def _rows(x, i, plan):
 
 
 def _row_stats(x, i, plan):
-    """Query block `i` of a row statistic `(B, H, T, 1)`."""
+    """Query block `i` of row statistics `(B, H, T, n)`."""
     if plan.num_q_blocks == 1:
         return x
     shape = list(ops.shape(x))
@@ -200,9 +203,9 @@ def _maximum(x, y):
 
 
 def _forward_rows(q, k, v, i, plan):
-    """Output `(B, Tq, H, Dv)` (`plan.wide`) and log-sum-exp `(B, H, Tq, 1)` of
-    query block `i` over the key blocks it visits (`plan.span` of them from
-    `_first_key_block`)."""
+    """Output `(B, Tq, H, Dv)` (`plan.wide`) and the row maxima and
+    log-sums `(B, H, Tq, 2)` of query block `i` over the key blocks it
+    visits (`plan.span` of them from `_first_key_block`)."""
     q_i = _query_block(q, i, plan)
     first = _first_key_block(i, plan)
 
@@ -233,15 +236,16 @@ def _forward_rows(q, k, v, i, plan):
     )
     acc, row_max, row_sum = fori_loop(0, plan.span, step, init)
     if not plan.rows_may_be_empty:
-        out, lse = acc / row_sum, row_max + ops.log(row_sum)
+        out, log_sum = acc / row_sum, ops.log(row_sum)
     else:
         has_keys = row_sum > 0.0
         safe_sum = ops.where(has_keys, row_sum, 1.0)
         out = ops.where(has_keys, acc / safe_sum, 0.0)
-        # log-sum-exp per row; rows without keys never contribute gradients
-        # (their mask is False everywhere).
-        lse = ops.where(has_keys, row_max + ops.log(safe_sum), 0.0)
-    return ops.transpose(out, (0, 2, 1, 3)), lse
+        # Rows without keys never contribute gradients (their mask is
+        # False everywhere).
+        row_max = ops.where(has_keys, row_max, 0.0)
+        log_sum = ops.where(has_keys, ops.log(safe_sum), 0.0)
+    return ops.transpose(out, (0, 2, 1, 3)), ops.concatenate([row_max, log_sum], -1)
 
 
 def _backward_rows(q, k, v, d_out, delta, lse, i, d_k, d_v, plan):
@@ -260,7 +264,7 @@ def _backward_rows(q, k, v, d_out, delta, lse, i, d_k, d_v, plan):
         d_q_i, d_k, d_v = carry
         k_j, v_j = _keys(k, j, plan), _keys(v, j, plan)
         s, m = _scores(q_i, k_j, i, j, plan)
-        p = ops.exp(s - lse_i)
+        p = ops.exp((s - lse_i[..., :1]) - lse_i[..., 1:])
         if m is not None:
             p = ops.where(m, p, 0.0)
         d_v_j = ops.einsum("bkgqs,bqkgd->bskd", _by_group(p, plan), do_i)
@@ -282,7 +286,8 @@ def _backward_rows(q, k, v, d_out, delta, lse, i, d_k, d_v, plan):
 
 
 def _forward(q, k, v, out_dtype, plan):
-    """Output `(B, T, H, Dv)` in `out_dtype` and log-sum-exp `(B, H, T, 1)`."""
+    """Output `(B, T, H, Dv)` in `out_dtype` and the row statistics
+    `(B, H, T, 2)` (`_forward_rows`)."""
     if plan.num_q_blocks == 1:
         out, lse = _forward_rows(q, k, v, 0, plan)
         return ops.cast(out, out_dtype), lse
@@ -300,14 +305,14 @@ def _forward(q, k, v, out_dtype, plan):
     b, t, h = ops.shape(q)[0], q.shape[1], q.shape[2]
     init = (
         ops.zeros((b, t, h, plan.d_v), out_dtype),
-        ops.zeros((b, h, t, 1), plan.wide),
+        ops.zeros((b, h, t, 2), plan.wide),
     )
     return fori_loop(0, plan.num_q_blocks, step, init)
 
 
 def _backward(q, k, v, out, lse, d_out, plan):
     """`(d_q, d_k, d_v)` in the inputs' dtypes, recomputing each block's
-    weights from `lse`."""
+    weights from `lse`, the row statistics of `_forward`."""
     # delta = rowsum(dO * O) (B, H, T, 1); then O is no longer needed.
     delta = ops.sum(
         ops.cast(d_out, plan.wide) * ops.cast(out, plan.wide), axis=-1

@@ -99,7 +99,12 @@ def _backward(q, k, v, weights, d_out, delta):
     backward with the weights at hand): `dV = P^T dO`, `dS = P (dP -
     delta)`, `dQ = dS K`, `dK = dS^T Q`; `dP - delta` is one product,
     `[dO, -delta] [V, 1]^T`, a pass over the `(B, H, T, S)` tensors fewer
-    than subtracting after."""
+    than subtracting after. float16 rows run it in float32: `dP` and
+    `delta` of large values and gradients overflowed float16's 65,504
+    (NaN where the float32 chunked and blocked paths are finite)."""
+    if keras.backend.standardize_dtype(q.dtype) == "float16":
+        wide = (ops.cast(x, "float32") for x in (q, k, v, weights, d_out))
+        return tuple(ops.cast(g, "float16") for g in _backward(*wide, delta))
     low = _is_low(q)
     d_out = ops.cast(d_out, v.dtype)
     d_v = xla_cpu.keys_product(weights, d_out)
@@ -289,7 +294,10 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
         if key_end is None:
             return ops.cast(d, wide)
         missing = ops.shape(like)[2] - ops.shape(d)[2]
-        return pad(ops.cast(d, wide), [[0, 0], [0, 0], [0, missing], [0, 0]])
+        padded = pad(ops.cast(d, wide), [[0, 0], [0, 0], [0, missing], [0, 0]])
+        # The keys' static length again: a pad of unknown width loses it,
+        # and a length of 1 then broadcast the loop's sum to an unknown one.
+        return ops.reshape(padded, ops.shape(like))
 
     @custom_gradient
     def attend(q, k, v):

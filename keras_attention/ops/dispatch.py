@@ -393,9 +393,18 @@ def _dense_path(
     query, key, value, mask, bias, is_causal, scale, dropout_rate, seed,
     dropout_active, return_weights, custom_gradient,
 ):
-    """The dense path: the `(B, H, T, S)` scores, their softmax, the sum."""
+    """The dense path: the `(B, H, T, S)` scores, their softmax, the sum.
+
+    float16 heads multiply the weights by the values in float32 (the
+    backward's `dO V^T` overflowed float16's 65,504 for large values and
+    gradients: NaN where the other paths are finite), and with a `scale`
+    above 1 the whole path runs in float32 (`q * scale` overflowed)."""
     num_heads = query.shape[2]
-    out_dtype = value.dtype
+    out_dtype, weights_dtype = value.dtype, query.dtype
+    half = keras.backend.standardize_dtype(query.dtype) == "float16"
+    if half and not (isinstance(scale, numbers.Real) and scale <= 1):
+        query, key, value = (ops.cast(x, "float32") for x in (query, key, value))
+        half = False
     key = repeat_heads(key, num_heads)
     value = repeat_heads(value, num_heads)
     q = ops.transpose(query, (0, 2, 1, 3)) * scalar_as(scale, query.dtype)
@@ -425,11 +434,12 @@ def _dense_path(
             # where the backend's generator is slow on CPU (`hash_dropout`).
             dropped = hash_dropout(weights, dropout_rate, seed)
     v = ops.transpose(value, (0, 2, 1, 3))
+    v = ops.cast(v, "float32") if half else v
     out = matmul(ops.cast(dropped, v.dtype), v)  # (B, H, T, Dv)
     out = ops.cast(ops.transpose(out, (0, 2, 1, 3)), out_dtype)
     if return_weights:
         # In the heads' dtype, as without a bias (and as keras's layer).
-        return out, ops.cast(weights, query.dtype)
+        return out, ops.cast(weights, weights_dtype)
     return out
 
 
