@@ -36,7 +36,13 @@ the first call (inputs, weights and the framework already loaded).
         --impls ours torch-layer torch-layer-compiled
 
 `--causal`: causal self-attention on every side (our layer's
-`use_causal_mask`, SDPA's `is_causal`).
+`use_causal_mask`, SDPA's `is_causal`). `--unknown-length`: `ours` and
+`keras` traced with the length unknown (`input_signature` `(1, None,
+dim)`, as `model.fit` traces `padded_batch` data): `auto` then picks dense
+or chunked when run, by the memory budget.
+
+    python benchmarks/bench_long_sequence.py --lengths 4096 8192 \
+        --impls ours keras --unknown-length
 """
 
 import argparse
@@ -97,7 +103,8 @@ def torch_layer_step(torch, x_np, heads, head_dim, dev, compiled, causal=False):
     return step
 
 
-def run_case(impl, length, heads, head_dim, repeats, block_size, causal=False):
+def run_case(impl, length, heads, head_dim, repeats, block_size, causal=False,
+             unknown_length=False):
     import numpy as np
 
     dim = heads * head_dim
@@ -185,7 +192,9 @@ def run_case(impl, length, heads, head_dim, repeats, block_size, causal=False):
                 layer = MultiHeadAttention(heads, head_dim)
             layer.build(x.shape, x.shape)
 
-            @tf.function(jit_compile=jit)
+            signature = [tf.TensorSpec((1, None, dim))] if unknown_length else None
+
+            @tf.function(jit_compile=jit, input_signature=signature)
             def compiled(x):
                 with tf.GradientTape() as tape:
                     tape.watch(x)
@@ -213,7 +222,7 @@ def run_case(impl, length, heads, head_dim, repeats, block_size, causal=False):
         paths = [
             f"{c.implementation}: {c.reason}"
             for c in attention_ops.dispatch_choices()
-            if c.implementation in ("dense", "blocked", "chunked")
+            if c.implementation in ("dense", "blocked", "chunked", "dense or chunked")
         ]
     return {
         "paths": paths,
@@ -241,6 +250,8 @@ def main():
                         help="ours-core's key block (default: the library's)")
     parser.add_argument("--causal", action="store_true",
                         help="causal self-attention on every side")
+    parser.add_argument("--unknown-length", action="store_true",
+                        help="trace ours and keras with the length unknown")
     parser.add_argument("--timeout", type=int, default=900,
                         help="seconds per case")
     parser.add_argument("--case", nargs=2, metavar=("IMPL", "LENGTH"),
@@ -251,7 +262,7 @@ def main():
         impl, length = args.case[0], int(args.case[1])
         repeats = args.repeats if length <= args.repeat_max else 0
         result = run_case(impl, length, args.heads, args.head_dim, repeats,
-                          args.block_size, args.causal)
+                          args.block_size, args.causal, args.unknown_length)
         print("RESULT " + json.dumps(result), flush=True)
         return
 
@@ -260,6 +271,7 @@ def main():
     print(f"# {' '.join(sys.argv)}")
     print(f"# {describe()}")
     print(f"# batch 1, {'causal, ' if args.causal else ''}"
+          f"{'length unknown when traced, ' if args.unknown_length else ''}"
           f"{args.heads} heads, head size {args.head_dim}, forward+backward; "
           f"load average {'%.2f %.2f %.2f' % os.getloadavg()}", flush=True)
     results = {}
@@ -275,6 +287,8 @@ def main():
                 cmd += ["--block-size", str(args.block_size)]
             if args.causal:
                 cmd += ["--causal"]
+            if args.unknown_length:
+                cmd += ["--unknown-length"]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True,
                                       timeout=args.timeout)
