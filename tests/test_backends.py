@@ -821,31 +821,45 @@ def test_dynamic_shapes_compile_once_and_as_one_graph_on_torch():
 
 
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.func")
-def test_torch_func_works_with_autodiffs_backward_as_the_readme_says():
+@pytest.mark.parametrize("implementation", ["dense", "blocked", "chunked"])
+def test_torch_func_goes_through_the_librarys_own_backward(implementation):
+    # `torch.func` refused the library's backward ("must override the
+    # setup_context staticmethod"); under its transforms a Function of the
+    # new form now takes it. 512 queries: two query blocks on the blocked
+    # path, whose rows are written into buffers (batched under `vmap`).
     import torch
 
-    from keras_attention.layers import MultiHeadAttention
-    from keras_attention.ops import dense_custom_gradient
+    from keras_attention.ops import dot_product_attention
 
-    x = torch.randn(2, 5, 16)
-    layer = MultiHeadAttention(2, 8, value_dim=4)  # not the fused kernel
-    layer(x)
-    weights = [v.value.detach() for v in layer.trainable_variables]
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 512, 1, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    mask = torch.rand(2, 512, 512, generator=gen) > 0.3
 
-    def loss(w):
-        return layer.stateless_call(w, [], x)[0].sum()
+    def attention(impl, q, k, v, mask, **kwargs):
+        return dot_product_attention(
+            q, k, v, attention_mask=mask, is_causal=True, implementation=impl, **kwargs
+        )
 
-    with pytest.raises(RuntimeError, match="setup_context"):
-        torch.func.grad(loss)(weights)
-    with dense_custom_gradient(False):
-        grads = torch.func.grad(loss)(weights)
-        rows = torch.func.vmap(
-            lambda row: layer.stateless_call(weights, [], row[None])[0]
-        )(x)
-    assert all(torch.isfinite(g).all() for g in grads)
-    np.testing.assert_allclose(
-        rows[:, 0].numpy(), layer(x).detach().numpy(), atol=1e-5
-    )
+    def transforms(impl, **kwargs):
+        def loss(v):
+            return (attention(impl, q, k, v, mask, **kwargs) ** 3).sum()
+
+        def row(a, b, c, m):
+            return torch.func.grad(
+                lambda a: (attention(impl, a[None], b[None], c[None], m[None], **kwargs) ** 2).sum()
+            )(a)
+
+        return [
+            torch.func.grad(loss)(v),
+            torch.func.jacrev(lambda v: (attention(impl, q, k, v, mask, **kwargs) ** 2).sum((1, 2, 3)))(v),
+            torch.func.jvp(lambda q: attention(impl, q, k, v, mask, **kwargs), (q,), (torch.ones_like(q),))[1],
+            torch.func.jvp(torch.func.grad(loss), (v,), (torch.ones_like(v),))[1],  # Hessian x vector
+            torch.func.vmap(row)(q, k, v, mask),
+        ]
+
+    reference = transforms("dense", custom_gradient=False)  # autodiff's backward
+    for got, want in zip(transforms(implementation), reference):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-10)
 
 
 def test_the_fused_kernel_is_told_when_flash_attention_is_off(monkeypatch):

@@ -254,14 +254,17 @@ def _kept_weights(keep, heads, chunk, keys, dtype):
 
 
 def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
-                  empty_rows=True, keep=0):
+                  empty_rows=True, keep=0, tensors=()):
     """`dense_core` over `num_chunks` chunks of `chunk` query rows (`q`
     padded to them), recomputing each chunk's weights in the backward
     pass but for the first `keep` chunks', kept from the forward pass
     (TensorFlow only; `chunked_heads` sizes them to the memory budget).
-    `mask_of(start, keys)`, `bias_of(start, keys)`: the mask and bias
-    of the chunk from query `start` against the first `keys` keys
-    (constants: they get no gradient). `key_end(i)`: how many keys chunk
+    `mask_of(start, keys, *tensors)`, `bias_of(start, keys, *tensors)`:
+    the mask and bias of the chunk from query `start` against the first
+    `keys` keys, from `tensors` (the mask, ALiBi's slopes: constants, no
+    gradient), which enter the custom gradient as arguments, never in its
+    closure (`masks.mask_arguments`: a tensor made under `torch.func` or
+    JAX's transforms and closed over is unbound in the backward pass). `key_end(i)`: how many keys chunk
     `i` can see (a causal chunk sees none after its last query), or `None`
     for all of them; the keys after are skipped, not masked. `empty_rows`:
     whether a query may see no key (`masked_softmax`)."""
@@ -283,10 +286,10 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
         n = k.shape[2] if key_end is None else key_end(i)
         return rows(q, i), first(k, n), first(v, n)
 
-    def weights_of(q_i, k_i, i):
+    def weights_of(q_i, k_i, i, given):
         n, start = ops.shape(k_i)[2], i * chunk
-        return _weights(q_i, k_i, mask_of(start, n), bias_of(start, n), v.dtype,
-                        empty_rows)
+        return _weights(q_i, k_i, mask_of(start, n, *given),
+                        bias_of(start, n, *given), v.dtype, empty_rows)
 
     wide = wide_dtype(k.dtype)  # the keys' gradient sums
 
@@ -300,15 +303,19 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
         return ops.reshape(padded, ops.shape(like))
 
     @custom_gradient
-    def attend(q, k, v):
+    def attend(q, k, v, *given):
         def forward(i, out, kept=None):
             q_i, k_i, v_i = inputs_of(q, k, v, i)
-            w = weights_of(q_i, k_i, i)
+            w = weights_of(q_i, k_i, i, given)
             out = ops.slice_update(out, [0, 0, i * chunk, 0], matmul(w, v_i))
             return out if kept is None else (out, kept.write(i, w))
 
         b, h, t = ops.shape(q)[0], q.shape[1], ops.shape(q)[2]
-        out = ops.zeros((b, h, t, v.shape[-1]), v.dtype)
+        # Zeros that depend on `q` (batched with it under `torch.func.vmap`,
+        # where writing batched rows into an unbatched buffer fails).
+        out = ops.zeros((b, h, t, v.shape[-1]), v.dtype) + ops.cast(
+            ops.sum(q[:1, :1, :1, :1]) * 0.0, v.dtype
+        )
         kept = None
         if keep:
             kept = _kept_weights(
@@ -324,7 +331,7 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
             def backward(i, carry, kept=None):
                 d_q, d_k, d_v = carry
                 q_i, k_i, v_i = inputs_of(q, k, v, i)
-                w = weights_of(q_i, k_i, i) if kept is None else kept.read(i)
+                w = weights_of(q_i, k_i, i, given) if kept is None else kept.read(i)
                 d_q_i, d_k_i, d_v_i = _backward(
                     q_i, k_i, v_i, w, rows(d_out, i), rows(delta, i)
                 )
@@ -335,20 +342,26 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
                 )
 
             # Keys' gradients sum over the chunks: accumulated in float32
-            # (float64 for float64).
+            # (float64 for float64). The zeros depend on `delta`, as the
+            # blocked path's: under `torch.func.vmap` (`jacrev`) the
+            # upstream is batched and the inputs are not, and a write of
+            # batched rows into an unbatched buffer fails.
+            zero = ops.sum(delta[:1, :1, :1]) * 0.0
             grads = (
-                ops.zeros_like(q),
-                ops.zeros(ops.shape(k), wide),
-                ops.zeros(ops.shape(v), wide),
+                ops.zeros_like(q) + ops.cast(zero, q.dtype),
+                ops.zeros(ops.shape(k), wide) + ops.cast(zero, wide),
+                ops.zeros(ops.shape(v), wide) + ops.cast(zero, wide),
             )
             if keep:
                 grads = _loop(0, keep, lambda i, c: backward(i, c, kept), grads)
             d_q, d_k, d_v = _loop(keep, num_chunks, backward, grads)
-            return d_q, ops.cast(d_k, k.dtype), ops.cast(d_v, v.dtype)
+            return (d_q, ops.cast(d_k, k.dtype), ops.cast(d_v, v.dtype)) + (
+                (None,) * len(given)
+            )
 
         return out, grad
 
-    return attend(q, k, v)
+    return attend(q, k, v, *tensors)
 
 
 def _executing_eagerly():
@@ -416,13 +429,16 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
     k = ops.transpose(ops.cast(repeat_heads(key, num_heads), dtype), (0, 2, 1, 3))
     v = ops.transpose(ops.cast(repeat_heads(value, num_heads), dtype), (0, 2, 1, 3))
 
-    def mask_of(start, keys):
-        return block_mask(mask, start, chunk, 0, keys, is_causal, sliding_window)
+    tensors = mask_arguments(mask) + mask_arguments(alibi_slopes)
 
-    def bias_of(start, keys):
+    def mask_of(start, keys, *given):
+        given_mask = given[0] if mask is not None else None
+        return block_mask(given_mask, start, chunk, 0, keys, is_causal, sliding_window)
+
+    def bias_of(start, keys, *given):
         if alibi_slopes is None:
             return None
-        return alibi_bias(alibi_slopes, start, chunk, 0, keys, wide_dtype(dtype))
+        return alibi_bias(given[-1], start, chunk, 0, keys, wide_dtype(dtype))
 
     key_end = None
     if skips:
@@ -444,7 +460,8 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
     # Under a causal mask alone every query sees a key (the first one).
     empty_rows = mask is not None or sliding_window is not None or not is_causal
     out = _chunked_core(
-        q, k, v, chunk, num_chunks, mask_of, bias_of, key_end, empty_rows, keep
+        q, k, v, chunk, num_chunks, mask_of, bias_of, key_end, empty_rows, keep,
+        tensors,
     )
     out = ops.transpose(out, (0, 2, 1, 3))[:, :t_len]
     return ops.cast(out, value.dtype)

@@ -17,7 +17,8 @@ functions use for theirs), so it lives and dies with its graph; a
 `tf.custom_gradient` does.
 Eagerly, and on JAX, this is `keras.ops.custom_gradient`; on torch, an
 `autograd.Function` like Keras's whose backward pass can be differentiated
-again (`_torch_custom_gradient`).
+again (`_torch_custom_gradient`), and under `torch.func`'s transforms one
+of the new form, which they require (`_TorchTransformFunction`).
 
 On TensorFlow this module also gives XLA's dynamic slice ops the
 gradients TensorFlow lacks (`register_slice_gradients`), so that the
@@ -67,7 +68,12 @@ def _torch_custom_gradient(f):
     autodiff's of `f`'s forward, run again from the inputs: the same
     values, and a graph torch differentiates again.
     """
-    return lambda *args: _TorchFunction.apply(f, *args)
+    def call(*args):
+        if torch._C._are_functorch_transforms_active():
+            return _TorchTransformFunction.apply(f, *args)
+        return _TorchFunction.apply(f, *args)
+
+    return call
 
 
 if keras.backend.backend() == "torch":
@@ -97,6 +103,53 @@ if keras.backend.backend() == "torch":
             return (None,) + tuple(
                 next(found) if a.requires_grad else None for a in args
             )
+
+    class _TorchTransformFunction(torch.autograd.Function):
+        """The same under `torch.func` (`grad`, `vmap`, `jacrev`, `jvp`,
+        `hessian`), which takes only a Function of the new form (its
+        context set apart from `forward`). The backward runs the forward
+        again for what its own backward reads (the context holds tensors
+        only); forward mode is `torch.func.jvp` of the forward; `vmap`
+        maps all three (`generate_vmap_rule`)."""
+
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(f, *args):
+            return f(*args)[0]
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.f = inputs[0]
+            ctx.save_for_backward(*inputs[1:])
+            ctx.save_for_forward(*inputs[1:])
+
+        @staticmethod
+        def backward(ctx, upstream):
+            args = ctx.saved_tensors
+            grads = ctx.f(*args)[1](*args, upstream=upstream)
+            return (None,) + (grads if isinstance(grads, tuple) else (grads,))
+
+        @staticmethod
+        def jvp(ctx, _, *tangents):
+            args = ctx.saved_tensors
+            # The float inputs (a mask has no tangent).
+            moving = [i for i, a in enumerate(args) if a.is_floating_point()]
+
+            def forward(*values):
+                full = list(args)
+                for i, value in zip(moving, values):
+                    full[i] = value
+                return ctx.f(*full)[0]
+
+            return torch.func.jvp(
+                forward,
+                tuple(args[i] for i in moving),
+                tuple(
+                    torch.zeros_like(args[i]) if tangents[i] is None else tangents[i]
+                    for i in moving
+                ),
+            )[1]
 
 
 def register_slice_gradients():
