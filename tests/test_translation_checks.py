@@ -164,3 +164,11 @@ def test_generate_ids_names_source_ids_that_are_not_token_ids(source_ids, match)
         model.generate_ids(source_ids, max_length=4, jit_compile=False)
     ids, _ = model.generate_ids([[4, 5, 6]], max_length=4, jit_compile=False)
     assert ids.shape == (1, 4)  # a list of rows is ids too
+
+
+@pytest.mark.parametrize("implementation", ["blocked", "chunked", "fused"])
+def test_a_weightless_attention_path_is_refused_when_the_transformer_is_built(implementation):
+    # Its decoder reads the cross-attention weights: `fit` failed at its
+    # first step, naming `return_weights`, which the user never set.
+    with pytest.raises(ValueError, match="attention_kwargs"):
+        TransformerTranslator(attention_kwargs={"implementation": implementation})

@@ -185,3 +185,31 @@ def test_an_unknown_length_of_zero_queries_gives_an_empty_output():
     )
     q, k, v = random_qkv(np.random.default_rng(2), t=0)
     assert tuple(traced(q, k, v).shape) == (2, 0, 4, 5)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_a_broadcast_mask_of_unknown_shape_and_no_queries_take_the_chunked_path(
+    monkeypatch, jit_compile
+):
+    # A `(B, 1, S)` or `(B, T, 1)` mask traced as `(None, None, None)`: the
+    # chunked path sliced its size-1 axis as if it were `T` or `S` ("Expected
+    # size[2] in [0, 1]"); and under XLA a call of no queries compiled a
+    # one-row slice of none.
+    monkeypatch.setattr(dense, "DYNAMIC_CHUNK_ROWS", 8)
+    rng = np.random.default_rng(3)
+    q, k, v = (tf.constant(x) for x in random_qkv(rng, t=21, s=21))
+    for mask in (rng.random((2, 1, 21)) > 0.3, rng.random((2, 21, 1)) > 0.3):
+        def run(implementation):
+            def fn(q, k, v, m):
+                return values_and_grads(q, k, v, attention_mask=m, implementation=implementation)
+            return fn
+
+        got = unknown_lengths(run("chunked"), q, k, v, mask, jit_compile)
+        for g, w in zip(got, run("dense")(q, k, v, mask)):
+            np.testing.assert_allclose(g, w, atol=2e-5)
+    empty = tf.zeros((2, 0, 4, 8))
+    out = unknown_lengths(
+        lambda q, k, v: attention_ops.dot_product_attention(q, k, v, implementation="chunked"),
+        empty, k, v, None, jit_compile,
+    )
+    assert tuple(out.shape) == (2, 0, 4, 5)

@@ -142,6 +142,15 @@ class TransformerTranslator(Translator):
         self.dropout = check_rate("dropout", dropout)
         self.attention = registry.check_name(attention, kinds=("tokens",))
         self.attention_kwargs = dict(attention_kwargs or {})
+        if self.attention_kwargs.get("implementation") in ("blocked", "chunked", "fused"):
+            # `fit` failed at its first step: decoding and the pictures read
+            # the cross-attention weights, which these paths do not return.
+            raise invalid(
+                "attention_kwargs",
+                "no implementation that returns no weights (the decoder's "
+                "cross-attention weights are read: 'auto' or 'dense')",
+                self.attention_kwargs,
+            )
         p = self.preprocessor
         self.source_embedding = keras.layers.Embedding(
             p.source_vocabulary_size, hidden_dim,

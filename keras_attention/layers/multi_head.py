@@ -140,9 +140,10 @@ class MultiHeadAttention(
             in chunks on TensorFlow and JAX (`layers/_multi_head_long.py`:
             about half the memory; on torch the general path runs);
             `"blocked"` keeps its projections around the blocked core.
-            `"blocked"` and `"chunked"` need sequence lengths known when
-            traced; `"blocked"`, `"chunked"` and `"fused"` return no
-            attention scores.
+            `"blocked"` needs sequence lengths known when traced (on
+            TensorFlow `"chunked"` and `"auto"` take unknown ones);
+            `"blocked"`, `"chunked"` and `"fused"` return no attention
+            scores.
         position_encoding: `None`, `"rope"` (rotary embeddings of the
             query and key heads, Su et al., 2021) or `"alibi"` (a linear
             distance penalty per head, Press et al., 2022, added block by

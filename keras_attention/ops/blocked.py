@@ -40,6 +40,7 @@ from keras_attention.ops.masks import expand_mask
 from keras_attention.ops.masks import sliding_window_mask
 from keras_attention.ops.masks import wide_dtype
 from keras_attention.ops.positions import alibi_bias
+from keras_attention.ops.shapes import broadcast_unknown_mask_axes
 from keras_attention.ops.shapes import check_alibi_slopes
 from keras_attention.ops.shapes import check_attention_inputs
 from keras_attention.ops.shapes import check_attention_mask
@@ -390,6 +391,7 @@ def blocked_heads(query, key, value, mask, is_causal, scale, block_size,
     t_len, s_len = static_lengths(query, key, "blocked")
     block = max(1, min(int(block_size), s_len))
     num_blocks = -(-s_len // block)
+    mask = broadcast_unknown_mask_axes(mask, t_len, s_len)
     k, v, mask = _pad_keys(key, value, mask, s_len, num_blocks * block)
     check_mask_rows(mask, t_len)
     q = query

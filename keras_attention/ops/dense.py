@@ -34,6 +34,7 @@ from keras_attention.ops.masks import matmul
 from keras_attention.ops.masks import scalar_as
 from keras_attention.ops.masks import wide_dtype
 from keras_attention.ops.positions import alibi_bias
+from keras_attention.ops.shapes import broadcast_unknown_mask_axes
 from keras_attention.ops.shapes import check_mask_rows
 from keras_attention.ops.shapes import fori_loop
 from keras_attention.ops.shapes import lengths
@@ -407,6 +408,7 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
         t_len, s_len = static_lengths(query, key, "chunked")
     known = isinstance(t_len, int) and isinstance(s_len, int)
     check_mask_rows(mask, t_len)
+    mask = broadcast_unknown_mask_axes(mask, t_len, s_len)
     skips = is_causal and _graph_executor()
     if not known:
         # Rows per chunk fixed when traced: at most `DYNAMIC_CHUNK_ROWS`, a
@@ -422,6 +424,10 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
             chunk = min(chunk, max(autotune.MIN_CHUNK_ROWS, t_len // 4))
     chunk = max(1, min(int(chunk), t_len)) if known else chunk
     num_chunks = -(-t_len // chunk)  # a tensor when `T` is unknown
+    if not known:
+        # At least one: XLA compiles the loop's body, and its row slice of
+        # a call of no queries failed ("Expected size[2] in [0, 0]").
+        num_chunks = ops.maximum(num_chunks, 1)
     q, mask = pad_queries(query, mask, t_len, num_chunks * chunk)
     low = _is_low(query)
     dtype = query.dtype if low else wide_dtype(query.dtype)

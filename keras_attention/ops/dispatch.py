@@ -341,7 +341,9 @@ def _by_length(query, key, mask, is_causal, sliding_window, alibi_slopes,
     """`dense()` while the call's three `(B, H, T, S)` float32 score
     tensors fit the memory budget (`autotune.memory_budget`, the rule that
     makes the dense path a candidate of `autotune.choose`), else
-    `chunked()`: decided when run (`keras.ops.cond`; both are traced)."""
+    `chunked()`: decided when run (`keras.ops.cond`; both are traced),
+    against the budget as it was when traced (a constant of the graph,
+    exported with it)."""
     autotune.record_rule(
         ("unknown length", keras.backend.backend(), autotune.tf_mode(),
          tuple(query.shape), tuple(key.shape),

@@ -241,6 +241,21 @@ def lengths(query, key):
     )
 
 
+def broadcast_unknown_mask_axes(mask, t_len, s_len):
+    """The rank-4 `mask`, broadcast to `T` (`S`) on its query (key) axis
+    where that axis's size is unknown when traced: the chunked and blocked
+    paths slice an axis unless it is known to be 1, and a `(B, 1, S)` mask
+    traced as `(None, None, None)` failed when run ("Expected size[2] in
+    [0, 1]")."""
+    if mask is None or None not in tuple(mask.shape)[2:]:
+        return mask
+    shape = list(ops.shape(mask))
+    for axis, size in ((2, t_len), (3, s_len)):
+        if mask.shape[axis] is None:
+            shape[axis] = size
+    return ops.broadcast_to(mask, shape)
+
+
 def check_mask_rows(mask, t_len):
     """Raise unless the rank-4 `mask`'s query axis is 1 or `T` (when
     both are known when traced)."""
