@@ -305,8 +305,9 @@ def _forward(q, k, v, out_dtype, plan):
 
     b, t, h = ops.shape(q)[0], q.shape[1], q.shape[2]
     # Zeros that depend on `q` (batched with it under `torch.func.vmap`,
-    # where writing batched rows into an unbatched buffer fails).
-    zero = ops.cast(ops.sum(q[:1, :1, :1, :1]) * 0.0, plan.wide)
+    # where writing batched rows into an unbatched buffer fails); not
+    # `0 * q`, which a NaN query would make NaN everywhere.
+    zero = ops.zeros_like(q[:1, :1, :1, :1], plan.wide)
     init = (
         ops.zeros((b, t, h, plan.d_v), out_dtype) + ops.cast(zero, out_dtype),
         ops.zeros((b, h, t, 2), plan.wide) + zero,

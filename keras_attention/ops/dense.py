@@ -314,8 +314,8 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
         b, h, t = ops.shape(q)[0], q.shape[1], ops.shape(q)[2]
         # Zeros that depend on `q` (batched with it under `torch.func.vmap`,
         # where writing batched rows into an unbatched buffer fails).
-        out = ops.zeros((b, h, t, v.shape[-1]), v.dtype) + ops.cast(
-            ops.sum(q[:1, :1, :1, :1]) * 0.0, v.dtype
+        out = ops.zeros((b, h, t, v.shape[-1]), v.dtype) + ops.zeros_like(
+            q[:1, :1, :1, :1], v.dtype
         )
         kept = None
         if keep:
@@ -343,11 +343,11 @@ def _chunked_core(q, k, v, chunk, num_chunks, mask_of, bias_of, key_end=None,
                 )
 
             # Keys' gradients sum over the chunks: accumulated in float32
-            # (float64 for float64). The zeros depend on `delta`, as the
-            # blocked path's: under `torch.func.vmap` (`jacrev`) the
-            # upstream is batched and the inputs are not, and a write of
-            # batched rows into an unbatched buffer fails.
-            zero = ops.sum(delta[:1, :1, :1]) * 0.0
+            # (float64 for float64). The zeros depend on `delta`: under
+            # `torch.func.vmap` (`jacrev`) the upstream is batched and the
+            # inputs are not, and a write of batched rows into an
+            # unbatched buffer fails.
+            zero = ops.zeros_like(delta[:1, :1, :1])
             grads = (
                 ops.zeros_like(q) + ops.cast(zero, q.dtype),
                 ops.zeros(ops.shape(k), wide) + ops.cast(zero, wide),
