@@ -462,7 +462,8 @@ def chunked_heads(query, key, value, mask, is_causal, scale,
     elif keep is None:
         keep = kept_chunks(static_dim(query, 0), num_heads, chunk, t_len, s_len,
                            skips, 2 if low else 8 if dtype == "float64" else 4)
-    keep = max(0, min(int(keep), num_chunks)) if known else 0
+    if known:  # else none (above)
+        keep = max(0, min(int(keep), num_chunks))
     # Under a causal mask alone every query sees a key (the first one).
     empty_rows = mask is not None or sliding_window is not None or not is_causal
     out = _chunked_core(
