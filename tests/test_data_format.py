@@ -91,6 +91,14 @@ def test_applications_under_a_channels_first_setting(tmp_path):
         "cbam": CBAMResNet(image_size=8, num_channels=1, num_classes=3,
                            filters=(4, 8), blocks_per_stage=1, stem_filters=4),
     }
+    # A ViT whose blocks attend over the patch grid: a channels-first
+    # default read its (h, w, C) grid as (C, h, w).
+    for attention in ("spatial", "non_local", "channel"):
+        models[f"vit_{attention}"] = VisionTransformer(
+            image_size=8, patch_size=2, num_classes=3, hidden_dim=8, depth=1,
+            num_heads=2, mlp_dim=8, num_channels=1, attention=attention,
+            attention_kwargs={"reduction": 2} if attention == "channel" else None,
+        )
     expected = {}
     for name, model in models.items():
         expected[name] = numpy(model(images))
@@ -103,6 +111,13 @@ def test_applications_under_a_channels_first_setting(tmp_path):
         built = CBAMResNet(image_size=8, num_channels=1, num_classes=3,
                            filters=(4, 8), blocks_per_stage=1, stem_filters=4)
         assert numpy(built(images)).shape == (2, 3)
+        keras.utils.set_random_seed(0)
+        fresh = VisionTransformer(
+            image_size=8, patch_size=2, num_classes=3, hidden_dim=8, depth=1,
+            num_heads=2, mlp_dim=8, num_channels=1, attention="spatial",
+        )
+        scores = fresh.attention_scores(images)[0]
+        assert tuple(scores.shape) == (2, 4, 4, 1)  # a map of the 4 x 4 grid
         detr = DETR(num_classes=2, num_queries=3, hidden_dim=8, num_heads=2,
                     num_encoder_layers=1, num_decoder_layers=1,
                     feedforward_dim=8, backbone_filters=(4, 8),

@@ -262,6 +262,11 @@ class TransformerEncoderBlock(_TransformerBlock):
             attention_shape = tuple(input_shape)
         self._check_heads(channels)
         offered = {"shift_size": self.shift_size}
+        if self.uses_grid:
+            # The token grid is channels-last, whatever
+            # `keras.config.image_data_format()` says (as the residual
+            # blocks' maps): a channels-first default read (w, C) as the map.
+            offered["data_format"] = "channels_last"
         if self.window_size is not None:
             offered["window_size"] = self.window_size
         self.attention_layer, self._accepted = self._make_attention(
