@@ -174,6 +174,13 @@ def test_bad_shapes_raise():
         layer(np.zeros((1, 8, 8, 4), "float32"))
     with pytest.raises(ValueError, match="rank-4"):
         LocalWindowAttention(num_heads=1)(np.zeros((1, 8, 4), "float32"))
+    built = LocalWindowAttention(num_heads=2, window_size=2)
+    built(np.zeros((1, 4, 4, 8), "float32"))
+    # Its own words, not the `qkv` sublayer's of an internal window shape.
+    with pytest.raises(ValueError, match=(
+        r"`inputs`, expected 8 channels.*inputs.shape=\(1, 4, 4, 6\)"
+    )):
+        built(np.zeros((1, 4, 4, 6), "float32"))
     symbolic = keras.Input((None, 8, 4))
     if keras.backend.backend() == "torch":
         # Keras's torch backend infers symbolic shapes by running `call` on

@@ -176,6 +176,29 @@ def test_wrong_input_rank(shape):
         NonLocalBlock().compute_output_shape(shape)
 
 
+def test_a_built_block_takes_another_rank_only_without_batch_norm():
+    # 1x1 projections refine a sequence as well as an image; a batch
+    # normalization built on images raises, as the docstring says.
+    block = NonLocalBlock()
+    block(np.zeros((2, 4, 4, 8), "float32"))
+    assert tuple(block(np.zeros((2, 4, 8), "float32")).shape) == (2, 4, 8)
+    normed = NonLocalBlock(use_batch_norm=True)
+    normed(np.zeros((2, 4, 4, 8), "float32"))
+    with pytest.raises(ValueError, match="non_local_block.*expected ndim=4"):
+        normed(np.zeros((2, 4, 8), "float32"))
+
+
+def test_unknown_channels_are_named_in_the_data_format_given():
+    # The message showed the moved shape, channels "last", for a
+    # channels-first map.
+    layer = NonLocalBlock(data_format="channels_first")
+    with pytest.raises(ValueError, match=(
+        r"channel \(first\) dimension.*channels_first.*"
+        r"inputs.shape=\(None, None, 4, 4\)"
+    )):
+        layer(keras.Input((None, 4, 4)))
+
+
 def test_wrong_mask_shape():
     with pytest.raises(ValueError, match="`mask`"):
         NonLocalBlock()(inputs(1), mask=np.ones((2, 8), bool))

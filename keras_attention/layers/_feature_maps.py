@@ -25,23 +25,29 @@ def standardize_data_format(data_format):
     return data_format
 
 
-def check_feature_map(shape, min_rank=3, max_rank=None):
-    """Raise the keras-worded error for a feature map of the wrong rank."""
+def check_feature_map(shape, min_rank=3, max_rank=None,
+                      data_format="channels_last"):
+    """Raise the keras-worded error for a feature map of the wrong rank, or
+    of unknown channels; `shape` as given, in `data_format`."""
     rank = len(shape)
+    first = data_format == "channels_first"
     if rank < min_rank or (max_rank is not None and rank > max_rank):
         expected = (
-            f"a tensor of rank {min_rank} or more (B, ..., C)"
+            f"a tensor of rank {min_rank} or more "
+            + ("(B, C, ...)" if first else "(B, ..., C)")
             if max_rank is None
-            else "a rank-3, 4 or 5 tensor (B, L, C), (B, H, W, C) or "
-            "(B, D, H, W, C)"
+            else "a rank-3, 4 or 5 tensor "
+            + ("(B, C, L), (B, C, H, W) or (B, C, D, H, W)" if first
+               else "(B, L, C), (B, H, W, C) or (B, D, H, W, C)")
         )
         raise ValueError(
             "Received an invalid value for argument `inputs`, expected "
             f"{expected}. Received: inputs.shape={tuple(shape)}"
         )
-    if shape[-1] is None:
+    if shape[1 if first else -1] is None:
         raise ValueError(
-            "The channel (last) dimension of `inputs` must be known. "
+            f"The channel ({'first' if first else 'last'}) dimension of "
+            f"`inputs` must be known (data_format={data_format!r}). "
             f"Received: inputs.shape={tuple(shape)}"
         )
 
@@ -130,7 +136,9 @@ class FeatureMapAttention(
         later call as keras's `input_spec` (as keras's `Conv2D` does): a
         built layer given a map of another rank or channel count raises
         keras's error naming the layer, not a wrong-shaped result."""
-        check_feature_map(self.last_shape(input_shape), max_rank=self._max_rank)
+        check_feature_map(
+            input_shape, max_rank=self._max_rank, data_format=self.data_format
+        )
         channel_axis = 1 if self.data_format == "channels_first" else -1
         channels = {channel_axis: int(self.last_shape(input_shape)[-1])}
         if self._rank_fixed_at_build:
@@ -145,5 +153,7 @@ class FeatureMapAttention(
         return mask
 
     def compute_output_shape(self, input_shape):
-        check_feature_map(self.last_shape(input_shape), max_rank=self._max_rank)
+        check_feature_map(
+            input_shape, max_rank=self._max_rank, data_format=self.data_format
+        )
         return tuple(input_shape)

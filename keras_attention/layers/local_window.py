@@ -275,6 +275,13 @@ class LocalWindowAttention(
                 f"(`run_eagerly=True`). Received: inputs.shape={shape}"
             )
         channels = shape[-1]
+        built = getattr(self, "_channels", None)
+        if self.built and channels is not None and channels != built:
+            raise ValueError(
+                "Received an invalid value for argument `inputs`, expected "
+                f"{built} channels, those the layer was built with. "
+                f"Received: inputs.shape={shape}"
+            )
         if self.key_dim is None and channels % self.num_heads:
             raise ValueError(
                 "Received an invalid value for argument `inputs`, expected "

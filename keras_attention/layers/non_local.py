@@ -138,8 +138,11 @@ class NonLocalBlock(FeatureMapAttention):
         ValueError: naming the argument: `mode` not one of `MODES`,
             `inter_channels` not a positive integer, `sub_sample` not a
             pool size (or one per spatial axis of the inputs); inputs that
-            are not channels-last maps of 1 to 3 spatial axes, a `mask` of
-            another shape, or once built a map of other channels or rank.
+            are not maps of 1 to 3 spatial axes (channels-last, or first
+            with `data_format="channels_first"`), a `mask` of another
+            shape, or once built a map of other channels (or, with
+            `use_batch_norm`, of another rank: without it, a block built on
+            images refines sequences too, its projections being 1x1).
 
     Example:
 
@@ -211,6 +214,9 @@ class NonLocalBlock(FeatureMapAttention):
         )
 
     def build(self, input_shape):
+        # 1x1 projections take maps of any rank; a batch normalization
+        # built on one rank takes that rank only (its own error otherwise).
+        self._rank_fixed_at_build = bool(self.use_batch_norm)
         self.check_build_shape(input_shape)
         input_shape = self.last_shape(input_shape)
         self.pool_size(len(input_shape) - 2)  # validates `sub_sample`
