@@ -344,6 +344,18 @@ def test_load_graph_files_csv_with_one_feature_column_and_one_edge(tmp_path):
     directed = load_graph_files(tmp_path, undirected=False)
     np.testing.assert_array_equal(directed.edges, [[0], [2]])
 
+
+def test_load_graph_files_warns_that_two_npy_edges_read_as_two_rows(tmp_path):
+    # (2, 2) is (2, E) and (E, 2) alike: read as (2, E), and said so.
+    np.save(tmp_path / "features.npy", np.eye(4, dtype="float32"))
+    np.save(tmp_path / "labels.npy", np.array([0, 1, 0, 1]))
+    np.save(tmp_path / "edges.npy", np.array([[0, 2], [1, 3]]))
+    for stem, ids in (("train", [0]), ("val", [1]), ("test", [2])):
+        np.save(tmp_path / f"{stem}.npy", np.array(ids))
+    with pytest.warns(UserWarning, match="sources \\[0, 2\\], targets \\[1, 3\\]"):
+        graph = load_graph_files(tmp_path, undirected=False)
+    np.testing.assert_array_equal(graph.edges, [[0, 2], [1, 3]])
+
 def test_load_graph_files_errors_name_the_file(tmp_path):
     graph = make_graph(num_nodes=30, avg_degree=4, feature_dim=3, num_classes=2)
     save_graph(tmp_path, graph)

@@ -197,6 +197,24 @@ def test_bad_input_is_refused(tmp_path):
         read_text_folder(tmp_path / "missing")
     with pytest.raises(ValueError, match="mask_rate"):
         masked_lm_dataset(np.ones((2, 4), "int32"), 2, mask_rate=1.5)
+    # A backbone without its preprocessor: a vocabulary learned here would
+    # pair its embedding rows with other pieces.
+    backbone = TextClassifierBackbone(vocabulary_size=60, sequence_length=16)
+    with pytest.raises(ValueError, match="argument `preprocessor`"):
+        pretrain_masked_lm(texts, backbone=backbone, epochs=1)
+
+
+def test_a_random_replacement_is_never_the_padding_id():
+    # Id 0 is padding to the encoder: a piece replaced by 0 was hidden from
+    # every other position. Three ids, so a draw from [0, 3) gave 0 often.
+    ids = np.full((200, 40), 1, "int32")
+    dataset = masked_lm_dataset(
+        ids, mask_token_id=2, vocabulary_size=3, batch_size=200,
+        shuffle=False, seed=0,
+    )
+    inputs, _, weights = _batch(dataset)
+    assert (weights > 0).sum() > 1000
+    assert np.all(inputs["token_ids"] != 0)
 
 
 def test_bad_ids_and_positions_are_refused_by_name_before_tracing():

@@ -3,7 +3,7 @@
 BERT's reference recipe (Devlin et al.'s `create_pretraining_data.py`):
 each row chooses `min(mask_length, max(1, round(rate * n)))` of its `n`
 selectable positions uniformly, and of those 80 % become `[MASK]`, 10 % a
-random id, 10 % stay. keras-hub's `MaskedLMMaskGenerator` (tf.text's
+random id (never 0, the padding id here), 10 % stay. keras-hub's `MaskedLMMaskGenerator` (tf.text's
 `RandomItemSelector` and `MaskValuesChooser`), used before, draws with
 unseeded ops that follow no seed (neither `tf.random.set_seed` nor an op
 seed), so masked-LM pretraining never repeated; its counts also differ
@@ -50,9 +50,12 @@ def bert_masks(token_ids, seed, mask_token_id, vocabulary_size, rate, mask_lengt
     mask_ids = tf.where(weights, tf.gather(token_ids, positions, batch_dims=1), 0)
     # 80 % [MASK], 10 % a random id, 10 % kept.
     draw = tf.random.stateless_uniform(tf.shape(positions), value_seed)
+    # A random id is never 0: the encoder reads id 0 as padding and would
+    # hide the piece from every other position (BERT's `[PAD]` stays seen,
+    # its attention mask being its own input).
     random_ids = tf.random.stateless_uniform(
-        tf.shape(positions), random_seed, minval=0, maxval=vocabulary_size,
-        dtype=tf.int32,
+        tf.shape(positions), random_seed, minval=1,
+        maxval=tf.maximum(vocabulary_size, 2), dtype=tf.int32,
     )
     values = tf.where(
         draw < 0.8, mask_token_id, tf.where(draw < 0.9, random_ids, mask_ids)

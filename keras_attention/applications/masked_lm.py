@@ -268,8 +268,9 @@ def masked_lm_dataset(
     Args:
         token_ids: int `(N, T)`, 0 for padding.
         mask_token_id: the id of `[MASK]`.
-        vocabulary_size: for the random replacements (default: one more
-            than the largest id seen).
+        vocabulary_size: for the random replacements, drawn from
+            `[1, vocabulary_size)` (default: one more than the largest id
+            seen).
         batch_size: examples per batch.
         mask_rate: the share of word pieces chosen (BERT: 0.15).
         mask_length: positions per example (default:
@@ -280,9 +281,11 @@ def masked_lm_dataset(
             about a third of the choices fall on `[CLS]`/`[SEP]`).
         token_type_ids: optional int `(N, T)` for a backbone with token types.
         shuffle: reshuffle every epoch.
-        seed: seed of the shuffle and the masks (`None`: the global TF
-            seed, `keras.utils.set_random_seed`); the same seed gives the
-            same batches, epoch by epoch.
+        seed: the op seed of the shuffle and the masks. As for every
+            TensorFlow random op, TensorFlow's global seed
+            (`keras.utils.set_random_seed`) goes with it: the same seed
+            under the same global seed gives the same batches, epoch by
+            epoch (`None`: the global seed alone).
         remask_each_epoch: draw other masks every epoch (for training);
             `False` keeps the first epoch's (a validation set's loss then
             moves with the weights only).

@@ -5,7 +5,7 @@
 
 | what | file names tried (in this order, each `.npy`, `.csv`, `.csv.gz`) | content |
 |---|---|---|
-| edges | `edges`, `edge`, `raw/edge` | `(E, 2)` rows `source,target` (OGB), or `(2, E)` in `.npy` |
+| edges | `edges`, `edge`, `raw/edge` | `(E, 2)` rows `source,target` (OGB), or `(2, E)` in `.npy` (a `(2, 2)` `.npy` is read as `(2, E)`, with a warning) |
 | features | `features`, `node-feat`, `raw/node-feat` | `(N, F)` floats |
 | labels | `labels`, `node-label`, `raw/node-label` | `(N,)` or `(N, 1)` ints, -1 for none |
 | splits | `train`/`val`/`test`, `valid` for `val`, also under `split/<any>/` (OGB) | node ids (one per line), or a boolean `.npy` mask |
@@ -218,7 +218,15 @@ def load_graph_files(path, undirected=True, normalize_features=False):
     if not edges.size:  # a graph without edges: every node isolated
         edges = np.zeros((2, 0), np.int64)
     elif edges.ndim == 2 and edges.shape[0] == 2 and found["edges"].endswith(".npy"):
-        pass  # (2, E)
+        if edges.shape[1] == 2:  # two edges: either layout
+            warnings.warn(
+                f"{found['edges']} holds a (2, 2) array, read as (2, E): "
+                f"sources {edges[0].tolist()}, targets {edges[1].tolist()}. "
+                "Two edges as (E, 2) rows are its transpose; save it as "
+                "(2, E) or as a .csv of rows to be read that way.",
+                stacklevel=2,
+            )
+        # (2, E)
     elif edges.ndim == 2 and edges.shape[1] == 2:
         edges = edges.T
     else:

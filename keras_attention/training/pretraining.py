@@ -118,13 +118,16 @@ def pretrain_masked_lm(
         preprocessor: a `TextClassifierPreprocessor` whose vocabulary holds
             `"[MASK]"`, or a `BertPreprocessor`; `None` learns one from
             `texts` (`vocabulary_size`, `sequence_length`).
-        backbone: a `TextClassifierBackbone` to (continue to) pretrain;
-            `None` builds one from `backbone_kwargs`.
+        backbone: a `TextClassifierBackbone` to (continue to) pretrain,
+            with the `preprocessor` of its vocabulary; `None` builds one
+            from `backbone_kwargs`.
         epochs, batch_size, learning_rate: of AdamW.
         mask_rate: the share of word pieces predicted (BERT: 0.15).
         validation_texts: texts whose masked-LM loss and accuracy are
             reported each epoch (`val_loss`, `val_accuracy`).
-        seed: seeds the weights, the shuffles and the masks.
+        seed: seeds the weights, the shuffles and the masks, through
+            `keras.utils.set_random_seed(seed)`: the Python, NumPy and
+            TensorFlow global seeds are left set to it.
         callbacks, verbose: as `fit`'s.
         jit_compile: as `compile`'s.
         **backbone_kwargs: `TextClassifierBackbone` arguments.
@@ -151,6 +154,16 @@ def pretrain_masked_lm(
     if isinstance(texts, (str, os.PathLike)):
         texts = read_text_folder(texts)
     texts = base.check_texts(texts)
+    if preprocessor is None and backbone is not None:
+        # A vocabulary learned here would give the backbone's embedding rows
+        # other pieces than those it was trained on.
+        raise ValueError(
+            "Received an invalid value for argument `preprocessor`, expected "
+            "the preprocessor whose vocabulary the given `backbone` was "
+            "built for (e.g. `preprocessor=bert.preprocessor` with "
+            "`backbone=bert.backbone`); without a backbone, one is learned "
+            "from `texts`. Received: preprocessor=None"
+        )
     if preprocessor is None:
         preprocessor = TextClassifierPreprocessor.from_texts(
             texts, vocabulary_size, sequence_length, special_tokens=(MASK,)
@@ -281,7 +294,10 @@ def masked_lm_metrics(model, inputs, mask_ids, mask_weights):
     """The masked-LM loss and accuracy computed by hand, NumPy only.
 
     Counts the positions whose weight is 1 and nothing else: the check of
-    what `compile`'s loss and weighted metric report.
+    what `compile`'s loss reports for one batch, and its weighted accuracy
+    for any number. (Over several batches Keras's `loss` is the mean of
+    the batches' losses, each over its own masked pieces; this function
+    called on all of them at once weighs every piece alike.)
 
     Returns:
         `(loss, accuracy)`, the means over the weighted positions.
