@@ -76,7 +76,9 @@ def _seed(text):
 
 def _add_output_arguments(command, out_default, quick_help):
     """`--out`, `--seed` and `--quick` of a command that trains."""
-    command.add_argument("--out", default=out_default, help="output folder")
+    command.add_argument(
+        "--out", default=out_default, help="output folder (default: %(default)s)"
+    )
     command.add_argument("--seed", type=_seed, default=0, help="random seed")
     command.add_argument("--quick", action="store_true", help=quick_help)
 
@@ -146,7 +148,10 @@ def _add_explore(commands):
     explore.add_argument(
         "input", metavar="INPUT", help=".npy, .npz, image file, or text"
     )
-    explore.add_argument("--out", default="attention.html", help="the page to write")
+    explore.add_argument(
+        "--out", default="attention.html",
+        help="the page to write (default: %(default)s)",
+    )
     explore.add_argument(
         "--kind", default="auto",
         choices=("auto", "sequence", "image", "detection", "graph"),
@@ -200,7 +205,9 @@ def _add_convert(commands):
         type=_positive_int,
         help="a new head with this many classes (default: the checkpoint's)",
     )
-    convert.add_argument("--out", default="model.keras", help="the .keras file")
+    convert.add_argument(
+        "--out", default="model.keras", help="the .keras file (default: %(default)s)"
+    )
 
 
 def build_parser():
@@ -210,6 +217,11 @@ def build_parser():
             "Train, evaluate and look at attention models from keras_attention. "
             "Every task runs on embedded data that needs no download."
         ),
+    )
+    from keras_attention.version import __version__
+
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}"
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
@@ -275,6 +287,11 @@ def _check_run(args):
             f"Received an invalid value for argument `--model`, expected one of "
             f"{', '.join(models)} for task {args.task!r}. "
             f"Received: --model={args.model}"
+        )
+    if args.data is not None and args.task == "detection":
+        raise UsageError(
+            "--data: the detection task trains on the generated digit "
+            "canvases only (no folder format is read yet)."
         )
     if args.data is not None and not os.path.exists(args.data):
         raise UsageError(f"--data: no such file or folder: {args.data}")

@@ -46,6 +46,7 @@ def test_help_and_bad_arguments_are_answered_before_tensorflow_loads(tmp_path):
     cases = [
         ["--help"],
         ["explore", "--help"],
+        ["--version"],
         ["run", "poetry"],
         ["convert"],
         ["explore", str(tmp_path / "no.keras"), "x.npy"],
@@ -54,6 +55,7 @@ def test_help_and_bad_arguments_are_answered_before_tensorflow_loads(tmp_path):
         ["run", "classification", "--model", "alexnet"],
         ["demo", "--out", str(blocker / "sub")],
         ["convert", str(tmp_path), "--timm-model", "vit_base_patch16_224"],
+        ["run", "detection", "--data", str(tmp_path)],
     ]
     root = os.path.dirname(os.path.dirname(os.path.abspath(cli.__file__)))
     env = dict(os.environ, PYTHONPATH=root)
@@ -65,9 +67,13 @@ def test_help_and_bad_arguments_are_answered_before_tensorflow_loads(tmp_path):
     results, loaded = json.loads(result.stdout.splitlines()[-1])
     assert loaded == []
     codes = [code for code, _, _ in results]
-    assert codes == [0, 0] + [2] * (len(cases) - 2)
+    assert codes == [0, 0, 0] + [2] * (len(cases) - 3)
     assert "demo" in results[0][1] and "MODEL INPUT" in results[1][1]
-    errors = [err.splitlines()[-1] for _, _, err in results[2:]]
+    assert "(default: attention.html)" in results[1][1]
+    from keras_attention.version import __version__
+
+    assert results[2][1].strip() == f"keras-attention {__version__}"
+    errors = [err.splitlines()[-1] for _, _, err in results[3:]]
     assert "invalid choice: 'poetry'" in errors[0]
     assert errors[1].endswith("the following arguments are required: SOURCE")
     missing = tmp_path / "no.keras"
@@ -77,6 +83,7 @@ def test_help_and_bad_arguments_are_answered_before_tensorflow_loads(tmp_path):
     assert errors[5].startswith("keras-attention run: error: ") and "--model" in errors[5]
     assert "--out: cannot make the folder" in errors[6]
     assert "--timm-model is for a timm checkpoint file" in errors[7]
+    assert "--data: the detection task trains on the generated" in errors[8]
     assert not any("Traceback" in err for _, _, err in results)
 
 

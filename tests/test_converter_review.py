@@ -9,6 +9,8 @@ under `torch.compile`, and the files timm itself reads through its
 with DistributedDataParallel's `module.` names.
 """
 
+import sys
+
 import keras
 import numpy as np
 import pytest
@@ -325,3 +327,17 @@ def test_a_tensor_of_the_right_size_but_another_shape_is_refused_by_name(tmp_pat
                 if k != "blocks.0.attn.qkv.bias"}, path)
     with pytest.raises(ValueError, match="missing tensor 'blocks.0.attn.qkv.bias'"):
         VisionTransformer.from_timm(path, config=config)
+
+
+def test_a_missing_safetensors_or_torch_is_named_with_what_to_install(
+    tmp_path, monkeypatch
+):
+    # A bare ModuleNotFoundError before (and a traceback from the command).
+    (tmp_path / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    (tmp_path / "model.pth").write_bytes(b"")
+    monkeypatch.setitem(sys.modules, "safetensors", None)
+    with pytest.raises(ValueError, match="needs the safetensors package: pip install safetensors"):
+        common.read_checkpoint(str(tmp_path / "model.safetensors"))
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(ValueError, match=r"needs torch.*keras-attention-layers\[convert\]"):
+        common.read_checkpoint(str(tmp_path / "model.pth"))

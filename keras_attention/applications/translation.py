@@ -211,8 +211,9 @@ class Translator(
             return inputs[0], inputs[1]
         raise ValueError(
             "Expected the inputs to be {'source_ids': (B, S), 'target_ids': "
-            "(B, T)} or a list of the two. "
-            f"Received: {inputs!r}"
+            "(B, T)} or a list of the two. Received: "
+            + (f"a tensor of shape {tuple(inputs.shape)}"
+               if hasattr(inputs, "shape") else f"{type(inputs).__name__}")
         )
 
     takes_dict_inputs = True  # `InputChecks`: {"source_ids", "target_ids"}

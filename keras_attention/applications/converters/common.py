@@ -53,8 +53,14 @@ def _read_bfloat16(path, name):
 
 
 def _read_safetensors(path):
-    from safetensors import SafetensorError
-    from safetensors import safe_open
+    try:
+        from safetensors import SafetensorError
+        from safetensors import safe_open
+    except ImportError as error:  # a dependency; removed since installing
+        raise ValueError(
+            f"Reading {path!r} needs the safetensors package: "
+            "pip install safetensors"
+        ) from error
 
     arrays = {}
     try:
@@ -78,7 +84,7 @@ def _read_torch(path):
     except ImportError as error:
         raise ValueError(
             f"Reading {path!r} needs torch; convert it to .safetensors or "
-            "install torch."
+            "install torch (pip install \"keras-attention-layers[convert]\")."
         ) from error
     try:
         content = torch.load(path, map_location="cpu", weights_only=True)

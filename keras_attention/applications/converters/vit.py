@@ -332,9 +332,10 @@ def _timm_model_from_name(model_name, num_classes, model_kwargs):
         import torch
     except ImportError as error:
         raise ValueError(
-            "Reading the architecture from `model_name` needs timm (and "
-            "torch); without them pass `config=` (VisionTransformer's "
-            "arguments)."
+            "Reading the architecture from `model_name` (the command's "
+            "`--timm-model`) needs timm and torch: pip install "
+            "\"keras-attention-layers[convert]\"; from Python, without "
+            "them, pass `config=` (VisionTransformer's arguments)."
         ) from error
     given = model_kwargs.pop("num_classes", num_classes)
     if given != num_classes:
