@@ -5,7 +5,9 @@ for a bad argument: "Received an invalid value for argument `x`, expected
 ... Received: x=...".
 """
 
+import contextlib
 import numbers
+import threading
 
 import keras
 import numpy as np
@@ -232,6 +234,9 @@ def check_known_ids(argument, ids, stop, what, size):
     or an eager tensor (not a dataset's spec nor a traced tensor, which are
     left to the model). An id outside an embedding is a gather error on
     TensorFlow and a silent clamp (garbage) elsewhere or under XLA."""
+    if _collected() is not None:
+        check_batch_ids(argument, ids, stop, what, size)
+        return
     known = isinstance(ids, np.ndarray) or (
         keras.ops.is_tensor(ids) and not is_symbolic(ids)
     )
@@ -239,3 +244,78 @@ def check_known_ids(argument, ids, stop, what, size):
         check_ids_in_range(
             argument, keras.ops.convert_to_numpy(ids), stop, what, size
         )
+
+
+# The checks of a `tf.data` pipeline's batches: while `batch_checks()` is
+# open (in this thread), `check_known_ids` and `check_batch_length` add
+# TensorFlow assertions on the batch's tensors to its list instead of
+# checking values they cannot see. `InputChecks` maps a dataset given to
+# `fit`, `evaluate` or `predict` through them: the assertions run in the
+# input pipeline, never under XLA (which drops them), on every backend.
+_state = threading.local()
+
+
+def _collected():
+    return getattr(_state, "checks", None)
+
+
+def batch_checks_open():
+    return _collected() is not None
+
+
+@contextlib.contextmanager
+def batch_checks():
+    """Collect the assertions on a `tf.data` batch's tensors; see above."""
+    previous, _state.checks = _collected(), []
+    try:
+        yield _state.checks
+    finally:
+        _state.checks = previous
+
+
+def check_batch_ids(argument, ids, stop, what, size, ignored=None):
+    """While `batch_checks()` is open, an assertion that the TensorFlow
+    tensor `ids` holds whole numbers in `[0, stop)` (`ignored` passes), with
+    the message of `check_ids_in_range`."""
+    import tensorflow as tf
+
+    checks = _collected()
+    if checks is None or not tf.is_tensor(ids) or ids.dtype == tf.string:
+        return
+    values = tf.reshape(ids, [-1])
+    if ignored is not None:
+        values = tf.boolean_mask(values, tf.not_equal(values, ignored))
+    expected = f"{what} in [0, {stop}) for {size}"
+    message = f"Received an invalid value for argument `{argument}`, expected"
+    if values.dtype.is_floating:
+        checks.append(tf.debugging.Assert(
+            tf.reduce_all(tf.equal(tf.floor(values), values)),
+            [f"{message} whole-number {expected}. Received: {argument} "
+             "with values that are not whole numbers"],
+        ))
+    low, high = tf.reduce_min(values), tf.reduce_max(values)  # none: pass
+    checks.append(tf.debugging.Assert(
+        tf.logical_or(tf.equal(tf.size(values), 0), tf.logical_and(
+            low >= 0, high < tf.cast(stop, values.dtype)
+        )),
+        [f"{message} {expected}. Received: {argument} with values in",
+         low, high],
+    ))
+
+
+def check_batch_length(argument, ids, axis, limit, size):
+    """While `batch_checks()` is open, an assertion that the TensorFlow
+    tensor `ids` is at most `limit` long on `axis` (`size` says where the
+    limit comes from: "the position table of 32 rows")."""
+    import tensorflow as tf
+
+    checks = _collected()
+    if checks is None or not tf.is_tensor(ids):
+        return
+    length = tf.shape(ids)[axis]
+    checks.append(tf.debugging.Assert(
+        length <= limit,
+        [f"Received an invalid value for argument `{argument}`, expected at "
+         f"most {limit} on axis {axis} ({size}). Received: a batch of "
+         f"{argument} of length", length],
+    ))

@@ -22,6 +22,9 @@ from tests.test_multi_head_keras import (  # noqa: E402,F401 - run here too
 from tests.test_lora_freezing import (  # noqa: E402,F401 - run here too
     test_enable_lora_keeps_the_layers_its_user_froze_frozen,
 )
+from tests.test_dataset_batch_checks import (  # noqa: E402,F401 - run here too
+    test_ids_outside_the_vocabulary_fail_and_the_weights_are_kept,
+)
 
 JIT = keras.backend.backend() != "torch"
 # On TensorFlow the application test files cover all of this and more.

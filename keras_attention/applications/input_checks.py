@@ -88,7 +88,12 @@ class InputChecks:
                    "`loss=\"categorical_crossentropy\"`" if one_hot else "")
                 + f". Received: {argument}.shape={got}"
             )
-        if not _validation.is_symbolic(y) and (
+        if _validation.batch_checks_open():  # a dataset's batch
+            _validation.check_batch_ids(
+                argument, y, stop, "class ids", size,
+                ignored=getattr(loss, "ignore_class", None),
+            )
+        elif not _validation.is_symbolic(y) and (
             isinstance(y, np.ndarray) or ops.is_tensor(y)
         ):
             ids = np.asarray(ops.convert_to_numpy(y))
@@ -143,17 +148,21 @@ class InputChecks:
         return None
 
     def _check_data(self, x):
+        """`x` checked by its static shapes (a dataset by its spec), now;
+        returns `x`, a dataset mapped through the checks of its batches'
+        values (`_checked_batches`)."""
         spec = getattr(x, "element_spec", None)  # a tf.data.Dataset
+        data = x
         if spec is not None:
             x = spec[0] if isinstance(spec, tuple) else spec
         x = self._single_input(x)
         if x is None:
-            return
+            return data
         items = list(x.values()) if isinstance(x, dict) else (
             x if isinstance(x, (list, tuple)) else [x]
         )
         if not items or not all(hasattr(item, "shape") for item in items):
-            return
+            return data
         if any(getattr(item.shape, "rank", 0) is None for item in items):
             # tf.numpy_function / py_function in a tf.data map (keras's
             # own error: "as_list() is not defined on an unknown TensorShape").
@@ -165,22 +174,104 @@ class InputChecks:
                 f"{next(i.shape for i in items if i.shape.rank is None)}"
             )
         self.check_inputs(x)
+        return self._checked_batches(data) if spec is not None else data
+
+    def _checked_batches(self, dataset):
+        """`dataset` (a `tf.data.Dataset`) mapped through the checks of
+        `check_inputs` and of the labels on each batch's values, which its
+        spec does not hold: ids outside an embedding (a silent clamp on JAX,
+        torch and under XLA), rows longer than a position table. They run
+        in the input pipeline as TensorFlow assertions, so under XLA and on
+        every backend too, and fail with `check_inputs`'s message."""
+        import tensorflow as tf
+
+        if not isinstance(dataset, tf.data.Dataset):
+            return dataset
+        spec = dataset.element_spec
+        found = []
+
+        def check(*element):
+            with _validation.batch_checks() as checks:
+                inputs = self._single_input(element[0])
+                if inputs is not None:
+                    self.check_inputs(inputs)
+                if len(element) >= 2 and isinstance(spec, tuple):
+                    self._check_labels("y", element[0], element[1])
+            found.extend(checks)
+            if checks:
+                with tf.control_dependencies(checks):
+                    element = tf.nest.map_structure(
+                        lambda t: tf.identity(t) if tf.is_tensor(t) else t,
+                        element,
+                    )
+            return element if isinstance(spec, tuple) else element[0]
+
+        checked = dataset.map(check)  # traced now
+        return checked if found else dataset  # images: nothing to check
+
+    def _checked_validation(self, kwargs):
+        validation = kwargs.get("validation_data")
+        if validation is not None and hasattr(validation, "element_spec"):
+            kwargs = dict(kwargs, validation_data=self._check_data(validation))
+        return kwargs
+
+    def _keeping_values(self, run, build_optimizer=False):
+        """`run()`; on Keras's JAX backend, the variables' values put back
+        where it raised. Keras's JAX `fit`, `evaluate` and `predict` take
+        the values out of the variables while they run and put them back
+        from the last step's state: an error in the first step (a batch
+        failing `_checked_batches`) left every weight empty, the model
+        unusable ("'NoneType' object is not callable")."""
+        if keras.backend.backend() != "jax":
+            return run()
+        optimizer = getattr(self, "optimizer", None)
+        if build_optimizer and optimizer is not None and not optimizer.built:
+            optimizer.build(self.trainable_variables)  # as keras's fit would
+        kept = [(v, v._value) for v in self._state_variables()]
+        try:
+            return run()
+        except BaseException:
+            for variable, value in kept:
+                if variable._value is None:
+                    variable._value = value
+            for variable in self._state_variables():
+                if variable._value is None:  # a metric built by this call
+                    variable._value = keras.ops.zeros(
+                        variable.shape, variable.dtype
+                    )
+            raise
+
+    def _state_variables(self):
+        optimizer = getattr(self, "optimizer", None)
+        return (
+            list(self.variables)
+            + (list(optimizer.variables) if optimizer is not None else [])
+            + list(self.metrics_variables)
+        )
 
     def fit(self, x=None, y=None, *args, **kwargs):
-        self._check_data(x)
+        x = self._check_data(x)
         y, kwargs = self._check_fit_labels(keras.Model.fit, x, y, args, kwargs)
-        return super().fit(x, y, *args, **kwargs)
+        kwargs = self._checked_validation(kwargs)
+        return self._keeping_values(
+            lambda: super(InputChecks, self).fit(x, y, *args, **kwargs),
+            build_optimizer=True,
+        )
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
-        self._check_data(x)
+        x = self._check_data(x)
         y, kwargs = self._check_fit_labels(
             keras.Model.evaluate, x, y, args, kwargs
         )
-        return super().evaluate(x, y, *args, **kwargs)
+        return self._keeping_values(
+            lambda: super(InputChecks, self).evaluate(x, y, *args, **kwargs)
+        )
 
     def predict(self, x, *args, **kwargs):
-        self._check_data(x)
-        return super().predict(x, *args, **kwargs)
+        x = self._check_data(x)
+        return self._keeping_values(
+            lambda: super(InputChecks, self).predict(x, *args, **kwargs)
+        )
 
     def call(self, inputs, training=None, mask=None):
         single = self._single_input(inputs)

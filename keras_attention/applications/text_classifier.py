@@ -330,8 +330,13 @@ class TextClassifierBackbone(app_base.Backbone):
                     f"expected integer ids of shape {expected}. Received: "
                     f"{name}.shape={shape}"
                 )
+            if shape[1] is None:  # a dataset's batch: no longer than the table
+                rows = self.get_layer("embedding").position_embedding.shape[0]
+                base.check_batch_length(
+                    name, value, 1, rows, f"a position table of {rows} rows"
+                )
             # Values known before `fit`, `evaluate` or `predict` trace the
-            # model (a dataset's spec or a traced tensor is not checked).
+            # model, or a dataset's batches (`InputChecks`).
             stop, size = (
                 (self.token_types, f"token_types={self.token_types}")
                 if name == "token_type_ids"
