@@ -132,12 +132,79 @@ def test_beam_sampler_decodes_through_the_cache():
         (keras_hub.samplers.ContrastiveSampler(), "ContrastiveSampler"),
         # Before: a tuple NumPy could not convert.
         (keras_hub.samplers.BeamSampler(return_all_beams=True), "return_all_beams"),
+        # Before: "Cannot convert 2.5 to EagerTensor"; p out of (0, 1]
+        # ran silently (as greedy, or over every id).
+        (keras_hub.samplers.TopKSampler(k=2.5), "an integer k"),
+        (keras_hub.samplers.TopPSampler(p=0.0), r"p in \(0, 1\]"),
+        (keras_hub.samplers.TopPSampler(p=1.5), r"p in \(0, 1\]"),
     ],
 )
 def test_sampler_settings_are_refused_before_decoding(sampler, match):
     model, prompts = untrained_lm()
     with pytest.raises(ValueError, match=rf"`sampler`.*{match}"):
         model.generate(prompts, max_length=6, sampler=sampler, jit_compile=False)
+
+
+def test_a_named_sampler_is_checked_with_keras_hubs_defaults():
+    # "top_k" is k=5: a vocabulary of 4 failed deep in TensorFlow's TopKV2.
+    keras.utils.set_random_seed(0)
+    model = CausalLM(vocabulary_size=4, hidden_dim=8, depth=1, num_heads=2)
+    with pytest.raises(ValueError, match=r"`sampler`.*'top_k', keras-hub's TopKSampler\(k=5\)"):
+        model.generate([[1, 2]], max_length=5, sampler="top_k", jit_compile=False)
+
+
+class _Forbid(keras_hub.samplers.GreedySampler):
+    """keras-hub's own example of a custom sampler: greedy, some ids banned."""
+
+    def __init__(self, forbidden_tokens, **kwargs):
+        super().__init__(**kwargs)
+        self.forbidden_tokens = forbidden_tokens
+
+    def get_next_token(self, probabilities):
+        ids = keras.ops.arange(keras.ops.shape(probabilities)[-1])
+        banned = keras.ops.any(keras.ops.equal(
+            ids[:, None], keras.ops.convert_to_tensor(self.forbidden_tokens)[None, :]
+        ), axis=1)
+        return keras.ops.argmax(
+            keras.ops.where(banned[None, :], -1.0, probabilities), axis=-1
+        )
+
+
+def test_a_sampler_class_of_the_users_runs_as_given():
+    # Rebuilt from keras-hub's `get_config` before: its own settings were
+    # dropped (the banned ids written), a required argument failed in
+    # `from_config`, and a class redefined under one name kept the old one.
+    model, prompts = untrained_lm()
+    greedy = model.generate(prompts, max_length=10, jit_compile=False)
+    banned = sorted(set(greedy[:, 3:].ravel().tolist()))[:2]
+    for jit_compile in (False, True):
+        out = model.generate(prompts, max_length=10, jit_compile=jit_compile,
+                             sampler=_Forbid(banned))
+        assert not np.isin(out[:, 3:], banned).any()
+        assert (out[:, 3:] != 0).all()
+
+    class Always(keras_hub.samplers.GreedySampler):
+        def get_next_token(self, probabilities):
+            return keras.ops.full(keras.ops.shape(probabilities)[:1], 1, "int32")
+
+    first = model.generate(prompts, max_length=6, sampler=Always(), jit_compile=False)
+    assert (first[:, 3:] == 1).all()
+
+    class Always(keras_hub.samplers.GreedySampler):  # noqa: F811 - a notebook's re-run
+        def get_next_token(self, probabilities):
+            return keras.ops.full(keras.ops.shape(probabilities)[:1], 2, "int32")
+
+    again = model.generate(prompts, max_length=6, sampler=Always(), jit_compile=False)
+    assert (again[:, 3:] == 2).all()
+
+
+@pytest.mark.parametrize("stop", [[0], [], [V], [1.5], [True]])
+def test_stop_token_ids_outside_the_vocabulary_or_padding_are_refused(stop):
+    # [0] ended every row at once (keras-hub read the unwritten slots as
+    # stops), [] failed with "tuple index out of range".
+    model, prompts = untrained_lm()
+    with pytest.raises(ValueError, match=r"`stop_token_ids`.*\[1, vocabulary_size=8\)"):
+        model.generate(prompts, max_length=6, stop_token_ids=stop, jit_compile=False)
 
 
 def test_max_length_takes_numpy_integers():

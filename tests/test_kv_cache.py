@@ -234,6 +234,9 @@ def test_a_traced_write_past_the_end_gives_nan_not_wrong_numbers():
     for i in range(6):
         out, cache = call(x[:, i : i + 1], cache, tf.constant(i))
         assert np.isnan(keras.ops.convert_to_numpy(out)).all() == (i >= 4), i
+    # A negative index landed on the first slot, finite and wrong.
+    out, _ = call(x[:, :1], np.zeros((2, 2, 4, 2, 8), "float32"), tf.constant(-1))
+    assert np.isnan(keras.ops.convert_to_numpy(out)).all()
 
 
 @pytest.mark.parametrize("encoding", [None, "alibi"])

@@ -26,7 +26,15 @@ SAMPLERS = ("greedy", "top_k", "top_p", "random")
 # Generated rows are padded with 0 after a stop token, as prompts are: 0 is
 # never generated (`CausalLMPreprocessor` never writes it in a text).
 PAD_ID = 0
-_NEG_INF = -1e9
+# The padding id's logit: float32's lowest, so that it stays far below the
+# others once a sampler divides by its temperature (-1e9 / 1e30 did not).
+_NEG_INF = float(np.finfo("float32").min)
+# keras-hub's own sampler classes: their config holds every setting, so a
+# loop is kept per settings (`_twin_of`); any other class runs as given.
+_HUB_SAMPLERS = (
+    "GreedySampler", "TopKSampler", "TopPSampler", "RandomSampler",
+    "BeamSampler",
+)
 
 
 class CausalLMGeneration:
@@ -47,7 +55,13 @@ class CausalLMGeneration:
                 "`jax.config.update('jax_enable_x64', False)`."
             )
         if isinstance(sampler, keras_hub.samplers.Sampler):
-            return self._twin_of(self._check_sampler(sampler))
+            self._check_sampler(sampler)
+            hub = [getattr(keras_hub.samplers, n, None) for n in _HUB_SAMPLERS]
+            if type(sampler) in hub:
+                return self._twin_of(sampler)
+            # A class of the user's: its own settings (beyond keras-hub's
+            # `get_config`) and code run, in a loop of its own.
+            return sampler
         if sampler not in SAMPLERS:
             raise base.invalid(
                 "sampler", f"one of {SAMPLERS} or a keras_hub.samplers.Sampler",
@@ -55,7 +69,9 @@ class CausalLMGeneration:
             )
         if sampler not in self._generation.samplers:
             python_state = random.getstate()  # its seed is drawn per call
-            self._generation.samplers[sampler] = keras_hub.samplers.get(sampler)
+            self._generation.samplers[sampler] = self._check_sampler(
+                keras_hub.samplers.get(sampler), named=sampler
+            )
             random.setstate(python_state)
         sampler = self._generation.samplers[sampler]
         # Seeded at each call as a new sampler would be (from Python's
@@ -74,7 +90,7 @@ class CausalLMGeneration:
         and every loop stayed cached). `_hand_back` copies the state
         back after the call, so `sampler` advances as if it had run."""
         config = sampler.get_config()
-        key = (type(sampler).__name__, json.dumps(config, sort_keys=True, default=str))
+        key = (type(sampler), json.dumps(config, sort_keys=True, default=str))
         twin = self._generation.samplers.get(key)
         if twin is None:
             python_state = random.getstate()  # an unseeded one draws a seed
@@ -93,11 +109,14 @@ class CausalLMGeneration:
             for theirs, mine in zip(given.variables, twin.variables):
                 theirs.assign(mine)
 
-    def _check_sampler(self, sampler):
-        """Settings keras-hub would only fail on deep in the loop."""
+    def _check_sampler(self, sampler, named=None):
+        """Settings keras-hub would only fail on deep in the loop (`named`:
+        the name it was given by, with keras-hub's defaults)."""
         import keras_hub
 
         name = type(sampler).__name__
+        if named is not None:
+            name = f"{named!r}, keras-hub's {name}"
         if isinstance(sampler, keras_hub.samplers.ContrastiveSampler):
             raise base.invalid(
                 "sampler", "a sampler that needs no hidden states (not "
@@ -118,10 +137,22 @@ class CausalLMGeneration:
             )
         vocabulary = self.backbone.vocabulary_size
         k = getattr(sampler, "k", None)
-        if k is not None and not 0 < k <= vocabulary:
+        if k is not None and (
+            isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral)
+            or not 0 < k <= vocabulary
+        ):
             raise base.invalid(
-                "sampler", f"k in [1, vocabulary_size={vocabulary}]",
+                "sampler", f"an integer k in [1, vocabulary_size={vocabulary}]",
                 f"{name}(k={k!r})",
+            )
+        p = getattr(sampler, "p", None)
+        if isinstance(sampler, keras_hub.samplers.TopPSampler) and (
+            isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real)
+            or not 0 < p <= 1
+        ):
+            raise base.invalid(
+                "sampler", "p in (0, 1] (the probability mass kept)",
+                f"{name}(p={p!r})",
             )
         return sampler
 

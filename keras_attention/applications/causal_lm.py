@@ -18,6 +18,7 @@ whole sequence every step instead (the reference the tests and
 `benchmarks/bench_generation.py` compare with).
 """
 
+import numbers
 import threading
 import types
 
@@ -408,8 +409,9 @@ class CausalLM(
                 e.g. `keras_hub.samplers.TopPSampler(p=0.9)` for others.
                 It draws its seed at each call from Python's `random`:
                 `keras.utils.set_random_seed` repeats its ids.
-            stop_token_ids: ids that end a row; the ids after the first
-                generated one are 0 (the padding id, never generated).
+            stop_token_ids: ids in `[1, vocabulary_size)` that end a row;
+                the ids after the first generated one are 0 (the padding
+                id, never generated).
             use_cache: decode through the attention layers' key/value cache
                 (one token per step); `False` re-runs the whole sequence
                 every step (same tokens, much slower).
@@ -419,7 +421,10 @@ class CausalLM(
                 of `LENGTH_BUCKET`; a beam search per exact lengths). A
                 sampler object's settings count, not the object: a new
                 `TopPSampler(p=0.9)` at each call reuses the loop (with its
-                seed state, which advances as its own would).
+                seed state, which advances as its own would). That holds
+                for keras-hub's own sampler classes; an object of another
+                class (a subclass of yours) runs as given, in a loop of
+                its own.
 
         Returns:
             int32 ids `(B, max_length)` (`(max_length,)` for a `(P,)`
@@ -450,9 +455,7 @@ class CausalLM(
                 )
             self._hand_back(given, sampler)
             return out
-        stop = None if stop_token_ids is None else tuple(
-            int(i) for i in np.ravel(stop_token_ids)
-        )
+        stop = self._check_stop_ids(stop_token_ids)
         width, start = ids.shape[1], min(lengths)
         if not _is_beam(sampler):
             # One compiled loop for prompts and lengths of a bucket: a loop
@@ -473,6 +476,26 @@ class CausalLM(
                 if hits.size:
                     row[length + hits[0] + 1:] = 0
         return out[0] if single else out
+
+    def _check_stop_ids(self, stop_token_ids):
+        """A tuple of ids in `[1, vocabulary_size)`, or `None`: keras-hub's
+        loop read 0 (padding, its slots not yet written) as a stop at
+        once, and failed on none ("tuple index out of range")."""
+        if stop_token_ids is None:
+            return None
+        ids = np.ravel(np.asarray(stop_token_ids, dtype=object))
+        size = self.backbone.vocabulary_size
+        if not ids.size or not all(
+            isinstance(i, numbers.Integral) and not isinstance(i, (bool, np.bool_))
+            and 0 < i < size for i in ids
+        ):
+            raise base.invalid(
+                "stop_token_ids",
+                f"one or more integer ids in [1, vocabulary_size={size}) "
+                "(0 is padding, never generated; None for no stop)",
+                stop_token_ids,
+            )
+        return tuple(int(i) for i in ids)
 
     def generate_text(self, prompts, max_length=None, sampler="greedy", **kwargs):
         """Continues text prompts (needs a `preprocessor`) to the end of the

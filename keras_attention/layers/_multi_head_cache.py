@@ -240,12 +240,16 @@ class KVCache:
         if self._use_gate:
             heads = ops.multiply(heads, gate)
         out = self._output_dense(heads)
-        if cache_update_index is not None and not self._is_ring(s_max):
+        if cache_update_index is not None:
             # Inside a traced function the index is not known when the
             # call is checked, and a write past the end lands on the last
-            # slots: NaN outputs then, not wrong numbers without a sign.
-            past_end = ops.cast(index, "int32") + t_len > s_max
-            out = ops.where(past_end, ops.full_like(out, float("nan")), out)
+            # slots (a negative index on the first): NaN outputs then, not
+            # wrong numbers without a sign. A ring takes any index >= 0.
+            position = ops.cast(index, "int32")
+            outside = position < 0
+            if not self._is_ring(s_max):
+                outside = ops.logical_or(outside, position + t_len > s_max)
+            out = ops.where(outside, ops.full_like(out, float("nan")), out)
         return out, cache
 
     def _in_position_order(self, k, v, mask, index):
