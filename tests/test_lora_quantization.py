@@ -497,6 +497,22 @@ def test_default_lora_targets_of_the_image_and_graph_layers():
         assert {p.split("/")[-1] for p in keras_attention.layers.enable_lora(gat, 2)} == names
 
 
+def test_default_lora_targets_of_the_additive_and_luong_general_layers():
+    # The default (query, value) adapted the additive score's W1 only (it
+    # has no value projection) and named nothing of Luong's `general` W.
+    from keras_attention.layers import AdditiveAttention
+    from keras_attention.layers import ScaledDotProductAttention
+
+    for layer, names in (
+        (AdditiveAttention(units=4), {"query", "key"}),
+        (ScaledDotProductAttention(score_mode="general"), {"general"}),
+    ):
+        q = keras.Input((3, 4))
+        model = keras.Model(q, layer([q, q]))
+        adapted = keras_attention.layers.enable_lora(model, 2)
+        assert {p.split("/")[-1] for p in adapted} == names, type(layer).__name__
+
+
 def test_model_wide_lora_freezing_is_not_saved(tmp_path):
     # The translators, DETR and GAT have no backbone: the model-wide
     # `enable_lora` froze their leaf layers, the file recorded them as

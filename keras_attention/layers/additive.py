@@ -79,6 +79,10 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
           https://arxiv.org/abs/1409.0473
     """
 
+    # Both its projections, `W1 q` and `W2 k` (it has no value projection,
+    # so keras-hub's query and value adapted `W1` only).
+    lora_targets = ("query", "key")
+
     def __init__(
         self,
         units,

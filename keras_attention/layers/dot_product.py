@@ -69,6 +69,10 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
           Neural Machine Translation, 2015. https://arxiv.org/abs/1508.04025
     """
 
+    # Luong's `W` of the `"general"` score, its only projection (the other
+    # score modes have no weights to adapt).
+    lora_targets = ("general",)
+
     def __init__(
         self,
         score_mode="scaled_dot",
