@@ -355,3 +355,25 @@ def test_each_row_masks_bert_s_count_of_its_pieces():
         ids, 2, vocabulary_size=10, batch_size=6, mask_length=5, shuffle=False,
     ))
     assert weights.sum(-1).tolist() == [1, 1, 2, 3, 4, 5]
+
+
+def test_a_masked_lm_under_a_bfloat16_policy_gives_float32_logits():
+    # keras-hub's head added its float32 bias to bfloat16 logits: an
+    # AddV2 error on TensorFlow at the first call (its BertMaskedLM too).
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        backbone = TextClassifierBackbone(
+            vocabulary_size=20, sequence_length=6, hidden_dim=8, depth=1,
+            num_heads=2, mlp_dim=8,
+        )
+        model = MaskedLanguageModel(backbone, mask_length=2)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    inputs = {
+        "token_ids": np.array([[3, 4, 5, 0, 0, 0], [1, 2, 3, 4, 5, 6]], "int32"),
+        "mask_positions": np.array([[1, 2], [0, 3]], "int32"),
+    }
+    logits = model(inputs)
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+    assert np.isfinite(keras.ops.convert_to_numpy(logits)).all()

@@ -98,6 +98,11 @@ class MaskedLanguageModel(
             token_embedding=embedding,
             intermediate_activation=gelu,
             layer_norm_epsilon=backbone.layer_norm_epsilon,
+            # float32 whatever the policy, as a mixed-precision model's
+            # output layer: under a bfloat16 one keras-hub's head adds its
+            # float32 bias to bfloat16 logits and fails on TensorFlow
+            # (its own BertMaskedLM too); the logits are float32 anyway.
+            dtype="float32",
             name="mlm_head",
         )
         # The padding mask ends here (the head gathers the masked positions).
