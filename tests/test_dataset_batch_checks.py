@@ -120,3 +120,19 @@ def test_a_causal_lm_dataset_passes_its_ignored_padding_and_checks_the_rest():
     bad = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(2)
     with pytest.raises(tf.errors.InvalidArgumentError, match="argument `y`"):
         model.fit(bad, epochs=1, verbose=0)
+
+
+def test_a_graph_dataset_with_edges_outside_its_nodes_fails_naming_edges():
+    keras.utils.set_random_seed(0)
+    model = applications.GATNodeClassifier(
+        num_features=4, num_classes=2, hidden_units=2, num_heads=2,
+    )
+    model.compile(jit_compile=False)
+    features = np.random.default_rng(0).random((1, 5, 4)).astype("float32")
+    edges = np.array([[[0, 1, 2, 3], [1, 2, 3, 7]]], "int32")  # node 7 of 5
+    labels = np.array([[0, 1, 0, 1, 0]], "int32")
+    data = tf.data.Dataset.from_tensors(((features, edges), labels))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=(
+        r"argument `edges`, expected node ids in \[0, 5\) for the 5 nodes"
+    )):
+        model.fit(data, epochs=1, verbose=0)

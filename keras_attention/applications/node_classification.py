@@ -394,6 +394,12 @@ class GATNodeClassifier(
                 "edges", ops.convert_to_numpy(edges), num_nodes, "node ids",
                 f"the {num_nodes} nodes of features.shape={f_shape}",
             )
+        elif num_nodes is not None and base.batch_checks_open():
+            # A dataset's batch (`InputChecks`): an assertion in its pipeline.
+            base.check_batch_ids(
+                "edges", edges, num_nodes, "node ids",
+                f"the {num_nodes} nodes of features.shape={f_shape}",
+            )
 
     def compile_defaults(self):
         """The paper's: Adam with learning rate 0.005, the sparse categorical
