@@ -69,10 +69,12 @@ class CausalLMGeneration:
             )
         if sampler not in self._generation.samplers:
             python_state = random.getstate()  # its seed is drawn per call
-            self._generation.samplers[sampler] = self._check_sampler(
-                keras_hub.samplers.get(sampler), named=sampler
-            )
-            random.setstate(python_state)
+            try:
+                self._generation.samplers[sampler] = self._check_sampler(
+                    keras_hub.samplers.get(sampler), named=sampler
+                )
+            finally:  # a refused one leaves Python's `random` as it was too
+                random.setstate(python_state)
         sampler = self._generation.samplers[sampler]
         # Seeded at each call as a new sampler would be (from Python's
         # `random`, which `keras.utils.set_random_seed` seeds), keeping the
