@@ -28,7 +28,9 @@ from keras_attention import _startup
 _startup.before_tensorflow()
 
 from keras_attention.version import __version__
-from keras_attention.registry import discover_plugins, get, get_class, names, register
+from keras_attention.registry import (
+    discover_plugins, get, get_class, names, register, unregister,
+)
 from keras_attention import ops
 from keras_attention import layers
 from keras_attention.layers import *  # noqa: F401,F403  (the layer classes)

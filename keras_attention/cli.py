@@ -138,7 +138,11 @@ def command_list():
     from keras_attention.applications import presets
 
     print("Attention layers (name: class, from):")
+    refused = keras_attention.registry.refused()
     for name, origin in keras_attention.registry.origins().items():
+        if name in refused:
+            print(f"  {name:20s} {'(refused)':28s} {refused[name]}")
+            continue
         cls = keras_attention.get_class(name)
         print(f"  {name:20s} {cls.__name__:28s} {origin}")
     print("\nApplications (task: models):")
@@ -286,9 +290,12 @@ def _load_node_labels(text):
 def command_explore(args):
     import keras
 
-    import keras_attention  # noqa: F401 - registers the layers for loading
+    import keras_attention
     from keras_attention import visualization
 
+    # The layers register at import; installed plugins' layers when
+    # discovered (a plain Keras model holding one loads only then).
+    keras_attention.discover_plugins()
     node_labels = None
     if args.node_labels:
         node_labels = _load_node_labels(args.node_labels)

@@ -28,18 +28,23 @@ layer loads from `.keras` after `discover_plugins()` (or the plugin's own
 import). A plugin that fails to import, or whose entry point names neither a
 module nor a layer class, is reported with a warning naming it and the
 library keeps working, with none of the names a plugin that failed
-halfway had registered; a plugin never takes over the name of one of
-keras_attention's own layers, and a name two plugins claim is refused
-(`get_class` raises, naming both) until the user chooses.
+halfway had registered (a plugin it imported keeps its own); a plugin never
+takes over the name of one of keras_attention's own layers nor one the
+user's code registered, and a name two plugins claim is refused
+(`get_class` raises, naming both) until the user chooses. A registration is
+credited to the package whose code called `register` (an alias of a
+built-in class registered in the user's code is the user's).
 """
 
-import contextlib
-import importlib.metadata
 import inspect
+import re
+import sys
 import threading
 import warnings
 
 import keras
+
+from keras_attention import _plugins
 
 ENTRY_POINT_GROUP = "keras_attention.layers"
 
@@ -53,21 +58,40 @@ _INPUT_KINDS = {}
 # `get_class` refuses it (which one a saved application meant is unknown).
 _CLASHES = {}
 INPUT_KINDS = ("tokens", "grid", "graph")
-_plugins_discovered = False
 _lock = threading.RLock()
-# Held while plugins are discovered, never while `_lock` is: a plugin's
-# module imported by the user in another thread registers (`_lock`) while
-# discovery waits for that module's import lock.
-_discovery_lock = threading.RLock()
-# Per thread: `origin`, the plugin this thread is importing, so `register`
-# can say who registered; `journal`, what its registrations replaced, so a
-# plugin that fails halfway leaves none of its names behind.
-_local = threading.local()
 _MISSING = object()
+# A name is a word of letters, digits, `_`, `.` or `-` (what the CLI's table,
+# error messages and entry-point names can show unambiguously).
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,99}")
 
 
 def _default_origin(cls):
     return cls.__module__.split(".")[0]
+
+
+def _caller_package(depth=2):
+    """The top-level package of the module that called `register`: a
+    registration is credited to the code that made it (an alias of a
+    built-in class registered in the user's code is the user's)."""
+    try:
+        module = sys._getframe(depth).f_globals.get("__name__") or ""
+    except ValueError:
+        module = ""
+    return module.split(".")[0] or "__main__"
+
+
+def _registration_origin(source):
+    """Who registers, from the calling package `source`: outside plugin
+    discovery the package itself; during it, the plugin being imported,
+    unless `source` is another plugin's package (a module it imports)."""
+    origin = getattr(_plugins.state, "origin", None)
+    if origin is None:
+        return source, False
+    if source != getattr(_plugins.state, "package", None):
+        other = (getattr(_plugins.state, "plugins", None) or {}).get(source)
+        if other is not None and other != origin:
+            return other, False
+    return origin, True
 
 
 def _is_plugin(origin):
@@ -124,10 +148,11 @@ def register(name, package=None, input_kind=None):
     layer = keras_attention.get("my_attention", name="attention")
     ```
     """
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(
             "Received an invalid value for argument `name`, expected a "
-            f"non-empty string. Received: name={name!r}"
+            "non-empty word of at most 100 letters, digits, `_`, `.` or `-` "
+            f"starting with a letter or `_`. Received: name={name!r}"
         )
     if package is not None and (not isinstance(package, str) or not package):
         raise ValueError(
@@ -140,15 +165,18 @@ def register(name, package=None, input_kind=None):
             f"one of {INPUT_KINDS}. Received: input_kind={input_kind!r}"
         )
 
+    source = _caller_package()
+
     def decorator(cls):
         if not (isinstance(cls, type) and issubclass(cls, keras.layers.Layer)):
             raise ValueError(
                 "`register` decorates subclasses of `keras.layers.Layer`. "
                 f"Received: {cls!r} for name={name!r}"
             )
-        origin = getattr(_local, "origin", None) or _default_origin(cls)
+        origin, journaled = _registration_origin(source)
         with _lock:
-            _journal(name)
+            if journaled:
+                _journal(name)
             kind = input_kind or _declared_kind(cls) or "tokens"
             if kind not in INPUT_KINDS:
                 raise ValueError(
@@ -157,9 +185,13 @@ def register(name, package=None, input_kind=None):
                 )
             previous = _REGISTRY.get(name)
             replacing = previous is not None and previous is not cls
+            held_by = _ORIGINS.get(name)
+            # keras_attention's own names stay its own; and during
+            # discovery a plugin does not take a name that the user's code
+            # (or a module it imported) registered: that was a choice.
             kept = replacing and (
-                _ORIGINS.get(name) == "keras_attention"
-                and _default_origin(cls) != "keras_attention"
+                (held_by == "keras_attention" and origin != "keras_attention")
+                or (_is_plugin(origin) and not _is_plugin(held_by))
             )
             # Serializable even when its name is refused: a model that
             # holds the class itself still loads from `.keras`.
@@ -167,7 +199,7 @@ def register(name, package=None, input_kind=None):
             # Kept on the class too: re-registrations and subclasses read it.
             cls.input_kind = kind
             if replacing and not kept and _is_plugin(origin) and (
-                _ORIGINS.get(name) != origin
+                held_by != origin
             ):
                 return _refuse_clash(name, previous, cls, origin)
             if replacing:
@@ -178,8 +210,14 @@ def register(name, package=None, input_kind=None):
                     + ("stays; " if kept else "is replaced by ")
                     + f"{_qualified(cls)} (from {origin})"
                     + (
-                        " is not registered under keras_attention's own "
-                        "name (`unregister` it first to replace it)."
+                        (
+                            " is not registered under keras_attention's own "
+                            "name (`keras_attention.unregister` it first to "
+                            "replace it)."
+                        ) if held_by == "keras_attention" else (
+                            " is not registered: a plugin does not take a "
+                            "name registered by your code."
+                        )
                         if kept else "."
                     ),
                     stacklevel=2,
@@ -246,7 +284,7 @@ def _register_serializable(cls, package):
 
 def _journal(name):
     """Notes what `name` holds before this thread's plugin changes it."""
-    journal = getattr(_local, "journal", None)
+    journal = getattr(_plugins.state, "journal", None)
     if journal is not None:
         journal.append((name, [
             table.get(name, _MISSING) for table in (_REGISTRY, _ORIGINS, _INPUT_KINDS)
@@ -268,16 +306,6 @@ def _undo(journal):
                 _CLASHES[name] = clashes
 
 
-@contextlib.contextmanager
-def _origin(origin):
-    previous = getattr(_local, "origin", None), getattr(_local, "journal", None)
-    _local.origin, _local.journal = origin, []
-    try:
-        yield _local.journal
-    finally:
-        _local.origin, _local.journal = previous
-
-
 def discover_plugins(force=False):
     """Import the layers declared in the `keras_attention.layers` entry points.
 
@@ -288,45 +316,9 @@ def discover_plugins(force=False):
     Returns:
         The list of entry-point names that loaded.
     """
-    global _plugins_discovered
-    with _discovery_lock:
-        if _plugins_discovered and not force:
-            return []
-        _plugins_discovered = True
-        loaded = []
-        for entry_point in importlib.metadata.entry_points(
-            group=ENTRY_POINT_GROUP
-        ):
-            dist = getattr(entry_point, "dist", None)
-            dist_name = getattr(dist, "name", None) or "unknown distribution"
-            origin = f"plugin {entry_point.name!r} ({dist_name})"
-            # A plugin that fails halfway leaves none of its names behind
-            # (and another thread's registrations meanwhile in place).
-            journal = []
-            try:
-                with _origin(origin) as journal, warnings.catch_warnings():
-                    warnings.simplefilter("always")
-                    obj = entry_point.load()
-                    is_layer = isinstance(obj, type) and issubclass(
-                        obj, keras.layers.Layer
-                    )
-                    if not (is_layer or inspect.ismodule(obj)):
-                        raise TypeError(
-                            "the entry point names neither a module nor a "
-                            f"keras.layers.Layer subclass but {obj!r}"
-                        )
-                    if is_layer and obj not in _REGISTRY.values():
-                        register(entry_point.name)(obj)
-            except Exception as error:  # a broken plugin must not break us
-                _undo(journal)
-                warnings.warn(
-                    f"keras_attention: could not load {origin} "
-                    f"= {entry_point.value!r}: {type(error).__name__}: {error}",
-                    stacklevel=2,
-                )
-                continue
-            loaded.append(entry_point.name)
-        return loaded
+    return _plugins.discover(
+        force, ENTRY_POINT_GROUP, register, _REGISTRY.get, _undo
+    )
 
 
 def names():
@@ -339,6 +331,25 @@ def origins():
     """A dict mapping each registered name to the package it came from."""
     discover_plugins()
     return dict(sorted(_ORIGINS.items()))
+
+
+def classes():
+    """Every registered layer class once, plugins included, in name order:
+    a class under a name two plugins claim too (that name is refused to
+    `get_class`, but such a layer in a model is still an attention layer)."""
+    discover_plugins()
+    with _lock:
+        found = [_REGISTRY[name] for name in sorted(_REGISTRY)]
+        for name in sorted(_CLASHES):
+            found.extend(cls for _, cls in _CLASHES[name])
+    return tuple(dict.fromkeys(found))
+
+
+def refused():
+    """A dict mapping each name two plugins claim to why it is refused."""
+    discover_plugins()
+    with _lock:
+        return {name: f"claimed by two plugins: {_claimants(name)}" for name in sorted(_CLASHES)}
 
 
 def get_class(name):
@@ -375,11 +386,16 @@ def get_class(name):
     if name not in _REGISTRY:
         raise ValueError(
             f"Received an unknown attention layer name: {name!r}. "
-            f"Known names: {', '.join(sorted(_REGISTRY)) or '(none)'}. "
+            f"Known names: {_listed(_REGISTRY)}. "
             "Third-party layers are found through the entry-point group "
             f"{ENTRY_POINT_GROUP!r}."
         )
     return _REGISTRY[name]
+
+
+def _listed(known):
+    """The names, quoted (a user's `"multi-head"` beside `"multi_head"`)."""
+    return ", ".join(repr(n) for n in sorted(known)) or "(none)"
 
 
 def input_kind(name):
@@ -407,8 +423,24 @@ def names_of_kind(kind):
 
 
 def unregister(name):
-    """Remove `name` from the registry (its Keras serialization stays)."""
+    """Remove `name` from the registry (its Keras serialization stays).
+
+    Raises:
+        ValueError: no layer is registered under `name` (the message lists
+            the names).
+
+    Example:
+
+    ```python
+    keras_attention.unregister("my_attention")
+    ```
+    """
     with _lock:
+        if name not in _REGISTRY and name not in _CLASHES:
+            raise ValueError(
+                f"Received an unknown attention layer name: {name!r}. "
+                f"Known names: {_listed(_REGISTRY)}."
+            )
         _REGISTRY.pop(name, None)
         _ORIGINS.pop(name, None)
         _INPUT_KINDS.pop(name, None)
@@ -438,7 +470,7 @@ def check_name(value, argument="attention", allow_none=False, kinds=None):
         raise ValueError(
             f"Received an invalid value for argument `{argument}`, expected "
             f"a registered attention name{kind_text}, one of: "
-            f"{', '.join(known)}{' or None' if allow_none else ''}. "
+            f"{_listed(known)}{' or None' if allow_none else ''}. "
             f"Received: {argument}={value!r}"
             + (
                 " (a layer of a plugin that is not installed? Plugins are "
@@ -512,3 +544,4 @@ def build(name, /, offered=None, overrides=None, **kwargs):
     arguments.update(overrides or {})
     arguments.update(kwargs)
     return get(name, **arguments)
+

@@ -47,6 +47,16 @@ def test_every_own_layer_has_a_case(name):
     assert name in CASES, f"add a LayerCase for {name!r} in tests/cases_*.py"
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_case_names_a_registered_layer(name):
+    # Else a plugin's case file that does not import (register) its layer
+    # would be silently left out, and the run pass on the built-ins alone.
+    assert name in NAMES, (
+        f"a harness case names {name!r}, which no layer is registered as: "
+        "import the module that registers it in the case file"
+    )
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_reference_values(name):
     case, layer, inputs, outputs = built(name)

@@ -117,7 +117,26 @@ class GraphPlugin(GraphAttention):
     """The library's graph attention, registered as a third-party name."""
 
 
+class PlainBuildPlugin(TokenPlugin):
+    """The same attention with the ordinary `build(input_shape)` of a Keras
+    layer: its projections build at their first call."""
+
+    def build(self, input_shape):
+        units = self.num_heads * self.key_dim
+        self.query_dense = keras.layers.Dense(units, name="query_dense")
+        self.key_dense = keras.layers.Dense(units, name="key_dense")
+
+
+class NoValueMaskPlugin(keras.layers.Layer):
+    """Self-attention of one tensor only: no `value`, no `value_mask`."""
+
+    def call(self, query, return_attention_scores=False):
+        return (query, None) if return_attention_scores else query
+
+
 PLUGINS = {
+    "test_plain_build_plugin": (PlainBuildPlugin, "tokens"),
+    "test_no_value_mask_plugin": (NoValueMaskPlugin, "tokens"),
     "test_tokens_plugin": (TokenPlugin, "tokens"),
     "test_grid_plugin": (GridPlugin, "grid"),
     "test_graph_plugin": (GraphPlugin, "graph"),
@@ -236,6 +255,35 @@ def test_translators(cls, config, tmp_path):
     assert loaded.translate(words, **options) == model.translate(words, **options)
 
 
+@pytest.mark.parametrize("cls", ["Seq2SeqTranslator", "TransformerTranslator"])
+def test_translators_take_a_layer_with_the_ordinary_build(cls, tmp_path):
+    # They built every attention layer as `build(query_shape, value_shape,
+    # ...)`: a layer with keras's `build(input_shape)` failed with a
+    # TypeError. It gets the query's shape now, as Keras gives it.
+    words = ["abc", "bca", "cab", "aab"]
+    config = dict(embedding_dim=8, hidden_dim=16) if cls == "Seq2SeqTranslator" else dict(
+        num_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=32
+    )
+    model = getattr(applications, cls)(
+        TranslationPreprocessor(source_length=6, target_length=6),
+        attention="test_plain_build_plugin", **config,
+    )
+    find(model, PlainBuildPlugin)
+    x, y = model.prepare(words, words)
+    one_step(model, x, y, jit_compile=False)
+    loaded = assert_round_trip(model, x, tmp_path)
+    options = dict(jit_compile=False)
+    assert loaded.translate(words, **options) == model.translate(words, **options)
+
+
+def test_seq2seq_refuses_a_layer_without_its_call_arguments_at_construction():
+    with pytest.raises(ValueError, match="`attention`.*NoValueMaskPlugin.*`value`, `value_mask`"):
+        applications.Seq2SeqTranslator(
+            TranslationPreprocessor(source_length=6, target_length=6),
+            embedding_dim=8, hidden_dim=16, attention="test_no_value_mask_plugin",
+        )
+
+
 def test_detr_transformer_and_backbone(tmp_path):
     from keras_attention.datasets import make_detection_set
 
@@ -275,6 +323,11 @@ def test_gat_takes_graph_plugins_and_refuses_other_kinds(tmp_path):
     with pytest.raises(ValueError, match="input kind graph"):
         applications.GATNodeClassifier(
             num_features=4, num_classes=2, attention="test_tokens_plugin"
+        )
+    with pytest.raises(ValueError, match="input kind tokens"):
+        applications.TextClassifier(
+            vocabulary_size=10, sequence_length=4, num_classes=2,
+            attention="test_graph_plugin",
         )
     with pytest.raises(ValueError, match="input kind grid"):
         applications.CBAMResNet(

@@ -396,3 +396,119 @@ def test_a_registration_in_another_thread_during_discovery_keeps_its_origin(
         assert "test_failing_plugin_layer" not in keras_attention.names()
     finally:
         registry.unregister("test_users_layer_meanwhile")
+
+
+def test_a_clash_refuses_only_its_name(tmp_path, monkeypatch, capsys):
+    # The CLI's listing and the attention maps looked every name up: one
+    # name two plugins claim broke both, for every model.
+    for dist, factor in (("ka_clash_one", 2.0), ("ka_clash_two", 3.0)):
+        root = tmp_path / dist
+        root.mkdir()
+        write_plugin(root, dist, dist, CLAIMANT.format(factor=factor).replace(
+            "test_claimed", "test_clash_listed"), {dist: dist})
+        monkeypatch.syspath_prepend(str(root))
+    from keras_attention import cli
+    from keras_attention import visualization
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            keras_attention.discover_plugins(force=True)
+        assert "test_clash_listed" in registry.refused()
+        assert cli.main(["list"]) == 0
+        out = capsys.readouterr().out
+        assert "test_clash_listed" in out and "(refused)" in out
+        assert "spatial" in out and "Presets" in out
+        import ka_clash_two
+
+        assert ka_clash_two.Claimant in registry.classes()
+        inputs = keras.Input((4, 8))
+        outputs = keras_attention.get("multi_head", num_heads=1, key_dim=4)(inputs, inputs)
+        maps = visualization.attention_maps(keras.Model(inputs, outputs), np.ones((1, 4, 8)))
+        assert len(maps) == 1
+    finally:
+        registry.unregister("test_clash_listed")
+
+
+def test_a_plugin_does_not_take_a_name_the_users_code_registered(tmp_path, monkeypatch):
+    class Mine(keras.layers.Layer):
+        pass
+
+    keras_attention.register("test_users_choice")(Mine)
+    write_plugin(tmp_path, "ka_later", "ka_later", CLAIMANT.replace(
+        "test_claimed", "test_users_choice").format(factor=2.0), {"later": "ka_later"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.warns(UserWarning, match="does not take a name registered by your code"):
+            keras_attention.discover_plugins(force=True)
+        assert keras_attention.get_class("test_users_choice") is Mine
+        assert "test_users_choice" not in registry.refused()
+    finally:
+        registry.unregister("test_users_choice")
+
+
+def test_a_failed_plugin_leaves_the_names_of_a_plugin_it_imported(tmp_path, monkeypatch):
+    # Plugin `ka_user_of_dep` imports plugin `ka_dep` and then fails: the
+    # rollback took `ka_dep`'s name too, and credited it to the wrong one.
+    write_plugin(tmp_path, "ka_dep", "ka_dep", """
+        import keras
+        import keras_attention
+
+        @keras_attention.register("test_dep_layer")
+        class DepLayer(keras.layers.Layer):
+            pass
+    """, {"dep": "ka_dep"})
+    write_plugin(tmp_path, "aa_user_of_dep", "aa_user_of_dep", """
+        import ka_dep
+
+        raise ImportError("a dependency is missing")
+    """, {"user": "aa_user_of_dep"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.warns(UserWarning, match="could not load.*user"):
+            loaded = keras_attention.discover_plugins(force=True)
+        assert "dep" in loaded and "user" not in loaded
+        assert "test_dep_layer" in keras_attention.names()
+        assert "'dep' (ka_dep)" in registry.origins()["test_dep_layer"]
+    finally:
+        registry.unregister("test_dep_layer")
+
+
+def test_names_are_words_and_an_entry_point_names_a_registered_class_too(
+    tmp_path, monkeypatch
+):
+    class Layer(keras.layers.Layer):
+        pass
+
+    for bad in (" ", "multi head", " multi_head", "a>b", "x" * 101, "1st"):
+        with pytest.raises(ValueError, match="`name`"):
+            keras_attention.register(bad)(Layer)
+    with pytest.raises(ValueError, match="unknown.*'test_never_registered'"):
+        keras_attention.unregister("test_never_registered")
+    # An entry point naming a class registered under another name: it is
+    # reported as loaded, so its name finds the class too.
+    write_plugin(tmp_path, "ka_alias", "ka_alias", """
+        import keras
+        import keras_attention
+
+        @keras_attention.register("test_alias_own")
+        class Fancy(keras.layers.Layer):
+            pass
+    """, {"test_alias_entry": "ka_alias:Fancy"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert "test_alias_entry" in keras_attention.discover_plugins(force=True)
+        assert keras_attention.get_class("test_alias_entry") is keras_attention.get_class(
+            "test_alias_own"
+        )
+    finally:
+        for name in ("test_alias_entry", "test_alias_own"):
+            registry.unregister(name)
+
+
+def test_an_alias_of_a_built_in_class_is_the_users():
+    keras_attention.register("test_mha_alias")(keras_attention.layers.MultiHeadAttention)
+    try:
+        assert registry.origins()["test_mha_alias"] == __name__.split(".")[0]
+    finally:
+        registry.unregister("test_mha_alias")

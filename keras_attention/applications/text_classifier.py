@@ -253,7 +253,7 @@ class TextClassifierBackbone(app_base.Backbone):
         base.check_positive_int("hidden_dim", hidden_dim)
         base.check_positive_int("depth", depth)
         base.check_rate("dropout", dropout)
-        attention = registry.check_name(attention)
+        attention = registry.check_name(attention, kinds=("tokens",))
         if pooling not in POOLINGS:
             raise base.invalid("pooling", f"one of {POOLINGS}", pooling)
 

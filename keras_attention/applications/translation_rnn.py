@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_attention import registry
 from keras_attention.applications import presets
+from keras_attention.applications.blocks.attention_call import build_attention
 from keras_attention.applications.translation import DATE_TASK_INPUT_SHAPE
 from keras_attention.applications.translation import Translator
 from keras_attention._validation import check_positive_int
@@ -171,6 +172,23 @@ class Seq2SeqTranslator(Translator):
                 name="attention",
             )
         )
+        if self.attention_layer is not None:
+            # Each decoder step attends with the source's padding mask and
+            # reads the weights (the alignment the pictures show).
+            missing = [
+                argument
+                for argument in ("value", "value_mask", "return_attention_scores")
+                if not registry.call_accepts(self.attention_layer, argument)
+            ]
+            if missing:
+                raise ValueError(
+                    f"Received an invalid value for argument `attention`: the "
+                    f"layer {type(self.attention_layer).__name__} registered "
+                    f"as {attention!r} takes no {', '.join(f'`{m}`' for m in missing)} "
+                    "in `call`; Seq2SeqTranslator calls it as "
+                    "`layer(query, value=..., value_mask=..., "
+                    "return_attention_scores=True)` at every decoder step."
+                )
         cell_class = keras.layers.GRUCell if cell == "gru" else keras.layers.LSTMCell
         self.decoder_cell = cell_class(self.hidden_dim, name="decoder_cell")
         # Named: `frozen_layers` (LoRA's frozen layers in a `.keras` file)
@@ -196,7 +214,7 @@ class Seq2SeqTranslator(Translator):
             self.bridge_memory.build((None, 2 * h))
         self.target_embedding.build((None, None))
         if self.attention_layer is not None:
-            self.attention_layer.build((None, 1, h), (None, s_len, 2 * h))
+            build_attention(self.attention_layer, (None, 1, h), (None, s_len, 2 * h))
         self.decoder_cell.build((None, e + 2 * h))
         self.output_projection.build((None, h + 2 * h))
         self.built = True

@@ -24,13 +24,7 @@ _BIAS = re.compile(r"(?:^|[/_])bias$")
 
 
 def _registry_classes():
-    classes = []
-    for name in registry.names():
-        try:
-            classes.append(registry.get_class(name))
-        except Exception:  # a broken plugin: not ours to shard
-            continue
-    return tuple(classes)
+    return registry.classes()
 
 
 def _relative_path(variable, layer):

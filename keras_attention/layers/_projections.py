@@ -176,7 +176,7 @@ def enable_lora(model, rank, lora_alpha=None, target_names=None):
         )
     # Ours, and any registered layer (a plugin's: `lora_targets` if it
     # names them, else query and value).
-    registered = tuple(registry._REGISTRY.values())
+    registered = registry.classes()
     owners = [
         layer for layer in model._flatten_layers(include_self=True)
         if isinstance(layer, (ProjectionMixin,) + registered)

@@ -13,7 +13,7 @@ from keras_attention.visualization._grid import as_numpy
 
 def attention_classes():
     """The tuple of every registered attention layer class, plugins included."""
-    return tuple(registry.get_class(name) for name in registry.names())
+    return registry.classes()
 
 
 def attention_layers(model):

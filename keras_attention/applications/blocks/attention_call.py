@@ -1,4 +1,8 @@
-"""How the blocks call an attention layer: only with the arguments it takes."""
+"""How the blocks build and call an attention layer: with what it takes."""
+
+import inspect
+
+import keras
 
 from keras_attention import registry
 
@@ -18,6 +22,44 @@ def accepted_call_arguments(layer):
     """The names among the blocks' attention arguments that `layer.call` takes."""
     return frozenset(
         a for a in _ATTENTION_ARGUMENTS if registry.call_accepts(layer, a)
+    )
+
+
+def build_attention(layer, query_shape, value_shape=None, key_shape=None):
+    """Builds `layer` with the shapes its `build` takes, as Keras would.
+
+    keras's `MultiHeadAttention` (and ours) take `build(query_shape,
+    value_shape, key_shape)`; a layer with the ordinary `build(input_shape)`
+    gets the query's shape, as Keras gives it at the first call. A layer
+    whose sublayers wait for their first call to make their weights is then
+    traced once symbolically, so that every weight exists to save and load.
+    """
+    shapes = [query_shape, value_shape, key_shape]
+    while len(shapes) > 1 and shapes[-1] is None:
+        shapes.pop()
+    try:
+        parameters = list(inspect.signature(layer.build).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    taken = shapes
+    if not any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        positional = [
+            p for p in parameters
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        taken = shapes[: max(1, len(positional))]
+    layer.build(*taken)
+    if all(sublayer.built for sublayer in layer._flatten_layers()):
+        return
+    arguments = {
+        name: keras.KerasTensor(shape, dtype=layer.compute_dtype)
+        for name, shape in zip(("value", "key"), shapes[1:])
+        if registry.call_accepts(layer, name)
+    }
+    # Traced through `call` (a layer's `compute_output_shape` would skip it).
+    keras.Operation.compute_output_spec(
+        layer, keras.KerasTensor(query_shape, dtype=layer.compute_dtype),
+        **arguments,
     )
 
 

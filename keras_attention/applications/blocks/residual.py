@@ -7,6 +7,7 @@ from keras_attention import _validation as base
 from keras_attention._config import ArgumentConfig
 from keras_attention import registry
 from keras_attention.applications.blocks.attention_call import accepted_call_arguments
+from keras_attention.applications.blocks.attention_call import build_attention
 from keras_attention.applications.blocks.attention_call import call_attention
 
 PACKAGE = "keras_attention"
@@ -123,7 +124,7 @@ class ResidualAttentionBlock(ArgumentConfig, keras.layers.Layer):
                 name="attention",
                 dtype=self.dtype_policy,
             )
-            self.attention_layer.build(out_shape)
+            build_attention(self.attention_layer, out_shape)
             self._accepted = accepted_call_arguments(self.attention_layer)
         self.built = True
 

@@ -8,6 +8,7 @@ from keras_attention import _validation as base
 from keras_attention import registry
 from keras_attention._config import ArgumentConfig
 from keras_attention.applications.blocks.attention_call import accepted_call_arguments
+from keras_attention.applications.blocks.attention_call import build_attention
 from keras_attention.applications.blocks.attention_call import call_attention
 from keras_attention.applications.blocks.attention_call import call_self_attention
 from keras_attention.layers.dropout import HashDropout
@@ -272,7 +273,7 @@ class TransformerEncoderBlock(_TransformerBlock):
         self.attention_layer, self._accepted = self._make_attention(
             self.attention_name, channels, **offered
         )
-        self.attention_layer.build(attention_shape)
+        build_attention(self.attention_layer, attention_shape)
         self.attention_norm = self._norm("attention_norm", input_shape)
         self._build_mlp(input_shape)
         self.built = True
@@ -377,12 +378,12 @@ class TransformerDecoderBlock(_TransformerBlock):
         self.self_attention, self._self_accepted = self._make_attention(
             "self_attention", channels
         )
-        self.self_attention.build(tokens_shape, tokens_shape, tokens_shape)
+        build_attention(self.self_attention, tokens_shape, tokens_shape, tokens_shape)
         self.cross_attention_norm = self._norm("cross_attention_norm", tokens_shape)
         self.cross_attention, self._cross_accepted = self._make_attention(
             "cross_attention", channels
         )
-        self.cross_attention.build(tokens_shape, memory_shape, memory_shape)
+        build_attention(self.cross_attention, tokens_shape, memory_shape, memory_shape)
         self._build_mlp(tokens_shape)
         self.built = True
 
