@@ -45,6 +45,14 @@ def check_positive_number(argument, value, allow_none=False, allow_zero=False):
     return value
 
 
+def check_bool(argument, value):
+    """`True` or `False` (NumPy's too); anything else raises: `bool("False")`
+    is `True`, so a string from a config file would switch a flag on."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise invalid(argument, "True or False", value)
+    return bool(value)
+
+
 def check_rate(argument, value):
     if isinstance(value, (bool, np.bool_)) or not isinstance(
         value, numbers.Real

@@ -23,6 +23,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention._validation import check_bool
 from keras_attention import _validation as base
 from keras_attention import registry
 from keras_attention.layers.base import float_inputs
@@ -221,7 +222,7 @@ class DETR(
             "feedforward_dim", feedforward_dim
         )
         self.dropout = base.check_rate("dropout", dropout)
-        self.norm_first = bool(norm_first)
+        self.norm_first = check_bool("norm_first", norm_first)
         self.backbone_type, self.resnet_depths, self.resnet_block = (
             check_backbone_options(backbone_type, resnet_depths, resnet_block)
         )
@@ -239,7 +240,7 @@ class DETR(
         self.transformer_attention_kwargs = dict(
             transformer_attention_kwargs or {}
         )
-        self.aux_loss = bool(aux_loss)
+        self.aux_loss = check_bool("aux_loss", aux_loss)
         self.loss_settings = detection_loss.check_loss_settings(
             loss_settings, "loss_settings"
         )

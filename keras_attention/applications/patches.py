@@ -5,6 +5,7 @@
 import keras
 from keras import ops
 
+from keras_attention._validation import check_bool
 from keras_attention import _validation as base
 from keras_attention.applications import base as app_base
 from keras_attention._config import ArgumentConfig
@@ -53,9 +54,9 @@ class PatchEmbedding(ArgumentConfig, keras.layers.Layer):
         super().__init__(**kwargs)
         self.hidden_dim = base.check_positive_int("hidden_dim", hidden_dim)
         self.patch_size = base.check_pair("patch_size", patch_size)
-        self.use_class_token = bool(use_class_token)
-        self.embed_class_token = bool(embed_class_token)
-        self.use_position_embedding = bool(use_position_embedding)
+        self.use_class_token = check_bool("use_class_token", use_class_token)
+        self.embed_class_token = check_bool("embed_class_token", embed_class_token)
+        self.use_position_embedding = check_bool("use_position_embedding", use_position_embedding)
         self.patch_norm_epsilon = patch_norm_epsilon
 
     def build(self, input_shape):

@@ -9,6 +9,7 @@ pools tokens with a learned query (the text classifier's default);
 import keras
 from keras import ops
 
+from keras_attention._validation import check_bool
 from keras_attention import _validation as base
 from keras_attention.applications import base as app_base
 from keras_attention.layers.additive import AdditiveAttention
@@ -72,7 +73,7 @@ class TokenAndPositionEmbedding(ArgumentConfig, keras.layers.Layer):
         self.hidden_dim = base.check_positive_int("hidden_dim", hidden_dim)
         self.max_positions = check_max_positions(max_positions, sequence_length)
         self.token_types = check_token_types(token_types)
-        self.normalize = bool(normalize)
+        self.normalize = check_bool("normalize", normalize)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
 
     def build(self, token_ids_shape, token_type_ids_shape=None):

@@ -17,6 +17,7 @@ import warnings
 import keras
 import numpy as np
 
+from keras_attention._validation import check_bool
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
 from keras_attention._config import ArgumentConfig
@@ -121,7 +122,7 @@ class TranslationPreprocessor(ArgumentConfig):
         self.tokenizer = tokenizer
         self.source_length = check_positive_int("source_length", source_length)
         self.target_length = check_positive_int("target_length", target_length)
-        self.lowercase_source = bool(lowercase_source)
+        self.lowercase_source = check_bool("lowercase_source", lowercase_source)
         self.character_vocabulary_size = check_positive_int(
             "character_vocabulary_size", character_vocabulary_size
         )

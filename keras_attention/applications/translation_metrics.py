@@ -7,6 +7,8 @@ BLEU is `text_preprocessing.corpus_bleu` (keras-hub's).
 import keras
 from keras import ops
 
+from keras_attention._validation import check_bool
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 def token_accuracy(y_true, y_pred):
@@ -112,7 +114,7 @@ class TokenCrossEntropy(keras.metrics.Metric):
     ):
         super().__init__(name=name, dtype=dtype)
         self.padding_id = int(padding_id)
-        self.from_logits = bool(from_logits)
+        self.from_logits = check_bool("from_logits", from_logits)
         self.total = self.add_variable((), initializer="zeros", name="total")
         self.tokens = self.add_variable((), initializer="zeros", name="tokens")
 

@@ -26,6 +26,7 @@ A layer whose `call` takes `return_attention_scores` gives its scores to
 
 import keras
 
+from keras_attention._validation import check_bool
 from keras_attention import registry
 from keras_attention.applications import base as app_base
 from keras_attention.applications import presets
@@ -184,9 +185,9 @@ class VisionTransformerBackbone(app_base.ImageBackbone):
         base.check_rate("dropout", dropout)
         if final_norm not in ("tokens", "pooled", None):
             raise base.invalid("final_norm", "'tokens', 'pooled' or None", final_norm)
-        embed_class_token = bool(embed_class_token)
-        use_position_embedding = bool(use_position_embedding)
-        patch_norm = bool(patch_norm)
+        embed_class_token = check_bool("embed_class_token", embed_class_token)
+        use_position_embedding = check_bool("use_position_embedding", use_position_embedding)
+        patch_norm = check_bool("patch_norm", patch_norm)
         depths = (
             list(depth) if isinstance(depth, (list, tuple)) else [depth]
         )

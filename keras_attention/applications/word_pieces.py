@@ -2,6 +2,7 @@
 `BertPreprocessor`): the vocabulary, checked by each, the sequence length
 and lowercasing, kept as the constructor's arguments."""
 
+from keras_attention._validation import check_bool
 from keras_attention._validation import check_positive_int
 from keras_attention._config import ArgumentConfig
 
@@ -21,7 +22,7 @@ class WordPiecePreprocessor(ArgumentConfig):
         self.sequence_length = check_positive_int(
             "sequence_length", sequence_length
         )
-        self.lowercase = bool(lowercase)
+        self.lowercase = check_bool("lowercase", lowercase)
 
     def check_vocabulary(self, vocabulary):
         """Hook: raise a `ValueError` unless `vocabulary` (a list of

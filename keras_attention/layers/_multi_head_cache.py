@@ -21,12 +21,21 @@ from keras_attention.ops.shapes import start_indices
 class KVCache:
     """Cached calls of `MultiHeadAttention`: `call(..., cache=...)`."""
 
-    def _check_cache(self, query, cache, cache_update_index, value=None, key=None):
-        """Static checks of a cache and its index, before any work."""
+    def _check_cache(
+        self, query, cache, cache_update_index, value=None, key=None,
+        return_attention_scores=False,
+    ):
+        """Static checks of a cache and its index, before any work (for
+        `call` and `compute_output_spec` alike)."""
         if cache is None:
             raise ValueError(
                 "`cache_update_index` is given without a `cache`. Received: "
                 f"cache=None, cache_update_index={cache_update_index!r}"
+            )
+        if return_attention_scores:
+            raise ValueError(
+                "A cached call returns `(output, cache)`, no attention "
+                "scores. Received: return_attention_scores=True"
             )
         if len(query.shape) != 3:
             raise ValueError(
@@ -158,12 +167,9 @@ class KVCache:
         are its `W` slots, then the `T` new tokens: `S = W + T`). Returns
         `(output, cache)`.
         """
-        self._check_cache(query, cache, cache_update_index, value, key)
-        if return_attention_scores:
-            raise ValueError(
-                "A cached call returns `(output, cache)`, no attention "
-                "scores. Received: return_attention_scores=True"
-            )
+        self._check_cache(
+            query, cache, cache_update_index, value, key, return_attention_scores
+        )
         causal = self.use_causal_mask if use_causal_mask is None else use_causal_mask
         key = value if key is None else key
         if self._use_gate:

@@ -91,15 +91,23 @@ class ShapeInference:
         training=None, use_causal_mask=None, mask=None, cache=None,
         cache_update_index=None,
     ):
-        # The arguments of `call`.
+        # The arguments of `call`, and its checks.
+        cached = cache is not None or cache_update_index is not None
+        if cached:
+            self._refuse_masks_in_cached_call(
+                (query, value, key), (query_mask, value_mask, key_mask)
+            )
         query, value, key, query_mask, value_mask, key_mask = (
             base.SequenceAttention.flatten_inputs(
                 query, value, key, query_mask, value_mask, key_mask, mask
             )
         )
         attention_mask = base.as_mask(attention_mask)
-        if cache is not None:
-            self._check_cache(query, cache, cache_update_index, value, key)
+        if cached:
+            self._check_cache(
+                query, cache, cache_update_index, value, key,
+                return_attention_scores,
+            )
             output = keras.KerasTensor(
                 self.compute_output_shape(query.shape, query.shape, query.shape),
                 dtype=self.compute_dtype,

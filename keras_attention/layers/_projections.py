@@ -7,6 +7,7 @@ import re
 
 import keras
 
+from keras_attention._validation import check_bool
 from keras_attention._weights import AllOrNothingWeights
 from keras_attention import registry
 from keras_attention._config import KERAS_OBJECTS
@@ -286,7 +287,7 @@ def keep_weight_arguments(layer, arguments):
     `bias_regularizer`, `activation`, ...), and a `seed` with the generator
     of the dropout (`keep_seed`: `layer.dropout` is set first)."""
     if "use_bias" in arguments:
-        layer.use_bias = bool(arguments["use_bias"])
+        layer.use_bias = check_bool("use_bias", arguments["use_bias"])
     for name, module in KERAS_OBJECTS.items():
         if name in arguments:
             setattr(layer, name, module.get(arguments[name]))

@@ -141,8 +141,19 @@ class AdditiveAttention(base.ProjectionMixin, base.SequenceAttention):
         step; computing this once and passing it as `projected_key` saves a
         `(B, S, Dk) x (Dk, units)` matmul per step forward and two backward.
         The layer must be built: call it once, or `build(query_shape,
-        value_shape)`.
+        value_shape)`. It computes on tensors (a layer's or a model's
+        `call`, eager code), not on a functional model's symbolic inputs:
+        there the keys' projection would be a second node of the sublayer
+        `key`, and the model would not load from `.keras`.
         """
+        if isinstance(key, keras.KerasTensor):
+            raise ValueError(
+                "`project_key` computes on tensors, not on a functional "
+                "model's symbolic inputs (the model would not load back): in "
+                "a functional model pass the keys as `value` (or `key`) and "
+                "the layer projects them; use `project_key` inside a layer's "
+                "or model's `call`. Received: key=" + repr(key)
+            )
         if not self.built:
             raise ValueError(
                 "`project_key` needs the layer's weights: call the layer once "

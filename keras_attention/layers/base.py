@@ -229,9 +229,32 @@ class TracedOutputSpec:
     shape as `call` makes it. For subclasses of `keras.layers.Layer`."""
 
     def compute_output_spec(self, *args, **kwargs):
-        return super(keras.layers.Layer, self).compute_output_spec(
-            *args, **kwargs
+        return traced_output_spec(self, *args, **kwargs)
+
+
+def traced_output_spec(layer, *args, **kwargs):
+    """`layer.call` traced on symbolic inputs, as a symbolic `layer(...)`
+    would see them: floating inputs cast to the compute dtype (a mixed
+    policy's spec is float16's, as the call's), and an unbuilt layer built
+    from its inputs' shapes first (its weights are read by `call`)."""
+    from keras.src.layers.layer import CallSpec
+
+    if layer._convert_input_args:
+
+        def convert(x):
+            if isinstance(x, keras.KerasTensor):
+                return layer.dtype_policy.convert_input(
+                    x, layer.autocast, layer.input_dtype
+                )
+            return x
+
+        args = keras.tree.map_structure(convert, args)
+        kwargs = keras.tree.map_structure(convert, kwargs)
+    if not layer.built:
+        layer._maybe_build(
+            CallSpec(layer._call_signature, layer._call_context_args, args, kwargs)
         )
+    return keras.Operation.compute_output_spec(layer, *args, **kwargs)
 
 
 class SequenceAttention(TracedOutputSpec, keras.layers.Layer):

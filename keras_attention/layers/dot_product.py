@@ -2,6 +2,7 @@ import math
 
 import keras
 
+from keras_attention._validation import check_bool
 from keras_attention._validation import check_rate
 from keras_attention._validation import invalid
 from keras_attention.layers import base
@@ -87,7 +88,7 @@ class ScaledDotProductAttention(base.ProjectionMixin, base.SequenceAttention):
             raise invalid("score_mode", f"one of {SCORE_MODES}", score_mode)
         self.score_mode = score_mode
         self.dropout = check_rate("dropout", dropout)
-        self.use_causal_mask = bool(use_causal_mask)
+        self.use_causal_mask = check_bool("use_causal_mask", use_causal_mask)
         base.keep_weight_arguments(self, locals())
 
     def build(self, query_shape, value_shape=None, key_shape=None):

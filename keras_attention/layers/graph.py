@@ -277,7 +277,8 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
             return out, keras.KerasTensor(scores, dtype=self.compute_dtype)
         # Trace `call` symbolically: the same checks and the same output
         # structure (with or without scores) as an eager call.
-        return super(keras.layers.Layer, self).compute_output_spec(
+        return base.traced_output_spec(
+            self,
             inputs,
             return_attention_scores=return_attention_scores,
             training=training,

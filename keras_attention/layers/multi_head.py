@@ -20,6 +20,7 @@ import keras
 from keras import ops
 # No public API sets a tensor's Keras mask; keras's own layer uses this.
 
+from keras_attention._validation import check_bool
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import check_rate
 from keras_attention._validation import invalid
@@ -323,7 +324,7 @@ class MultiHeadAttention(
         )
         self.flash_attention = flash_attention
         self.num_key_value_heads = num_key_value_heads
-        self.use_causal_mask = bool(use_causal_mask)
+        self.use_causal_mask = check_bool("use_causal_mask", use_causal_mask)
         self.implementation = implementation
         self.position_encoding = position_encoding
         self.rope_max_wavelength = rope_max_wavelength

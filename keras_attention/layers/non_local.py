@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from keras_attention._validation import check_bool
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import invalid
 from keras_attention import ops as attention_ops
@@ -182,8 +183,8 @@ class NonLocalBlock(FeatureMapAttention):
             "inter_channels", inter_channels, allow_none=True
         )
         self.sub_sample = _check_sub_sample(sub_sample)
-        self.use_batch_norm = bool(use_batch_norm)
-        self.zero_init_residual = bool(zero_init_residual)
+        self.use_batch_norm = check_bool("use_batch_norm", use_batch_norm)
+        self.zero_init_residual = check_bool("zero_init_residual", zero_init_residual)
 
     def pool_size(self, spatial_rank):
         """The max-pool size of `phi` and `g`, or `None` for no pooling."""

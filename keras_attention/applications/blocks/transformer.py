@@ -4,6 +4,7 @@ import keras
 from keras import ops
 from keras.src.backend import get_keras_mask
 
+from keras_attention._validation import check_bool
 from keras_attention import _validation as base
 from keras_attention import registry
 from keras_attention._config import ArgumentConfig
@@ -69,7 +70,7 @@ class _TransformerBlock(ArgumentConfig, keras.layers.Layer):
         )
         self.attention_kwargs = dict(attention_kwargs or {})
         self.layer_norm_epsilon = layer_norm_epsilon
-        self.norm_first = bool(norm_first)
+        self.norm_first = check_bool("norm_first", norm_first)
         self.activation = activation
         self.dropout_kind = check_dropout_kind(dropout_kind)
         self.supports_masking = True

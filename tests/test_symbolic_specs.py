@@ -1,0 +1,120 @@
+"""`compute_output_spec` as a symbolic call sees it, and flags that are flags.
+
+The traced spec read the layer's weights before any build (a crash on an
+unbuilt layer with weights, which keras's own layers answer), skipped the
+input autocast of a mixed policy (a float32 spec for a float16 call), and
+MultiHeadAttention's spec accepted cached calls that the call refuses.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attention import layers as L
+
+
+def grid():
+    return keras.Input((None, None, 4))
+
+
+def tokens():
+    return keras.Input((None, 4))
+
+
+CASES = {
+    "additive": (lambda: L.AdditiveAttention(4), lambda: [tokens(), tokens()], [(2, 3, 4), (2, 5, 4)]),
+    "general": (
+        lambda: L.ScaledDotProductAttention(score_mode="general"),
+        lambda: [tokens(), tokens()], [(2, 3, 4), (2, 5, 4)],
+    ),
+    "channel": (lambda: L.ChannelAttention(2), grid, [(2, 3, 5, 4)]),
+    "spatial": (lambda: L.SpatialAttention(3), grid, [(2, 3, 5, 4)]),
+    "cbam": (lambda: L.CBAM(2, 3), grid, [(2, 3, 5, 4)]),
+    "non_local": (lambda: L.NonLocalBlock(), grid, [(2, 3, 5, 4)]),
+    "local_window": (
+        lambda: L.LocalWindowAttention(2, 2), lambda: keras.Input((4, 4, 4)), [(2, 4, 4, 4)],
+    ),
+}
+
+
+def first(x):
+    return x[0] if isinstance(x, (list, tuple)) else x
+
+
+def values(shapes):
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=s).astype("float32") for s in shapes]
+    return arrays if len(arrays) > 1 else arrays[0]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_spec_of_an_unbuilt_layer_is_the_calls(name):
+    make, inputs, shapes = CASES[name]
+    layer = make()
+    spec = layer.compute_output_spec(inputs())
+    real = layer(values(shapes))
+    expected = tuple(first(real).shape)
+    received = tuple(first(spec).shape)
+    assert len(received) == len(expected)
+    assert all(r is None or r == e for r, e in zip(received, expected)), (received, expected)
+
+
+def test_the_spec_of_an_unbuilt_graph_layer():
+    layer = L.GraphAttention(2)
+    spec = layer.compute_output_spec(
+        [keras.Input((3,), batch_size=5), keras.Input((None,), batch_size=2, dtype="int32")]
+    )
+    assert tuple(spec.shape) == (5, 2)
+
+
+@pytest.mark.parametrize("name", ["additive", "general", "channel", "spatial", "non_local"])
+def test_the_spec_under_a_mixed_policy_has_the_calls_dtype(name):
+    make, inputs, shapes = CASES[name]
+    config = make().get_config()
+    layer = type(make()).from_config({**config, "dtype": "mixed_float16"})
+    real = layer(values(shapes))
+    spec = layer.compute_output_spec(inputs())  # float32 inputs, as given
+    assert first(spec).dtype == keras.backend.standardize_dtype(first(real).dtype) == "float16"
+
+
+def test_multi_head_spec_refuses_what_a_cached_call_refuses():
+    layer = L.MultiHeadAttention(num_heads=2, key_dim=2)
+    query = keras.Input((1, 4))
+    cache = keras.Input((2, 8, 2, 2))
+    layer.compute_output_spec(query, cache=cache, cache_update_index=0)  # fine
+    with pytest.raises(ValueError, match="no attention scores"):
+        layer.compute_output_spec(query, cache=cache, return_attention_scores=True)
+    with pytest.raises(ValueError, match="without a `cache`"):
+        layer.compute_output_spec(query, cache_update_index=0)
+    with pytest.raises(ValueError, match="`query_mask` is not read in a cached call"):
+        layer.compute_output_spec(
+            query, cache=cache, query_mask=keras.Input((1,), dtype="bool")
+        )
+
+
+@pytest.mark.parametrize(
+    "make, argument",
+    [
+        (lambda v: L.ScaledDotProductAttention(use_causal_mask=v), "use_causal_mask"),
+        (lambda v: L.MultiHeadAttention(2, 2, use_causal_mask=v), "use_causal_mask"),
+        (lambda v: L.NonLocalBlock(use_batch_norm=v), "use_batch_norm"),
+        (lambda v: L.NonLocalBlock(zero_init_residual=v), "zero_init_residual"),
+        (lambda v: L.AdditiveAttention(4, use_bias=v), "use_bias"),
+        (lambda v: L.LocalWindowAttention(2, 2, use_bias=v), "use_bias"),
+    ],
+)
+def test_a_flag_given_as_a_string_is_refused(make, argument):
+    # `bool("False")` is True: a flag read from a config file switched on.
+    with pytest.raises(ValueError, match=f"`{argument}`.*True or False.*'False'"):
+        make("False")
+    assert make(np.bool_(False)) is not None
+
+
+def test_project_key_refuses_a_functional_models_inputs():
+    # It called the sublayer `key` as a node of its own: the model saved
+    # but did not load ("Layer 'key' expected 2 variables, but received 0").
+    layer = L.AdditiveAttention(4)
+    layer(np.ones((1, 2, 4), "float32"), np.ones((1, 3, 4), "float32"))
+    with pytest.raises(ValueError, match="`project_key` computes on tensors"):
+        layer.project_key(keras.Input((None, 4)))
+    assert tuple(layer.project_key(np.ones((1, 3, 4), "float32")).shape) == (1, 3, 4)
