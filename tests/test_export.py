@@ -161,3 +161,6 @@ def test_translator_decoding_exports_as_one_saved_model(kind, tmp_path):
     np.testing.assert_allclose(
         served.numpy(), keras.ops.convert_to_numpy(model(x)), atol=1e-5
     )
+    # Its serving signature names the inputs (they were `args_0`, `args_0_1`).
+    signature = forced.signatures["serving_default"].structured_input_signature[1]
+    assert set(signature) == {"source_ids", "target_ids"}

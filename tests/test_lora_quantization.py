@@ -262,6 +262,21 @@ def test_model_quantize_skips_a_weightless_layer_as_keras_does(mode):
         attention.quantize(mode)
 
 
+@pytest.mark.parametrize("mode", ["gptq", "awq"])
+def test_a_weightless_layer_is_skipped_by_gptq_and_awq_too(mode):
+    # `model.quantize("gptq", config)` calls every leaf layer's `quantize`
+    # and skips a `NotImplementedError`: ours raised a plain ValueError on
+    # the mode first, which ended the whole quantization.
+    from keras_attention.layers import ScaledDotProductAttention
+
+    attention = ScaledDotProductAttention()
+    attention(np.ones((1, 3, 4), "float32"))
+    # The class's method: keras's per-instance wrapper wants a GPTQ/AWQ
+    # config (a calibration set) before it calls it.
+    with pytest.raises(NotImplementedError, match="no dense projections"):
+        type(attention).quantize(attention, mode)
+
+
 def _outputs(model, x):
     y = model(x)
     if isinstance(y, dict):  # DETR: logits and boxes
@@ -560,6 +575,22 @@ def test_lora_on_a_float8_model_is_refused_before_anything_changes():
         model.backbone.enable_lora(2)
     assert_unchanged(model, before)
     assert len(model.trainable_weights) == trainable
+
+
+def test_layer_lora_on_a_float8_layer_is_refused_before_anything_changes():
+    # The model-wide call refused it; the layer's own `enable_lora` took it,
+    # and every call of the model failed after (keras's float8 has no LoRA).
+    from keras_attention.layers import MultiHeadAttention
+
+    x = keras.Input((3, 8))
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    model = keras.Model(x, layer(x))
+    model.quantize("float8")
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="float8"):
+        layer.enable_lora(2)
+    assert_unchanged(model, before)
+    model(np.ones((1, 3, 8), "float32"))
 
 
 def test_application_quantize_leaves_out_keras_per_layer_warnings():

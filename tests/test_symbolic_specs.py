@@ -118,3 +118,34 @@ def test_project_key_refuses_a_functional_models_inputs():
     with pytest.raises(ValueError, match="`project_key` computes on tensors"):
         layer.project_key(keras.Input((None, 4)))
     assert tuple(layer.project_key(np.ones((1, 3, 4), "float32")).shape) == (1, 3, 4)
+
+
+def test_a_mask_of_another_symbolic_length_says_how_to_export_on_jax():
+    # JAX's export gives a separate mask input its own length symbol: the
+    # message names the `polymorphic_shapes` that ties the two.
+    from types import SimpleNamespace
+
+    from keras_attention.layers import base
+
+    mask = SimpleNamespace(shape=("batch", "b"))
+    with pytest.raises(ValueError, match="`query_mask`.*polymorphic_shapes"):
+        base.check_mask_shape("query_mask", mask, ("batch", "a"))
+    with pytest.raises(ValueError) as raised:
+        base.check_mask_shape("query_mask", SimpleNamespace(shape=(2, 4)), (2, 3))
+    assert "polymorphic" not in str(raised.value)
+
+
+def test_gat_exports_one_graph_a_call(tmp_path):
+    import tensorflow as tf
+
+    from keras_attention.applications import GATNodeClassifier
+
+    gat = GATNodeClassifier(num_features=5, num_classes=2, hidden_units=4, num_heads=2)
+    x = [np.ones((1, 7, 5), "float32"), np.array([[[0, 1, 2], [1, 2, 3]]], "int32")]
+    gat(x)
+    gat.export(str(tmp_path / "gat"), verbose=False)
+    loaded = tf.saved_model.load(str(tmp_path / "gat"))
+    np.testing.assert_allclose(loaded.serve(x).numpy(), np.asarray(gat(x)), atol=1e-5)
+    # A batch of two graphs was served as the first graph's logits alone.
+    with pytest.raises(Exception, match="shape=\\(2, 7, 5\\)"):
+        loaded.serve([np.ones((2, 7, 5), "float32"), np.zeros((2, 2, 3), "int32")])

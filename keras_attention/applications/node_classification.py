@@ -401,6 +401,25 @@ class GATNodeClassifier(
                 f"the {num_nodes} nodes of features.shape={f_shape}",
             )
 
+    def export(self, filepath, format="tf_saved_model", verbose=None,
+               input_signature=None, **kwargs):
+        """Keras's `export`, with a signature of one graph of any size by
+        default: `features (1, N, num_features)`, `edges (1, 2, E)` int32
+        (Keras's own default opened the batch, and a served batch of two
+        graphs returned the first graph's logits only)."""
+        if input_signature is None:
+            input_signature = [[
+                keras.InputSpec(
+                    shape=(1, None, self.num_features), dtype=self.compute_dtype,
+                    name="features",
+                ),
+                keras.InputSpec(shape=(1, 2, None), dtype="int32", name="edges"),
+            ]]
+        return super().export(
+            filepath, format=format, verbose=verbose,
+            input_signature=input_signature, **kwargs,
+        )
+
     def compile_defaults(self):
         """The paper's: Adam with learning rate 0.005, the sparse categorical
         cross-entropy from logits, and the accuracy **weighted by the

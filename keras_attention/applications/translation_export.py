@@ -19,10 +19,12 @@ class TranslatorExport:
             p = self.preprocessor
             input_signature = [{
                 "source_ids": keras.InputSpec(
-                    shape=(None, p.source_length), dtype="int32"
+                    shape=(None, p.source_length), dtype="int32",
+                    name="source_ids",
                 ),
                 "target_ids": keras.InputSpec(
-                    shape=(None, p.target_length), dtype="int32"
+                    shape=(None, p.target_length), dtype="int32",
+                    name="target_ids",
                 ),
             }]
         return super().export(

@@ -67,6 +67,18 @@ def _check_lora_alpha(lora_alpha):
         raise invalid("lora_alpha", "a positive number or None", lora_alpha)
 
 
+def refuse_float8_lora(sublayers, rank):
+    """Raises if a projection among `sublayers` is float8-quantized: keras's
+    float8 call has no LoRA path (every later call failed)."""
+    for sub in sublayers:
+        if getattr(sub, "quantization_mode", None) == "float8":
+            raise ValueError(
+                f"LoRA cannot adapt the float8-quantized {sub.path!r} "
+                "(keras's float8 layers take no LoRA; int8 and int4 do). "
+                f"Received: rank={rank}"
+            )
+
+
 def enable_lora_on(layer, rank, lora_alpha=None, target_names=None):
     """`enable_lora(rank)` on `layer`'s projections, all or nothing.
 
@@ -101,6 +113,7 @@ def enable_lora_on(layer, rank, lora_alpha=None, target_names=None):
             f"The layer {layer.name!r} has no projection kernels to adapt "
             f"with LoRA. Received: rank={rank}"
         )
+    refuse_float8_lora(targets.values(), rank)
     enabled = sorted(k for k, sub in targets.items() if sub.lora_enabled)
     if enabled:
         raise ValueError(
@@ -221,14 +234,8 @@ def enable_lora(model, rank, lora_alpha=None, target_names=None):
             target_names,
         )
     # Check everything before the first change (all or nothing).
+    refuse_float8_lora(targets.values(), rank)
     for sub in targets.values():
-        if getattr(sub, "quantization_mode", None) == "float8":
-            # keras's float8 call has no LoRA path: `fit` failed later.
-            raise ValueError(
-                f"LoRA cannot adapt the float8-quantized {sub.path!r} "
-                "(keras's float8 layers take no LoRA; int8 and int4 do). "
-                f"Received: rank={rank}"
-            )
         if getattr(sub, "kernel_constraint", None):
             raise ValueError(
                 f"LoRA is incompatible with the kernel constraint of "
@@ -402,10 +409,6 @@ class ProjectionMixin(AllOrNothingWeights, ArgumentConfig, FreezesSublayers):
                 with a warning, as keras's weightless layers); nothing
                 changes then.
         """
-        if mode not in LAYER_QUANTIZATION_MODES:
-            raise invalid(
-                "mode", f"one of {LAYER_QUANTIZATION_MODES}", mode
-            )
         if not self.built:
             raise ValueError(
                 f"Cannot quantize the layer {self.name!r} before it is built. "
@@ -416,9 +419,15 @@ class ProjectionMixin(AllOrNothingWeights, ArgumentConfig, FreezesSublayers):
             if isinstance(sub, (keras.layers.Dense, keras.layers.EinsumDense))
         ]
         if not targets:
+            # First, whatever the mode: `model.quantize` (GPTQ and AWQ
+            # too) skips such a layer with a warning, as keras's own.
             raise NothingToQuantizeError(
                 f"The layer {self.name!r} has no dense projections to "
                 f"quantize. Received: mode={mode!r}"
+            )
+        if mode not in LAYER_QUANTIZATION_MODES:
+            raise invalid(
+                "mode", f"one of {LAYER_QUANTIZATION_MODES}", mode
             )
         check_quantizable(targets, mode, f"the layer {self.name!r}")
         with collections_of_new_objects():

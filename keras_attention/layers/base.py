@@ -12,6 +12,7 @@ from keras.src.backend import get_keras_mask
 from keras.src.backend import set_keras_mask
 
 from keras_attention import ops as attention_ops
+from keras_attention._validation import exporting
 from keras_attention._validation import shape_fits
 from keras_attention._validation import torch_compiling
 from keras_attention.layers._projections import WEIGHT_ARGUMENTS  # noqa: F401
@@ -162,10 +163,21 @@ def check_mask_shape(argument, mask, expected, where=""):
         return
     shape = tuple(mask.shape)
     if not shape_fits(shape, expected):
+        hint = ""
+        if exporting(shape, expected):
+            # JAX's export names each unknown input dimension apart: a
+            # mask input's length is not known to be the sequence's.
+            hint = (
+                ". On JAX, keras's `model.export` names each unknown "
+                "dimension apart: pass `jax2tf_kwargs={\"polymorphic_shapes"
+                "\": [[\"(b, t, C)\", \"(b, t)\"]]}` (one string per "
+                "input, the same letter where sizes are equal) to say that "
+                "the mask and its sequence have the same length."
+            )
         raise ValueError(
             f"Received an invalid value for argument `{argument}`, expected "
             f"a boolean tensor of shape {expected}{where}. Received: "
-            f"{argument}.shape={shape}"
+            f"{argument}.shape={shape}{hint}"
         )
 
 
