@@ -162,6 +162,12 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    if args.warmup < 2:
+        # A graph-mode model's second step can still cost seconds once
+        # (after other models were built in between): with one warm-up
+        # step that cost was timed, and XLA / graph read 33-45x.
+        parser.error("--warmup must be at least 2 (the second step can "
+                     f"still compile). Received: --warmup {args.warmup}")
     devices = sorted({d.device_type for d in tf.config.list_logical_devices()})
     print(f"# {' '.join(sys.argv)}")
     print(f"# {describe()}; devices {devices}", flush=True)

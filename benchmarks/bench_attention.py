@@ -207,7 +207,9 @@ def torch_layer_step(dim, heads, x_np, backward, dtype, compiled=False):
     # (`_native_multi_head_attention`), its best forward under `no_grad`.
     layer.eval()
     x = torch.tensor(x_np, device=dev)
-    call = torch.compile(layer) if compiled else layer
+    # `dynamic=False`: compiled for this shape (a second shape in the process
+    # would otherwise recompile with symbolic sizes, "automatic dynamic").
+    call = torch.compile(layer, dynamic=False) if compiled else layer
 
     def run():
         with torch.autocast(dev, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
@@ -237,7 +239,7 @@ def torch_core_step(q_np, k_np, v_np, backward, dtype, compiled=False):
     )
     sdpa = torch.nn.functional.scaled_dot_product_attention
     if compiled:
-        sdpa = torch.compile(sdpa)
+        sdpa = torch.compile(sdpa, dynamic=False)
 
     def run():
         if not backward:

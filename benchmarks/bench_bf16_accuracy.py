@@ -10,8 +10,9 @@ inputs, with `keras.ops.dot_product_attention` beside it.
     python benchmarks/bench_bf16_accuracy.py [--length 256]
 
 Causal self-attention, batch 1, 4 heads of 16; `q` and `k` scaled by
-`--scales` (the logits' standard deviation is about `scale**2 * 4`, the
-heads' size 16 times `1/sqrt(16)`). Error: max |out - ref| / max |ref|.
+`--scales` (the logits' standard deviation is about `scale**2`: a dot
+product of 16 terms has `4 * scale**2`, times `1/sqrt(16)`). Error: max
+|out - ref| / max |ref|.
 """
 
 import argparse

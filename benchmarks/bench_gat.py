@@ -197,7 +197,7 @@ def pyg_epoch_function(graph, seed=0, compiled=False):
             return self.conv2(x, edge_index)
 
     model = GAT()
-    forward = torch.compile(model) if compiled else model
+    forward = torch.compile(model, dynamic=False) if compiled else model
     optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
     x = torch.tensor(graph.features, dtype=torch.float32)
     edge_index = torch.tensor(graph.edges, dtype=torch.long)

@@ -88,6 +88,9 @@ def main():
     parser.add_argument("--variant", choices=("ours", "keras"))
     parser.add_argument("--file")
     args = parser.parse_args()
+    if args.hidden_dim < 64 or args.hidden_dim % 64:
+        parser.error("--hidden-dim must be a multiple of 64 (heads of 64). "
+                     f"Received: --hidden-dim {args.hidden_dim}")
     if args.variant:
         return measure(args)
     print(describe())

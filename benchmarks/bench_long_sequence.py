@@ -87,7 +87,7 @@ def torch_layer_step(torch, x_np, heads, head_dim, dev, compiled, causal=False):
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return projections[3](out.transpose(1, 2).reshape(1, length, dim))
 
-    forward = torch.compile(layer) if compiled else layer
+    forward = torch.compile(layer, dynamic=False) if compiled else layer
 
     def step():
         projections.zero_grad(set_to_none=True)

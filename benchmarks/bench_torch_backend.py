@@ -81,7 +81,7 @@ def ours(batch, length):
 
 def plain(length, compiled):
     module = PlainAttention()
-    forward = torch.compile(module) if compiled else module
+    forward = torch.compile(module, dynamic=False) if compiled else module
     return step_function(forward, list(module.parameters()))
 
 

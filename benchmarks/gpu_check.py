@@ -76,7 +76,7 @@ def train_vit():
     accuracy = model.evaluate(xt, yt, verbose=0)[1]
     report("vit_first_epoch_s_incl_compile", round(first, 2))
     report("vit_steps_per_s", round(steps / (time.time() - start), 1))
-    report("vit_test_accuracy_21_epochs", round(float(accuracy), 4))
+    report(f"vit_test_accuracy_{epochs + 1}_epochs", round(float(accuracy), 4))
 
 
 def train_detr():

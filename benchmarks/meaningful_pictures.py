@@ -31,6 +31,9 @@ from keras_attention import visualization as vis  # noqa: E402
 from keras_attention.datasets import cxcywh_to_xyxy  # noqa: E402
 from tests import test_pictures as recipes  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
+
 
 def draw_boxes(fig, boxes, size):
     """The box on every panel after the first (the image itself)."""
@@ -133,6 +136,7 @@ def main():
     parser.add_argument("--skip", nargs="*", default=[],
                         choices=["gradcam", "alignment", "rollout"])
     args = parser.parse_args()
+    print(f"# {describe()}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     start = time.time()
     if "gradcam" not in args.skip:
