@@ -149,3 +149,21 @@ def test_gat_exports_one_graph_a_call(tmp_path):
     # A batch of two graphs was served as the first graph's logits alone.
     with pytest.raises(Exception, match="shape=\\(2, 7, 5\\)"):
         loaded.serve([np.ones((2, 7, 5), "float32"), np.zeros((2, 2, 3), "int32")])
+
+
+@pytest.mark.parametrize(
+    "kwargs, argument",
+    [
+        (dict(num_heads=True, key_dim=2), "num_heads"),
+        (dict(num_heads="4", key_dim=2), "num_heads"),
+        (dict(num_heads=2, key_dim=0), "key_dim"),
+        (dict(num_heads=2, key_dim=2, value_dim=-1), "value_dim"),
+        (dict(num_heads=2, key_dim=2, attention_axes=(1.5,)), "attention_axes"),
+        (dict(num_heads=2, key_dim=3, position_encoding="rope"), "key_dim"),
+    ],
+)
+def test_multi_head_arguments_are_checked_at_construction(kwargs, argument):
+    # They passed construction and failed at the first call (an IndexError
+    # for a float axis, the odd RoPE head at build).
+    with pytest.raises(ValueError, match=f"`{argument}`"):
+        L.MultiHeadAttention(**kwargs)

@@ -13,11 +13,13 @@ the rest is in mixins beside it:
   arguments, LoRA and quantization.
 """
 
+import numbers
 import string
 from operator import attrgetter
 
 import keras
 from keras import ops
+import numpy as np
 # No public API sets a tensor's Keras mask; keras's own layer uses this.
 
 from keras_attention._validation import check_bool
@@ -264,6 +266,23 @@ class MultiHeadAttention(
         **kwargs,
     ):
         dropout = check_rate("dropout", dropout)
+        num_heads = check_positive_int("num_heads", num_heads)
+        key_dim = check_positive_int("key_dim", key_dim)
+        value_dim = check_positive_int("value_dim", value_dim, allow_none=True)
+        if attention_axes is not None:
+            axes = (attention_axes,) if isinstance(attention_axes, numbers.Integral) else attention_axes
+            if not isinstance(axes, (tuple, list)) or not axes or any(
+                isinstance(a, (bool, np.bool_)) or not isinstance(a, numbers.Integral)
+                for a in axes
+            ):
+                raise invalid(
+                    "attention_axes", "an int, a tuple of ints or None",
+                    attention_axes,
+                )
+        if position_encoding == "rope" and key_dim % 2:
+            raise invalid(
+                "key_dim", "an even head size for rotary embeddings", key_dim
+            )
         check_position_arguments(
             position_encoding, rope_max_wavelength, rope_scaling_factor,
             alibi_bias_max,
