@@ -41,7 +41,7 @@ NON_DEFAULT = {
         kernel_initializer="he_normal", seed=4,
     ),
     "multi_head": dict(
-        num_heads=4, key_dim=3, value_dim=5, dropout=0.1, use_bias=False,
+        num_heads=4, key_dim=6, value_dim=5, dropout=0.1, use_bias=False,
         output_shape=(6,), attention_axes=(1,), sliding_window=3,
         flash_attention=False, kernel_initializer="he_normal",
         bias_initializer="ones", kernel_regularizer="l2",

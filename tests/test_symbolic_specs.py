@@ -167,3 +167,15 @@ def test_multi_head_arguments_are_checked_at_construction(kwargs, argument):
     # for a float axis, the odd RoPE head at build).
     with pytest.raises(ValueError, match=f"`{argument}`"):
         L.MultiHeadAttention(**kwargs)
+
+
+def test_a_symbolic_calls_error_is_the_layers_own():
+    # keras's trace re-raised it as "Could not automatically infer the
+    # output shape ... implement compute_output_spec()", which they do.
+    with pytest.raises(ValueError) as raised:
+        L.AdditiveAttention(4)(
+            [tokens(), keras.Input((None, 5))],
+            value_mask=keras.Input((None, 2), dtype="bool"),
+        )
+    assert "`value_mask`" in str(raised.value)
+    assert "automatically infer" not in str(raised.value)

@@ -248,7 +248,9 @@ def traced_output_spec(layer, *args, **kwargs):
     """`layer.call` traced on symbolic inputs, as a symbolic `layer(...)`
     would see them: floating inputs cast to the compute dtype (a mixed
     policy's spec is float16's, as the call's), and an unbuilt layer built
-    from its inputs' shapes first (its weights are read by `call`)."""
+    from its inputs' shapes first (its weights are read by `call`); a check
+    of `call` that fails raises its own message."""
+    from keras.src import backend as keras_backend
     from keras.src.layers.layer import CallSpec
 
     if layer._convert_input_args:
@@ -266,7 +268,10 @@ def traced_output_spec(layer, *args, **kwargs):
         layer._maybe_build(
             CallSpec(layer._call_signature, layer._call_context_args, args, kwargs)
         )
-    return keras.Operation.compute_output_spec(layer, *args, **kwargs)
+    # The backend's trace itself: `Operation.compute_output_spec` re-raises
+    # a check of `call` as "implement compute_output_spec()", which these
+    # layers do; the check's own message says what was wrong.
+    return keras_backend.compute_output_spec(layer.call, *args, **kwargs)
 
 
 class SequenceAttention(TracedOutputSpec, keras.layers.Layer):
