@@ -512,3 +512,10 @@ def test_an_alias_of_a_built_in_class_is_the_users():
         assert registry.origins()["test_mha_alias"] == __name__.split(".")[0]
     finally:
         registry.unregister("test_mha_alias")
+
+
+def test_registering_a_built_in_again_keeps_its_origin():
+    # Credited to the calling package, the built-in became the test's own.
+    original = keras_attention.get_class("additive")
+    keras_attention.register("additive")(original)
+    assert registry.origins()["additive"] == "keras_attention"
