@@ -186,8 +186,7 @@ def register(name, package=None, input_kind=None):
             previous = _REGISTRY.get(name)
             replacing = previous is not None and previous is not cls
             held_by = _ORIGINS.get(name)
-            if previous is cls:
-                origin = held_by  # the same class again: still its first origin
+            origin = held_by if previous is cls else origin  # kept if the same
             # keras_attention's own names stay its own; and during
             # discovery a plugin does not take a name that the user's code
             # (or a module it imported) registered: that was a choice.

@@ -716,3 +716,65 @@ def test_shared_data_counts():
         "train": 29000, "val": 1014, "test2016": 1000
     }
     assert all(len(v[0]) == len(v[1]) for v in corpus.values())
+
+
+def _rewrite(folder, suffix, obj):
+    (folder / f"ind.fake.{suffix}").write_bytes(legacy_pickle(obj))
+
+
+@pytest.mark.parametrize("fault", [
+    "csr_index", "nan", "duplicate_test_id", "far_test_id", "graph_id",
+    "two_hot", "non_ascii_index",
+])
+def test_a_corrupt_planetoid_file_is_refused_by_name(planetoid_folder, fault):
+    # A column index past the matrix crashed the interpreter in scipy's
+    # `toarray` (unpickling skips its checks); the others loaded a
+    # different dataset in silence (phantom nodes, overwritten rows).
+    folder, parts, test_index = planetoid_folder
+    named = {
+        "csr_index": "allx", "nan": "tx", "duplicate_test_id": "test.index",
+        "far_test_id": "test.index", "graph_id": "graph", "two_hot": "ally",
+        "non_ascii_index": "test.index",
+    }[fault]
+    if fault == "csr_index":
+        allx = parts["allx"].copy()
+        allx.indices[0] = 2_000_000_000
+        _rewrite(folder, "allx", allx)
+    elif fault == "nan":
+        tx = parts["tx"].toarray()
+        tx[1, 2] = np.nan
+        _rewrite(folder, "tx", scipy.sparse.csr_matrix(tx))
+    elif fault == "duplicate_test_id":
+        (folder / "ind.fake.test.index").write_text("10\n6\n6\n7\n")
+    elif fault == "far_test_id":
+        (folder / "ind.fake.test.index").write_text("10\n6\n90\n7\n")
+    elif fault == "graph_id":
+        graph = dict(parts["graph"])
+        graph[0] = [1, 99_999]
+        _rewrite(folder, "graph", graph)
+    elif fault == "two_hot":
+        ally = parts["ally"].copy()
+        ally[1] = [1, 1, 0]
+        _rewrite(folder, "ally", ally)
+    else:
+        (folder / "ind.fake.test.index").write_bytes(b"\xef\xbb\xbf10\n6\n9\n7\n")
+    with pytest.raises(ValueError, match=f"ind.fake.{named}"):
+        datasets.load_planetoid(folder, "fake", num_val=3)
+
+
+def test_corrupt_gzip_and_bad_labels_name_the_idx_file(idx_folder, tmp_path):
+    folder, images, labels = idx_folder
+    gz = tmp_path / "gz"
+    gz.mkdir()
+    write_idx(gz / "t10k-images-idx3-ubyte.gz", images)
+    write_idx(gz / "t10k-labels-idx1-ubyte.gz", labels)
+    data = bytearray((gz / "t10k-images-idx3-ubyte.gz").read_bytes())
+    data[40] ^= 0xFF  # inside the deflate stream
+    (gz / "t10k-images-idx3-ubyte.gz").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="t10k-images-idx3-ubyte.gz"):
+        datasets.load_mnist_idx(gz)
+    write_idx(folder / "t10k-labels-idx1-ubyte", np.array([3, 1, 200, 1, 5], np.uint8))
+    with pytest.raises(ValueError, match="t10k-labels-idx1-ubyte.*200"):
+        datasets.load_mnist_idx(folder)
+    with pytest.raises(ValueError, match="not a file"):
+        datasets.load_mnist_idx(folder / "t10k-images-idx3-ubyte")

@@ -19,6 +19,7 @@ This is the layout of an unpacked `ogbn-arxiv` / `ogbn-products` folder
 import glob
 import os
 import warnings
+import zlib
 
 import numpy as np
 
@@ -80,7 +81,7 @@ def _read(path, dtype, ndmin=1):
                     path, delimiter=",", dtype=dtype, ndmin=ndmin,
                     encoding="utf-8-sig",
                 )
-    except (ValueError, OSError, EOFError) as e:
+    except (ValueError, OSError, EOFError, zlib.error) as e:
         raise ValueError(f"Cannot read {path}: {e}") from e
     return array
 

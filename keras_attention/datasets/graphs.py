@@ -204,15 +204,43 @@ def restricted_load(path):
 
 
 def _dense(matrix, path):
+    """The 2-D float32 array of a Planetoid part, checked: unpickling skips
+    scipy's checks of a sparse matrix (an index past its columns crashed
+    the interpreter in `toarray`), and a NaN would spread through a row."""
     if hasattr(matrix, "toarray"):
-        return np.asarray(matrix.toarray(), dtype="float32")
-    array = np.asarray(matrix)
-    if array.ndim != 2 or array.dtype == object:
+        try:
+            if hasattr(matrix, "check_format"):
+                matrix.check_format(full_check=True)
+            array = np.asarray(matrix.toarray(), dtype="float32")
+        except (ValueError, TypeError, IndexError, MemoryError) as error:
+            raise ValueError(
+                f"The file {path} holds a malformed sparse matrix: {error}"
+            ) from None
+    else:
+        array = np.asarray(matrix)
+        if array.ndim != 2 or array.dtype == object:
+            raise ValueError(
+                f"The file {path} should hold a 2-D matrix. Received: "
+                f"type={type(matrix).__name__}, shape={array.shape}"
+            )
+        array = array.astype("float32")
+    if array.ndim != 2:
+        raise ValueError(f"The file {path} should hold a 2-D matrix. Received: shape={array.shape}")
+    if not np.all(np.isfinite(array)):
+        row = int(np.argmax(~np.all(np.isfinite(array), axis=1)))
+        raise ValueError(f"The file {path} holds a non-finite value in row {row}.")
+    return array
+
+
+def _check_one_hot(array, path):
+    """Raise unless every row of a label matrix is one-hot (or all zero)."""
+    bad = ~np.all((array == 0) | (array == 1), axis=1) | (array.sum(axis=1) > 1)
+    if bad.any():
+        row = int(np.argmax(bad))
         raise ValueError(
-            f"The file {path} should hold a 2-D matrix. Received: "
-            f"type={type(matrix).__name__}, shape={array.shape}"
+            f"The file {path} should hold one-hot label rows; row {row} is "
+            f"{array[row].tolist()[:12]}"
         )
-    return array.astype("float32")
 
 
 def normalize_rows(features):
@@ -226,18 +254,26 @@ def normalize_rows(features):
 
 def _read_test_index(index_file):
     """The node ids of a Planetoid `ind.<name>.test.index` file."""
-    with open(index_file, encoding="ascii") as f:
-        test_ids = []
-        for line_number, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    test_ids.append(int(line))
-                except ValueError:
-                    raise ValueError(
-                        f"Line {line_number} of {index_file} is not a node "
-                        f"id: {line.strip()!r}"
-                    ) from None
-    return np.asarray(test_ids, dtype=np.int64)
+    with open(index_file, "rb") as f:
+        data = f.read()
+    test_ids = []
+    for line_number, line in enumerate(data.splitlines(), start=1):
+        if line.strip():
+            try:
+                test_ids.append(int(line.decode("ascii")))
+            except (ValueError, UnicodeDecodeError):
+                raise ValueError(
+                    f"Line {line_number} of {index_file} is not a node "
+                    f"id: {line.strip()[:40]!r}"
+                ) from None
+    test_ids = np.asarray(test_ids, dtype=np.int64)
+    unique, counts = np.unique(test_ids, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(
+            f"{index_file} lists the test id {int(unique[counts > 1][0])} "
+            "more than once."
+        )
+    return test_ids
 
 
 def _check_parts(allx, ally, tx, ty, test_ids, name, folder, file):
@@ -262,11 +298,40 @@ def _check_parts(allx, ally, tx, ty, test_ids, name, folder, file):
             f"{index_file} lists test id {test_ids.min()}, which is a row of "
             f"{file('allx')} ({len(allx)} rows); test ids must follow them."
         )
+    # The test ids fill the slots after allx's rows; a span of far more
+    # slots than ids (a mistyped id) would make thousands of empty nodes.
+    # (CiteSeer: 1,000 ids over 1,015 slots.)
+    if len(test_ids) and test_ids.max() - test_ids.min() + 1 > 2 * len(test_ids):
+        raise ValueError(
+            f"{index_file} lists test ids from {test_ids.min()} to "
+            f"{test_ids.max()}: {test_ids.max() - test_ids.min() + 1} node "
+            f"slots for {len(test_ids)} test rows (a mistyped id?)."
+        )
     if allx.shape[1] != tx.shape[1] or ally.shape[1] != ty.shape[1]:
         raise ValueError(
             f"The feature or label widths of {name} in {folder} disagree: "
             f"allx {allx.shape}, tx {tx.shape}, ally {ally.shape}, "
             f"ty {ty.shape}."
+        )
+
+
+def _check_graph_ids(graph, num_nodes, path):
+    """Raise unless the adjacency lists name only the `num_nodes` nodes
+    (allx's rows, then the test ids): an id past them made thousands of
+    empty nodes, or a bare MemoryError."""
+    try:
+        graph_ids = [int(k) for k in graph] + [
+            int(v) for neighbours in graph.values() for v in neighbours
+        ]
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"The file {path} should map node ids to lists of node ids: {error}"
+        ) from None
+    outside = [i for i in graph_ids if not 0 <= i < num_nodes]
+    if outside:
+        raise ValueError(
+            f"The file {path} names node {outside[0]}, but the graph has "
+            f"{num_nodes} nodes (the rows of allx, then the test ids)."
         )
 
 
@@ -333,14 +398,13 @@ def load_planetoid(path, name, normalize_features=False, num_val=500):
             f"lists. Received: type={type(graph).__name__}"
         )
     _check_parts(allx, ally, tx, ty, test_ids, name, folder, file)
-    graph_ids = [int(k) for k in graph] + [
-        int(v) for neighbours in graph.values() for v in neighbours
-    ]
+    _check_one_hot(ally, file("ally"))
+    _check_one_hot(ty, file("ty"))
     num_nodes = max(
         len(allx) + len(tx),
         int(test_ids.max()) + 1 if len(test_ids) else 0,
-        max(graph_ids) + 1 if graph_ids else 0,
     )
+    _check_graph_ids(graph, num_nodes, file("graph"))
     features = np.zeros((num_nodes, allx.shape[1]), "float32")
     features[: len(allx)] = allx
     features[test_ids] = tx

@@ -9,6 +9,7 @@ path given by the user, for example the MNIST test set in
 import gzip
 import os
 import struct
+import zlib
 
 import numpy as np
 
@@ -167,7 +168,7 @@ def _read_bytes(path):
     try:
         with opener(path, "rb") as f:
             return f.read()
-    except (OSError, EOFError) as error:
+    except (OSError, EOFError, zlib.error) as error:
         raise ValueError(f"Cannot read the IDX file {path}: {error}") from error
 
 
@@ -213,7 +214,9 @@ def read_idx(path, expected_magic=None):
         )
     shape = struct.unpack(f">{rank}I", data[4:header_size])
     dtype = _IDX_DTYPES[type_code]
-    num_values = int(np.prod(shape, dtype=np.int64))
+    num_values = 1
+    for dim in shape:  # Python ints: a product past int64 cannot wrap to 0
+        num_values *= dim
     expected = header_size + num_values * dtype.itemsize
     if len(data) != expected:
         state = "truncated" if len(data) < expected else "too long"
@@ -257,6 +260,11 @@ def load_mnist_idx(path, split="t10k"):
     (10000, 28, 28, 1)
     """
     folder = os.fspath(path)
+    if os.path.isfile(folder):
+        raise ValueError(
+            f"Expected the MNIST folder holding {split}-images-idx3-ubyte and "
+            f"{split}-labels-idx1-ubyte (or .gz), not a file: {folder!r}"
+        )
     if not os.path.isdir(folder):
         raise missing_file_error(folder, "MNIST folder")
     image_file = _find_idx_file(folder, f"{split}-images-idx3-ubyte")
@@ -267,6 +275,12 @@ def load_mnist_idx(path, split="t10k"):
         raise ValueError(
             f"The image file {image_file} holds {len(images)} images but the "
             f"label file {label_file} holds {len(labels)} labels."
+        )
+    if len(labels) and labels.max() > 9:
+        row = int(np.argmax(labels > 9))
+        raise ValueError(
+            f"The label file {label_file} holds label {int(labels[row])} at "
+            f"item {row}; MNIST's labels are the digits 0-9."
         )
     images = (images.astype("float32") / 255.0)[..., None]
     return images, labels.astype("int32")
