@@ -101,6 +101,9 @@ def test_multi_head_spec_refuses_what_a_cached_call_refuses():
         (lambda v: L.NonLocalBlock(zero_init_residual=v), "zero_init_residual"),
         (lambda v: L.AdditiveAttention(4, use_bias=v), "use_bias"),
         (lambda v: L.LocalWindowAttention(2, 2, use_bias=v), "use_bias"),
+        (lambda v: L.MultiHeadAttention(2, 2, use_bias=v), "use_bias"),
+        (lambda v: L.MultiHeadAttention(2, 2, use_gate=v), "use_gate"),
+        (lambda v: L.MultiHeadAttention(2, 2, flash_attention=v), "flash_attention"),
     ],
 )
 def test_a_flag_given_as_a_string_is_refused(make, argument):

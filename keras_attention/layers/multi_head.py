@@ -266,6 +266,10 @@ class MultiHeadAttention(
         **kwargs,
     ):
         dropout = check_rate("dropout", dropout)
+        use_bias = check_bool("use_bias", use_bias)
+        use_gate = check_bool("use_gate", use_gate)
+        if flash_attention is not None:
+            flash_attention = check_bool("flash_attention", flash_attention)
         num_heads = check_positive_int("num_heads", num_heads)
         key_dim = check_positive_int("key_dim", key_dim)
         value_dim = check_positive_int("value_dim", value_dim, allow_none=True)
