@@ -15,9 +15,10 @@ layer = keras_attention.get("additive", units=16)
 The applications and the training schedules are imported with the package
 (~0.3 s), so that a `.keras` file of an application (or of an optimizer
 with one of the schedules) loads after `import keras_attention`, as keras-hub's
-files do after `import keras_hub`; `keras_attention.datasets`,
-`keras_attention.visualization` and `keras_attention.matching` are imported
-on first use.
+files do after `import keras_hub`; with them come `keras_attention.datasets`
+(GAT's neighbour sampling, the pretraining's files) and
+`keras_attention.matching` (DETR's loss). `keras_attention.visualization` is
+imported on first use.
 """
 
 import importlib

@@ -324,14 +324,15 @@ class TextClassifierBackbone(app_base.Backbone):
                     "the preprocessor first (`model.preprocessor(texts)`). "
                     f"Received: {name}.shape={shape} of strings"
                 )
-            if len(shape) != 2 or shape[1] not in (None, self.sequence_length):
+            rows = self.get_layer("embedding").position_embedding.shape[0]
+            if len(shape) != 2 or (shape[1] is not None and shape[1] > rows):
                 raise ValueError(
                     f"Received an invalid value for argument `{name}`, "
-                    f"expected integer ids of shape {expected}. Received: "
-                    f"{name}.shape={shape}"
+                    f"expected integer ids of shape {expected} (shorter, "
+                    f"padded rows too: at most {rows}, the position table's "
+                    f"rows). Received: {name}.shape={shape}"
                 )
             if shape[1] is None:  # a dataset's batch: no longer than the table
-                rows = self.get_layer("embedding").position_embedding.shape[0]
                 base.check_batch_length(
                     name, value, 1, rows, f"a position table of {rows} rows"
                 )
