@@ -182,3 +182,14 @@ def test_a_symbolic_calls_error_is_the_layers_own():
         )
     assert "`value_mask`" in str(raised.value)
     assert "automatically infer" not in str(raised.value)
+
+
+def test_attention_poolings_symbolic_weights_have_the_calls_dtype():
+    from keras_attention.applications.text_layers import AttentionPooling
+
+    layer = AttentionPooling(8, dtype="mixed_float16")
+    symbolic = layer(keras.Input((5, 8)), return_attention_scores=True)
+    eager = layer(np.ones((2, 5, 8), "float32"), return_attention_scores=True)
+    assert [t.dtype for t in symbolic] == [
+        keras.backend.standardize_dtype(t.dtype) for t in eager
+    ] == ["float16", "float16"]

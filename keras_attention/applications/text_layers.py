@@ -208,7 +208,7 @@ class AttentionPooling(ArgumentConfig, keras.layers.Layer):
     def compute_output_spec(self, tokens, mask=None, return_attention_scores=False):
         pooled = keras.KerasTensor((tokens.shape[0], tokens.shape[-1]), tokens.dtype)
         if return_attention_scores:
-            return pooled, keras.KerasTensor(tokens.shape[:2], "float32")
+            return pooled, keras.KerasTensor(tokens.shape[:2], tokens.dtype)
         return pooled
 
     def compute_mask(self, inputs, mask=None):
