@@ -193,19 +193,19 @@ def test_cached_alibi_gives_the_core_its_slopes_not_a_dense_bias(monkeypatch):
     # A prompt of 8,192 tokens took 4 GB through the cache with ALiBi (a
     # dense (1, H, T, S) bias and the dense path), 0.9 uncached; a ring
     # cache too (its keys' positions are not its slots').
-    from keras_attention.layers import _multi_head_cache
+    from keras_attention import ops as attention_ops
 
     layer, x = make(position_encoding="alibi")
     want = keras.ops.convert_to_numpy(layer(x))
     calls = []
-    core = _multi_head_cache.attention_ops.dot_product_attention
+    core = attention_ops.dot_product_attention
 
     def spy(*args, **kwargs):
         calls.append((kwargs.get("bias"), kwargs["alibi_slopes"],
                       kwargs.get("implementation", "auto")))
         return core(*args, **kwargs)
 
-    monkeypatch.setattr(_multi_head_cache.attention_ops, "dot_product_attention", spy)
+    monkeypatch.setattr(attention_ops, "dot_product_attention", spy)
     got = decode(layer, x, cache_len=16, prefill=5, step=2)
     np.testing.assert_allclose(got, want, atol=2e-5)
     # A ring's slots are put in the order of their positions first.
@@ -260,4 +260,24 @@ def test_a_ring_mask_names_slots_in_slot_order(encoding):
     np.testing.assert_allclose(
         keras.ops.convert_to_numpy(got)[:, 0],
         keras.ops.convert_to_numpy(want)[:, 6], atol=2e-5,
+    )
+
+
+def test_a_cached_call_takes_the_layers_path():
+    # The cached call ran the core as "auto": an explicit "blocked" layer
+    # (no dropout) refused training with dropout uncached and ran it cached.
+    layer, x = make(implementation="blocked", dropout=0.5)
+    layer(x)
+    with pytest.raises(ValueError, match="dropout"):
+        layer(x, training=True)
+    cache = np.zeros((2, 2, T, layer.kv_heads, 8), "float32")
+    with pytest.raises(ValueError, match="dropout"):
+        layer(x[:, :3], cache=cache, cache_update_index=0, training=True)
+    # Without training, the blocked path's cached decoding is the dense one.
+    dense, _ = make(implementation="dense")
+    dense(x)
+    dense.set_weights(layer.get_weights())
+    expected = dense(x[:, :3], cache=cache, cache_update_index=0)[0]
+    np.testing.assert_allclose(
+        layer(x[:, :3], cache=cache, cache_update_index=0)[0], expected, atol=1e-5
     )

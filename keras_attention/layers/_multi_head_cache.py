@@ -10,7 +10,6 @@ from keras import ops
 # No public API sets a tensor's Keras mask; keras's own layer uses this.
 from keras.src.backend import get_keras_mask
 
-from keras_attention import ops as attention_ops
 from keras_attention._validation import invalid
 from keras_attention._validation import is_symbolic
 from keras_attention._validation import shape_fits
@@ -237,11 +236,12 @@ class KVCache:
             # on the dense path, a prompt of 8,192 tokens took 4 GB, 0.9
             # uncached).
             slopes = positions.alibi_slopes(self._num_heads, self.alibi_bias_max)
-        heads = attention_ops.dot_product_attention(
-            q, k, v, attention_mask=mask, alibi_slopes=slopes,
-            scale=self._inverse_sqrt_key_dim, dropout_rate=self._dropout,
-            seed=getattr(self._dropout_layer, "seed_generator", None),
-            training=training,
+        # The layer's own core (`attend`): its `implementation` and
+        # `flash_attention` hold in a cached call too (they were dropped:
+        # an explicit "blocked" path then ran dropout it refuses uncached).
+        heads = self.attend(
+            q, k, v, mask, return_weights=False, training=training,
+            alibi_slopes=slopes,
         )
         if self._use_gate:
             heads = ops.multiply(heads, gate)

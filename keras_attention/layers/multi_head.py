@@ -179,7 +179,8 @@ class MultiHeadAttention(
             `sliding_window` entries is a ring (memory stays flat however
             long the decoding). Keras masks are not read in a cached call,
             and `query_mask`, `value_mask`, `key_mask` are refused;
-            `attention_mask` `(B, T, S_max)` is read.
+            `attention_mask` `(B, T, S_max)` is read (a ring's
+            `(B, T, W + T)`: its `W` slots, then the `T` new tokens).
         cache_update_index: where the new tokens' keys and values go (an int
             or a scalar tensor); the queries sit at positions
             `cache_update_index + arange(T)`. `None` reads the cache as it

@@ -144,7 +144,11 @@ def set_autotune(enabled=None, memory_budget=None, repeats=None, cache_file=None
 
 
 def dispatch_choices():
-    """The choices `implementation="auto"` made so far, oldest first.
+    """The measured and rule-made choices of `implementation="auto"` so
+    far, oldest first: a call that takes the dense path (or torch's fused
+    kernel) below the long-sequence threshold, by the default rule, is not
+    listed, nor the layer's windowed long-context path (its own rule, for
+    8,192 tokens and more).
 
     Each is a `Choice(key, implementation, reason, timings_ms)`: `key` the
     (backend, mode, "train" or "infer", B, T, S, H, K, D, Dv, dtype,
