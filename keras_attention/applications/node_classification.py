@@ -410,8 +410,8 @@ class GATNodeClassifier(
         if input_signature is None:
             input_signature = [[
                 keras.InputSpec(
-                    shape=(1, None, self.num_features), dtype=self.compute_dtype,
-                    name="features",
+                    shape=(1, None, self.num_features),
+                    dtype=self.inputs[0].dtype, name="features",
                 ),
                 keras.InputSpec(shape=(1, 2, None), dtype="int32", name="edges"),
             ]]
