@@ -15,6 +15,7 @@ without dropout, and some 80 times longer with `keras.random.dropout`
 import keras
 from keras import ops
 
+from keras_attention._validation import check_bool
 from keras_attention._validation import check_positive_int
 from keras_attention._validation import check_rate
 from keras_attention._validation import invalid
@@ -219,9 +220,7 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         super().__init__(**kwargs)
         self.units = check_positive_int("units", units)
         self.num_heads = check_positive_int("num_heads", num_heads)
-        if not isinstance(concat_heads, bool):
-            raise invalid("concat_heads", "a boolean", concat_heads)
-        self.concat_heads = concat_heads
+        self.concat_heads = check_bool("concat_heads", concat_heads)
         if (
             isinstance(negative_slope, bool)
             or not isinstance(negative_slope, (int, float))
@@ -233,9 +232,7 @@ class GraphAttention(base.ProjectionMixin, keras.layers.Layer):
         self.negative_slope = float(negative_slope)
         self.dropout = check_rate("dropout", dropout)
         self.feature_dropout = check_rate("feature_dropout", feature_dropout)
-        if not isinstance(add_self_loops, bool):
-            raise invalid("add_self_loops", "a boolean", add_self_loops)
-        self.add_self_loops = add_self_loops
+        self.add_self_loops = check_bool("add_self_loops", add_self_loops)
         if version not in ("v1", "v2"):
             raise invalid("version", "one of 'v1', 'v2'", version)
         self.version = version
